@@ -1,0 +1,66 @@
+# Two commands do all set-up on a fresh Debian/Ubuntu machine (as root):
+#   make demo   install what is missing, start the local SLURM cluster, submit
+#               the example 2-node training job through hpc_files/job_submitter.sh
+#   make test   install what is missing, run shellcheck, ruff, bats and pytest
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+CLUSTER := local_cluster/cluster.sh
+export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
+BATS_JOBS ?= 1
+
+SHELL_FILES = $(shell git ls-files -co --exclude-standard | while read -r f; do \
+	[ -f "$$f" ] || continue; \
+	case "$$f" in *.sh|*.bash) echo "$$f"; continue;; *.bats) continue;; esac; \
+	head -c 100 "$$f" | grep -qE '^\#!.*(ba)?sh' && echo "$$f"; done)
+
+.PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
+	bats bats-unit bats-integration pytest cluster-up cluster-down cluster-status golden
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+deps:
+	@tools/install_deps.sh all
+
+cluster-up: deps
+	@$(CLUSTER) up
+
+cluster-down:
+	@$(CLUSTER) down
+
+cluster-status:
+	@$(CLUSTER) status
+
+demo: cluster-up
+	@tools/demo.sh
+
+lint: shellcheck ruff
+
+shellcheck: deps
+	@echo "shellcheck: $(words $(SHELL_FILES)) files"
+	@shellcheck -x $(SHELL_FILES)
+
+ruff: deps
+	@$(VENV)/bin/ruff check hpc_harness tests bench
+	@$(VENV)/bin/ruff format --check hpc_harness tests bench
+
+# Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
+bats-unit: deps
+	@bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
+
+# Integration tests submit real jobs to the local cluster.
+bats-integration: cluster-up
+	@bats -r tests/bats/integration
+
+pytest: cluster-up
+	@$(PY) -m pytest -q
+
+test: lint bats-unit bats-integration pytest
+
+# Regenerate the golden batch scripts on purpose, then review the diff.
+golden: deps
+	@tests/bats/fixtures/golden/regenerate.sh

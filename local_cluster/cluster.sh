@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# A real multi-node SLURM cluster on this one machine, for the demo and the
+# integration tests: one munged, one slurmctld and several `slurmd -N nodeK`,
+# each node claiming fake GPUs (GRES on /dev/tty*) and more CPUs than exist.
+#
+# Usage: local_cluster/cluster.sh up|down|status|env
+#
+#   up      write the configuration, start the daemons, wait until every node is
+#           idle. Idempotent: a running cluster is left as it is.
+#   down    cancel this cluster's jobs and stop the daemons this script started
+#           (found through their pid files; nothing else is ever signalled).
+#   status  daemons, nodes and partitions.
+#   env     print the `export SLURM_CONF=...` line clients need.
+#
+# Everything lives under HPC_CLUSTER_DIR (default: <repo>/.cluster), on
+# non-default ports, with its own munge socket, so a real SLURM or munge on the
+# machine is never touched. Partitions (all over the same nodes):
+#   tmpdir    default; a TaskProlog exports a per-node, per-job SLURM_TMPDIR
+#             (as Compute Canada sites do); an Epilog removes it.
+#   notmpdir  no SLURM_TMPDIR (as the PLAI cluster): the toolkit must mimic it.
+#   urgent    higher PriorityTier; preempts the others (PreemptMode=REQUEUE).
+# Node names resolve through /etc/hosts lines this script adds (127.0.0.1N
+# nodeN, marked with a comment) because torchrun and Lightning need
+# MASTER_ADDR, the first node's name, to resolve.
+#
+# Knobs: HPC_CLUSTER_DIR, HPC_CLUSTER_NODES (default 2), HPC_CLUSTER_CPUS
+# (per node, default 8), HPC_CLUSTER_GPUS (per node, default 4),
+# HPC_CLUSTER_CTLD_PORT (default 16817), HPC_CLUSTER_NODE_PORT (first slurmd
+# port, default 17001), HPC_CLUSTER_GRACE (preemption grace seconds, 30).
+set -euo pipefail
+
+readonly PROG="cluster.sh"
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly SCRIPT_DIR
+REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+readonly REPO_ROOT
+
+readonly CLUSTER_DIR="${HPC_CLUSTER_DIR:-$REPO_ROOT/.cluster}"
+readonly NODE_COUNT="${HPC_CLUSTER_NODES:-2}"
+readonly NODE_CPUS="${HPC_CLUSTER_CPUS:-8}"
+readonly NODE_GPUS="${HPC_CLUSTER_GPUS:-4}"
+readonly CTLD_PORT="${HPC_CLUSTER_CTLD_PORT:-16817}"
+readonly NODE_PORT="${HPC_CLUSTER_NODE_PORT:-17001}"
+readonly GRACE_SECONDS="${HPC_CLUSTER_GRACE:-30}"
+readonly HOSTS_MARK="# hpc-local-cluster"
+readonly WAIT_SECONDS=60
+
+readonly CONF="$CLUSTER_DIR/etc/slurm.conf"
+readonly MUNGE_DIR="$CLUSTER_DIR/munge"
+readonly MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 1
+}
+
+info() {
+  echo "$PROG: $*"
+}
+
+node_names() {
+  local i
+  for ((i = 1; i <= NODE_COUNT; i++)); do
+    echo "node$i"
+  done
+}
+
+node_port() {
+  local index=$1
+  echo $((NODE_PORT + index - 1))
+}
+
+# Is the process in pid file $1 alive and one of ours (its command line names
+# our configuration folder)? Guards against a recycled pid.
+pidfile_alive() {
+  local pidfile=$1 pid cmdline
+  [[ -s "$pidfile" ]] || return 1
+  pid=$(<"$pidfile")
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+  [[ "$cmdline" == *"$CLUSTER_DIR"* ]]
+}
+
+port_in_use() {
+  local port=$1
+  ss -Hltn "sport = :$port" 2>/dev/null | grep -q .
+}
+
+check_prerequisites() {
+  local cmd
+  [[ "$(id -u)" == 0 ]] || die "the local cluster runs its daemons as root (SlurmUser=root); run as root or with sudo"
+  for cmd in munged mungekey slurmctld slurmd sinfo scontrol ss; do
+    command -v "$cmd" >/dev/null || die "'$cmd' not found; run 'make deps' (apt-get install slurm-wlm munge iproute2)"
+  done
+  [[ "$NODE_COUNT" =~ ^[1-9][0-9]?$ ]] || die "HPC_CLUSTER_NODES must be 1-99, got '$NODE_COUNT'"
+  [[ "$NODE_GPUS" =~ ^[0-4]$ ]] || die "HPC_CLUSTER_GPUS must be 0-4 (fake GPUs are /dev/tty0-3), got '$NODE_GPUS'"
+  # slurm.conf has no quoting: a path with spaces or odd characters would be split.
+  [[ "$CLUSTER_DIR" =~ ^/[A-Za-z0-9._/-]+$ ]] ||
+    die "HPC_CLUSTER_DIR must be an absolute path of letters, digits, '.', '_', '-' and '/' (slurm.conf cannot quote), got '$CLUSTER_DIR'"
+}
+
+write_file() {
+  local path=$1 mode=$2
+  cat >"$path.tmp"
+  chmod "$mode" "$path.tmp"
+  mv -f "$path.tmp" "$path"
+}
+
+write_slurm_conf() {
+  local last_port gres_line=""
+  last_port=$(node_port "$NODE_COUNT")
+  ((NODE_GPUS > 0)) && gres_line="Gres=gpu:$NODE_GPUS"
+  write_file "$CONF" 0644 <<EOF
+# Written by local_cluster/cluster.sh; edits are overwritten by the next 'up'.
+ClusterName=hpclocal
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+CredType=cred/munge
+StateSaveLocation=$CLUSTER_DIR/state
+SlurmdSpoolDir=$CLUSTER_DIR/spool/%n
+SlurmctldPidFile=$CLUSTER_DIR/run/slurmctld.pid
+SlurmdPidFile=$CLUSTER_DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$CLUSTER_DIR/log/slurmctld.log
+SlurmdLogFile=$CLUSTER_DIR/log/slurmd-%n.log
+# No cgroups in a container: track processes by parent pid, bind nothing.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+JobRequeue=1
+# Finished jobs stay visible to 'scontrol show job' (no accounting database).
+MinJobAge=900
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+# A killed slurmd marks its node DOWN within seconds; a restarted one rejoins.
+SlurmdTimeout=10
+ReturnToService=2
+MessageTimeout=10
+KillWait=10
+InactiveLimit=0
+GresTypes=gpu
+SlurmdParameters=config_overrides
+TaskProlog=$CLUSTER_DIR/etc/task_prolog.sh
+Epilog=$CLUSTER_DIR/etc/epilog.sh
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+NodeName=node[1-$NODE_COUNT] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$last_port CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=65536 $gres_line State=UNKNOWN
+PartitionName=tmpdir Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
+PartitionName=notmpdir Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+EOF
+  write_file "$CLUSTER_DIR/etc/gres.conf" 0644 <<EOF
+AutoDetect=off
+NodeName=node[1-$NODE_COUNT] Name=gpu File=/dev/tty[0-$((NODE_GPUS > 0 ? NODE_GPUS - 1 : 0))]
+EOF
+  # Emulates a site that provides SLURM_TMPDIR: one folder per node per job.
+  write_file "$CLUSTER_DIR/etc/task_prolog.sh" 0755 <<EOF
+#!/bin/sh
+# TaskProlog: lines printed as 'export NAME=value' reach every task.
+case "\$SLURM_JOB_PARTITION" in
+  tmpdir|urgent) ;;
+  *) exit 0 ;;
+esac
+dir="$CLUSTER_DIR/local/\$SLURMD_NODENAME/job\$SLURM_JOB_ID"
+mkdir -p "\$dir"
+echo "export SLURM_TMPDIR=\$dir"
+EOF
+  write_file "$CLUSTER_DIR/etc/epilog.sh" 0755 <<EOF
+#!/bin/sh
+# Epilog (root, once per node at job end): the site removes its SLURM_TMPDIR.
+case "\$SLURM_JOB_ID" in
+  ''|*[!0-9]*) exit 0 ;;
+esac
+case "\$SLURMD_NODENAME" in
+  ''|*/*|.|..) exit 0 ;;
+esac
+rm -rf -- "$CLUSTER_DIR/local/\$SLURMD_NODENAME/job\$SLURM_JOB_ID"
+exit 0
+EOF
+}
+
+ensure_hosts_entries() {
+  local i name line
+  for ((i = 1; i <= NODE_COUNT; i++)); do
+    name="node$i"
+    line="127.0.0.$((10 + i)) $name $HOSTS_MARK"
+    if getent hosts "$name" >/dev/null; then
+      continue
+    fi
+    { echo "$line" >>/etc/hosts; } 2>/dev/null ||
+      die "cannot add '$name' to /etc/hosts (read-only?); node names must resolve for MASTER_ADDR"
+  done
+}
+
+start_munge() {
+  if pidfile_alive "$MUNGE_DIR/munged.pid"; then
+    return 0
+  fi
+  if [[ ! -s "$MUNGE_DIR/munge.key" ]]; then
+    mungekey --create --keyfile="$MUNGE_DIR/munge.key" >/dev/null 2>&1 ||
+      die "mungekey could not create $MUNGE_DIR/munge.key"
+  fi
+  chmod 0400 "$MUNGE_DIR/munge.key"
+  # --force: munged refuses to run as root with a root-owned log folder otherwise.
+  munged --force --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+    --pid-file="$MUNGE_DIR/munged.pid" --log-file="$CLUSTER_DIR/log/munged.log" \
+    --seed-file="$MUNGE_DIR/munged.seed" ||
+    die "munged did not start; see $CLUSTER_DIR/log/munged.log"
+  wait_for "munged socket" 10 test -S "$MUNGE_SOCKET"
+}
+
+# wait_for WHAT SECONDS CMD...: poll CMD every 0.2 s until it succeeds.
+wait_for() {
+  local what=$1 seconds=$2 deadline
+  shift 2
+  deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# Before anything starts: every port a daemon still has to take must be free.
+check_ports() {
+  local i
+  if ! pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid" && port_in_use "$CTLD_PORT"; then
+    die "port $CTLD_PORT (slurmctld) is in use by another program; set HPC_CLUSTER_CTLD_PORT"
+  fi
+  for ((i = 1; i <= NODE_COUNT; i++)); do
+    if ! pidfile_alive "$CLUSTER_DIR/run/slurmd-node$i.pid" && port_in_use "$(node_port "$i")"; then
+      die "port $(node_port "$i") (slurmd node$i) is in use by another program; set HPC_CLUSTER_NODE_PORT"
+    fi
+  done
+}
+
+start_slurmctld() {
+  if pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid"; then
+    return 0
+  fi
+  slurmctld -f "$CONF" || die "slurmctld did not start; see $CLUSTER_DIR/log/slurmctld.log"
+  wait_for slurmctld 20 scontrol ping ||
+    die "slurmctld does not answer 'scontrol ping' after 20 s; see $CLUSTER_DIR/log/slurmctld.log"
+}
+
+start_slurmds() {
+  local i name
+  for ((i = 1; i <= NODE_COUNT; i++)); do
+    name="node$i"
+    if pidfile_alive "$CLUSTER_DIR/run/slurmd-$name.pid"; then
+      continue
+    fi
+    mkdir -p "$CLUSTER_DIR/spool/$name"
+    slurmd -f "$CONF" -N "$name" || die "slurmd -N $name did not start; see $CLUSTER_DIR/log/slurmd-$name.log"
+  done
+}
+
+all_nodes_idle() {
+  local states
+  states=$(sinfo -h -N -p tmpdir -o '%T' 2>/dev/null | sort -u)
+  [[ -n "$states" ]] || return 1
+  # 'mixed'/'allocated' nodes are up too (idempotent 'up' with jobs running).
+  ! grep -qvE '^(idle|mixed|allocated|completing)$' <<<"$states"
+}
+
+wait_nodes_up() {
+  local name
+  if ! wait_for "nodes idle" "$WAIT_SECONDS" all_nodes_idle; then
+    # Nodes left DOWN by an earlier run come back once asked.
+    for name in $(node_names); do
+      scontrol update NodeName="$name" State=RESUME >/dev/null 2>&1 || true
+    done
+    wait_for "nodes idle" 15 all_nodes_idle ||
+      die "nodes are not idle after ${WAIT_SECONDS}s: $(sinfo -h -N -o '%N=%T' | tr '\n' ' ')(see $CLUSTER_DIR/log/)"
+  fi
+}
+
+cmd_up() {
+  check_prerequisites
+  export SLURM_CONF="$CONF"
+  mkdir -p "$CLUSTER_DIR"/{etc,state,spool,run,log,local} "$MUNGE_DIR"
+  chmod 0700 "$MUNGE_DIR"
+  ensure_hosts_entries
+  write_slurm_conf
+  check_ports
+  start_munge
+  start_slurmctld
+  start_slurmds
+  wait_nodes_up
+  info "up: $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
+  info "clients need: export SLURM_CONF=$CONF"
+}
+
+stop_pidfile() {
+  local pidfile=$1 what=$2 pid
+  pidfile_alive "$pidfile" || {
+    rm -f "$pidfile"
+    return 0
+  }
+  pid=$(<"$pidfile")
+  kill -TERM "$pid" 2>/dev/null || true
+  if ! wait_for "$what to stop" 20 bash -c "! kill -0 $pid"; then
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+  info "stopped $what (pid $pid)"
+}
+
+cmd_down() {
+  local jobs name
+  export SLURM_CONF="$CONF"
+  if pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid"; then
+    jobs=$(squeue -h -o '%A' 2>/dev/null | sort -u | tr '\n' ' ')
+    if [[ -n "${jobs// /}" ]]; then
+      # shellcheck disable=SC2086 # a list of numeric job ids, split on purpose
+      scancel $jobs 2>/dev/null || true
+    fi
+  fi
+  for name in $(node_names); do
+    stop_pidfile "$CLUSTER_DIR/run/slurmd-$name.pid" "slurmd $name"
+  done
+  stop_pidfile "$CLUSTER_DIR/run/slurmctld.pid" slurmctld
+  stop_pidfile "$MUNGE_DIR/munged.pid" munged
+}
+
+cmd_status() {
+  local name rc=0
+  export SLURM_CONF="$CONF"
+  for name in munged slurmctld $(node_names); do
+    local pidfile
+    case "$name" in
+      munged) pidfile="$MUNGE_DIR/munged.pid" ;;
+      slurmctld) pidfile="$CLUSTER_DIR/run/slurmctld.pid" ;;
+      *) pidfile="$CLUSTER_DIR/run/slurmd-$name.pid" ;;
+    esac
+    if pidfile_alive "$pidfile"; then
+      printf '%-10s running (pid %s)\n' "$name" "$(<"$pidfile")"
+    else
+      printf '%-10s stopped\n' "$name"
+      rc=1
+    fi
+  done
+  if ((rc == 0)); then
+    sinfo -o '%10P %6a %5D %10T %N' || rc=1
+  fi
+  return "$rc"
+}
+
+main() {
+  case "${1:-}" in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    env) echo "export SLURM_CONF=$CONF" ;;
+    -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
+    *)
+      echo "$PROG: error: expected one of up, down, status, env; got '${1:-}'" >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"

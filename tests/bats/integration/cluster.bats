@@ -1,0 +1,63 @@
+#!/usr/bin/env bats
+# The local cluster itself: two nodes, fake GPUs through GRES, two site
+# flavours (SLURM_TMPDIR provided or not). Submits with plain sbatch on purpose.
+
+load '../test_helper'
+
+setup() {
+  require_cluster
+}
+
+submit_probe() {
+  local partition=$1 out=$2
+  sbatch --parsable -p "$partition" --nodes=2 --ntasks-per-node=2 --cpus-per-task=3 \
+    --gres=gpu:2 --time=00:02:00 -o "$out" --wrap \
+    'srun bash -c '"'"'echo "task node=$SLURMD_NODENAME procid=$SLURM_PROCID localid=$SLURM_LOCALID gpus=$CUDA_VISIBLE_DEVICES ongpus=$SLURM_GPUS_ON_NODE cpus=$SLURM_CPUS_PER_TASK tmpdir=${SLURM_TMPDIR:-none}"'"'"
+}
+
+@test "a 2-node job with 2 fake GPUs per node sees its layout; SLURM_TMPDIR only on the tmpdir partition" {
+  local job_a job_b out_a="$BATS_TEST_TMPDIR/a.out" out_b="$BATS_TEST_TMPDIR/b.out"
+  job_a=$(submit_probe tmpdir "$out_a")
+  job_b=$(submit_probe notmpdir "$out_b")
+  wait_job_done "$job_a" 60
+  wait_job_done "$job_b" 60
+  assert_equal "$(job_field "$job_a" JobState)" COMPLETED
+  assert_equal "$(job_field "$job_b" JobState)" COMPLETED
+
+  run grep -c '^task ' "$out_a"
+  assert_output 4
+  for rank in 0 1; do
+    assert_file_contains "$out_a" "node=node1 procid=$rank localid=$rank gpus=0,1 ongpus=2 cpus=3 tmpdir=.*/node1/job$job_a\$"
+  done
+  for rank in 2 3; do
+    assert_file_contains "$out_a" "node=node2 procid=$rank localid=$((rank - 2)) gpus=0,1 ongpus=2 cpus=3 tmpdir=.*/node2/job$job_a\$"
+  done
+  run grep -c 'tmpdir=none$' "$out_b"
+  assert_output 4
+}
+
+@test "the site's SLURM_TMPDIR is removed by the epilog when the job ends" {
+  local job out="$BATS_TEST_TMPDIR/t.out"
+  job=$(sbatch --parsable -p tmpdir --nodes=1 -o "$out" --wrap 'echo "dir=$SLURM_TMPDIR"; test -d "$SLURM_TMPDIR"')
+  wait_job_done "$job" 60
+  assert_equal "$(job_field "$job" JobState)" COMPLETED
+  local dir
+  dir=$(sed -n 's/^dir=//p' "$out")
+  [[ -n "$dir" ]] || fail "job printed no SLURM_TMPDIR"
+  # The epilog runs as the job completes; poll briefly for it.
+  local deadline=$((SECONDS + 20))
+  while [[ -e "$dir" ]] && ((SECONDS < deadline)); do sleep 0.2; done
+  assert_not_exist "$dir"
+}
+
+@test "the scheduler refuses more fake GPUs than a node has" {
+  run sbatch --parsable --nodes=1 --gres=gpu:5 --wrap true
+  assert_failure
+  assert_output --partial "Requested node configuration is not available"
+}
+
+@test "node names resolve, so MASTER_ADDR can be a node name" {
+  run getent hosts node1
+  assert_success
+  assert_output --regexp '^127\.'
+}

@@ -1,0 +1,65 @@
+# Shared by every .bats file: `load '../test_helper'` (from a subfolder).
+# Loads bats-support/assert/file, names the repository's scripts, and gives
+# integration tests bounded waits on the local cluster.
+
+bats_require_minimum_version 1.5.0
+
+BATS_LIB_DIR="${BATS_LIB_DIR:-/usr/lib/bats}"
+load "$BATS_LIB_DIR/bats-support/load"
+load "$BATS_LIB_DIR/bats-assert/load"
+load "$BATS_LIB_DIR/bats-file/load"
+
+REPO_ROOT="$(cd "$BATS_TEST_DIRNAME/../../.." && pwd)"
+SUBMITTER="$REPO_ROOT/hpc_files/job_submitter.sh"
+FIXTURES="$REPO_ROOT/tests/bats/fixtures"
+export SLURM_CONF="${SLURM_CONF:-$REPO_ROOT/.cluster/etc/slurm.conf}"
+
+# A scratch folder whose path has a space in it, as SCRATCH.
+make_scratch() {
+  export SCRATCH="$BATS_TEST_TMPDIR/scratch space"
+  mkdir -p "$SCRATCH"
+}
+
+# A fake sbatch on PATH that records its argv (one word per line, then a
+# separator) and the script it was given, and prints a job id.
+stub_sbatch() {
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  mkdir -p "$bin"
+  export SBATCH_LOG="$BATS_TEST_TMPDIR/sbatch.log"
+  cat >"$bin/sbatch" <<'STUB'
+#!/usr/bin/env bash
+for arg in "$@"; do printf '%s\n' "$arg" >>"$SBATCH_LOG"; done
+echo "--" >>"$SBATCH_LOG"
+echo "4242"
+STUB
+  chmod +x "$bin/sbatch"
+  export PATH="$bin:$PATH"
+}
+
+# Fails the test unless the local cluster answers (make cluster-up starts it).
+require_cluster() {
+  scontrol ping >/dev/null 2>&1 ||
+    fail "the local SLURM cluster is not up (SLURM_CONF=$SLURM_CONF); run 'make cluster-up'"
+}
+
+# job_field JOB FIELD: one field of 'scontrol show job' (first record).
+job_field() {
+  scontrol show job -o "$1" 2>/dev/null | head -n 1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+# wait_job_state JOB SECONDS STATE_REGEX: poll until the job's state matches.
+wait_job_state() {
+  local job=$1 seconds=$2 want=$3 deadline state=""
+  deadline=$((SECONDS + seconds))
+  while ((SECONDS < deadline)); do
+    state=$(job_field "$job" JobState)
+    [[ "$state" =~ ^($want)$ ]] && return 0
+    sleep 0.5
+  done
+  fail "job $job did not reach state '$want' within ${seconds}s (last: '${state:-unknown}'); $(scontrol show job "$job" 2>&1 | head -n 20)"
+}
+
+# wait_job_done JOB SECONDS: poll until the job has ended, whatever the outcome.
+wait_job_done() {
+  wait_job_state "$1" "$2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE'
+}

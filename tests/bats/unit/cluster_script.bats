@@ -1,0 +1,41 @@
+#!/usr/bin/env bats
+# local_cluster/cluster.sh argument handling and refusals (no daemons started).
+
+load '../test_helper'
+
+@test "cluster.sh with no command exits 2 with one line" {
+  run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh"
+  assert_failure 2
+  assert_equal "$stderr" "cluster.sh: error: expected one of up, down, status, env; got ''"
+}
+
+@test "cluster.sh env prints the SLURM_CONF export" {
+  HPC_CLUSTER_DIR=/tmp/somewhere run "$REPO_ROOT/local_cluster/cluster.sh" env
+  assert_success
+  assert_output "export SLURM_CONF=/tmp/somewhere/etc/slurm.conf"
+}
+
+@test "cluster.sh up refuses a state folder slurm.conf cannot quote" {
+  HPC_CLUSTER_DIR="/tmp/with space" run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "${#stderr_lines[@]}" 1
+  assert_regex "$stderr" "^cluster.sh: error: HPC_CLUSTER_DIR must be an absolute path"
+}
+
+@test "cluster.sh up refuses a port that another program holds" {
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(); time.sleep(30)' "$port" &
+  local holder=$!
+  local deadline=$((SECONDS + 10))
+  until ss -Hltn "sport = :$port" | grep -q .; do
+    ((SECONDS < deadline)) || fail "port holder did not start listening"
+    sleep 0.1
+  done
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_CTLD_PORT="$port" \
+    run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  kill "$holder"
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" "$REPO_ROOT/local_cluster/cluster.sh" down >/dev/null
+  assert_failure 1
+  assert_regex "$stderr" "port $port \(slurmctld\) is in use by another program"
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs what `make demo` and `make test` need, skipping what is already
+# there: Debian packages (SLURM, munge, bats, shellcheck) and the project
+# virtualenv at .venv (torch==2.13.0 first, so pip never pulls a CUDA build).
+#
+# Usage: tools/install_deps.sh [system|venv|all]   (default: all)
+# Non-interactive (CI=true, no stdin); root is needed only for apt-get.
+set -euo pipefail
+
+readonly PROG="install_deps.sh"
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO_ROOT
+readonly VENV="$REPO_ROOT/.venv"
+readonly TORCH_PIN="torch==2.13.0"
+readonly APT_PACKAGES=(slurm-wlm munge bats bats-assert bats-support bats-file shellcheck iproute2 hyperfine)
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 1
+}
+
+missing_apt_packages() {
+  local pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || echo "$pkg"
+  done
+}
+
+install_system() {
+  local missing
+  missing=$(missing_apt_packages | tr '\n' ' ')
+  if [[ -z "${missing// /}" ]]; then
+    echo "$PROG: system packages present"
+    return 0
+  fi
+  [[ "$(id -u)" == 0 ]] || die "missing Debian packages ($missing); run as root or: sudo apt-get install $missing"
+  echo "$PROG: installing $missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || die "apt-get update failed"
+  # shellcheck disable=SC2086 # package names, split on purpose
+  apt-get install -y -qq --no-install-recommends $missing </dev/null >/dev/null ||
+    die "apt-get install $missing failed"
+}
+
+# The venv is rebuilt only when pyproject.toml changed (digest stamp).
+install_venv() {
+  local stamp="$VENV/.hpc-stamp" digest
+  digest=$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)
+  if [[ -f "$stamp" && "$(<"$stamp")" == "$digest" ]] && "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "$PROG: .venv up to date"
+    return 0
+  fi
+  echo "$PROG: building .venv (torch first: $TORCH_PIN)"
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH_PIN" </dev/null ||
+    die "pip install $TORCH_PIN failed"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "${REPO_ROOT}[dev,wandb,lightning]" </dev/null ||
+    die "pip install -e .[dev,wandb,lightning] failed"
+  echo "$digest" >"$stamp"
+}
+
+main() {
+  case "${1:-all}" in
+    system) install_system ;;
+    venv) install_venv ;;
+    all)
+      install_system
+      install_venv
+      ;;
+    *)
+      echo "$PROG: error: expected system, venv or all; got '$1'" >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"
