@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Submits a PyTorch training run to SLURM: parse options -> load the site
+# profile -> validate -> plan the layout -> build the data tarball -> render one
+# batch script -> sbatch (or print it with --dry-run). See --help.
+#
+# Usage: bash hpc_files/job_submitter.sh [options] [-- COMMAND [ARG...]]
+# Works from any directory: the project root is the folder holding hpc_files/.
+set -euo pipefail
+
+HPC_FILES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HPC_HARNESS_DIR="$(cd "$HPC_FILES_DIR/.." && pwd)/hpc_harness"
+# shellcheck source=lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+# shellcheck source=lib/options.sh
+source "$HPC_FILES_DIR/lib/options.sh"
+# shellcheck source=lib/site.sh
+source "$HPC_FILES_DIR/lib/site.sh"
+# shellcheck source=lib/validate.sh
+source "$HPC_FILES_DIR/lib/validate.sh"
+# shellcheck source=lib/plan.sh
+source "$HPC_FILES_DIR/lib/plan.sh"
+# shellcheck source=lib/trials.sh
+source "$HPC_FILES_DIR/lib/trials.sh"
+# shellcheck source=lib/data.sh
+source "$HPC_FILES_DIR/lib/data.sh"
+# shellcheck source=lib/render.sh
+source "$HPC_FILES_DIR/lib/render.sh"
+# shellcheck source=lib/submit.sh
+source "$HPC_FILES_DIR/lib/submit.sh"
+
+main() {
+  trap 'run_cleanup; remove_unsubmitted_dir' EXIT
+  parse_options "$@"
+  if [[ -n "${opt_help:-}" ]]; then
+    print_help
+    return 0
+  fi
+  if [[ -n "${opt_version:-}" ]]; then
+    echo "job_submitter.sh $HPC_VERSION"
+    return 0
+  fi
+  project_paths
+  load_site
+  apply_defaults
+  validate_settings
+  scratch_paths
+  plan_layout
+  if [[ -n "${opt_list_trials:-}" ]]; then
+    list_trials
+    return 0
+  fi
+  validate_data_paths
+  plan_data
+  plan_runtime_settings
+  check_wandb_credentials
+  if [[ -n "${opt_dry_run:-}" ]]; then
+    plan_array "$(count_trials)"
+    render_script
+    return 0
+  fi
+  make_submission_dir
+  fill_submission_dir "$@"
+  plan_array "$(wc -l <"$submission_dir/commands.txt")"
+  render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
+  stage_data_tarball
+  submit_job
+  report_submission
+  [[ -z "${opt_wait:-}" ]] || wait_for_job
+}
+
+main "$@"

@@ -1,0 +1,241 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
+# libraries that job_submitter.sh sources together; shellcheck -x on
+# job_submitter.sh checks them as a whole.)
+# Command-line options of job_submitter.sh: the table of spellings, the parser
+# and the help text beside it. Sourced; defines functions and the tables only.
+# Parsed values land in opt_<name> variables; which ones the user gave is in
+# OPT_GIVEN, so a site profile fills in only what the command line left open.
+
+HPC_VERSION="0.1.0"
+
+# Built-in defaults (the seed toolkit's, where it had them).
+readonly DEFAULT_GPUS=1
+readonly DEFAULT_CPUS=2
+readonly DEFAULT_KIND=lightning
+readonly DEFAULT_TIME=00-01:00:00
+readonly DEFAULT_MEM_PER_GPU=10G
+readonly DEFAULT_EXP_NAME=default
+readonly DEFAULT_NODES=1
+readonly DEFAULT_SIGNAL_LEAD=90
+readonly DEFAULT_MAX_REQUEUES=10
+readonly DEFAULT_SITE=generic
+readonly DEFAULT_COMPRESS=none
+
+# Every spelling of an option that takes a value -> the setting it sets.
+declare -A OPTION_SETTING=(
+  [-a]=account [--account]=account
+  [-g]=gpus [--gpus]=gpus
+  [-c]=cpus [--cpus]=cpus [--cpu]=cpus
+  [-W]=kind [--which-distributed]=kind
+  [-t]=time [--time]=time
+  [-m]=mem_per_gpu [--mem-per-gpu]=mem_per_gpu
+  [-G]=gpu_type [--gpu-type]=gpu_type
+  [-e]=exp_name [--exp-name]=exp_name
+  [-w]=wandb_sweep [--wandb-sweepid]=wandb_sweep
+  [-n]=nodes [-N]=nodes [--num-nodes]=nodes [--num_nodes]=nodes [--nodes]=nodes
+  [-s]=container [--singularity-container]=container
+  [-C]=configs [--configs]=configs
+  [-p]=partition [--partition]=partition
+  [-d]=data [--data]=data
+  [--sweep]=sweep
+  [--trials]=trials
+  [--sweep-seed]=sweep_seed
+  [--sweep-count]=sweep_count
+  [--array-throttle]=array_throttle
+  [--seeds]=seeds
+  [--signal-lead]=signal_lead
+  [--max-requeues]=max_requeues
+  [--dependency]=dependency
+  [--modules]=modules
+  [--site]=site
+  [--venv]=venv
+  [--stage-out]=stage_out
+  [--compress]=compress
+  [--sbatch-arg]=sbatch_arg
+)
+
+# Options without a value -> the setting they turn on.
+declare -A FLAG_SETTING=(
+  [--dry-run]=dry_run
+  [--wait]=wait
+  [--list-trials]=list_trials
+  [--pass-local-rank]=pass_local_rank
+  [-h]=help [--help]=help
+  [--version]=version
+)
+
+# Settings that may be given several times (values accumulate).
+declare -A REPEATABLE_SETTING=([data]=1 [sbatch_arg]=1)
+
+# Filled by parse_options.
+declare -A OPT_GIVEN=()
+opt_data=()
+opt_sbatch_arg=()
+opt_command=()
+
+print_help() {
+  cat <<HELP
+Usage: job_submitter.sh [options] [-- COMMAND [ARG...]]
+
+Renders one SLURM batch script for a PyTorch training run and submits it with
+sbatch. Experiments come from the configs file (one command per line; several
+lines become an array job), from --sweep, from a wandb sweep id, or from the
+command after '--'. Options take '--opt value' or '--opt=value'.
+
+Resources:
+  -n, -N, --num-nodes, --num_nodes, --nodes N
+                              nodes per run (default: $DEFAULT_NODES)
+  -g, --gpus G                GPUs per node; 0 = CPU-only (default: $DEFAULT_GPUS)
+  -c, --cpus, --cpu C         CPUs per GPU, or per task when --gpus 0 (default: $DEFAULT_CPUS)
+  -m, --mem-per-gpu SIZE      memory per GPU, e.g. 10G, 512M (default: $DEFAULT_MEM_PER_GPU)
+  -G, --gpu-type TYPE         GPU type in --gres (e.g. v100l); checked against the site
+  -t, --time TIME             wall time in any SLURM format: MM, MM:SS, HH:MM:SS,
+                              D-HH, D-HH:MM, D-HH:MM:SS (default: $DEFAULT_TIME)
+  -W, --which-distributed KIND
+                              lightning: one task per GPU started by srun (default)
+                              torchrun:  one task per node running torchrun
+                              script:    same as torchrun (the PyTorch launcher route)
+                              none:      one process on one node, no launcher
+  -a, --account ACCOUNT       SLURM account (default: the site's)
+  -p, --partition PARTITION   SLURM partition (default: the site's)
+  --site NAME|FILE            site profile (default: \$HPC_SITE, else $DEFAULT_SITE);
+                              NAME means hpc_files/sites/NAME.conf
+  --modules "MOD..."          environment modules to load on the nodes
+  --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable)
+  --dependency SPEC           sbatch --dependency, e.g. afterok:123
+
+Experiments:
+  -C, --configs FILE          experiment lines (default: hpc_files/experiment_configurations.txt
+                              if present, else experiment_configurations.txt)
+  -e, --exp-name NAME         experiment name: folders \$scratch_dir/NAME/ and the job name
+                              (letters, digits, '.', '_', '-'; default: $DEFAULT_EXP_NAME)
+  --seeds N                   run every experiment N times, adding --seed=0..N-1
+  --sweep FILE                expand a wandb-format sweep file (grid or random)
+                              offline into one array job (see sweeper.yml)
+  --trials N                  number of random-search trials (with --sweep)
+  --sweep-seed S              seed of the random search (default: 0)
+  -w, --wandb-sweepid ID      run a wandb sweep (ID or ENTITY/PROJECT/ID): an array
+                              job, one 'wandb agent --count 1' per task
+  --sweep-count K             array tasks for a wandb sweep (asked for when stdin
+                              is a terminal, otherwise required)
+  --array-throttle K          at most K array tasks at once (default: the site's)
+  --list-trials               print the trials as JSON lines and exit
+
+Data and environment:
+  -d, --data PATH...          files or folders relative to \$SCRATCH/<project>, staged
+                              as one cached tarball into \$SLURM_TMPDIR on every node
+                              (repeatable; several paths may follow one flag)
+  --compress none|zstd|pigz   compress the data tarball (default: $DEFAULT_COMPRESS)
+  --stage-out DIR             copy \$SLURM_TMPDIR/DIR back to \$scratch_dir/<exp>/ at
+                              the end and before a requeue
+  --venv PATH                 virtualenv (or conda/uv env) to run in (default: the
+                              project's .venv if present)
+  -s, --singularity-container IMAGE
+                              run inside this Singularity/Apptainer image
+  --pass-local-rank           append --local-rank=N to the program's arguments
+                              (programs written for torch.distributed.launch)
+
+Wall time and requeue:
+  --signal-lead SECONDS       USR1 this long before the wall time (default: $DEFAULT_SIGNAL_LEAD)
+  --max-requeues N            requeue at most N times (default: $DEFAULT_MAX_REQUEUES)
+
+Behaviour:
+  --dry-run                   print the batch script; submit and create nothing
+  --wait                      follow the job until it ends; exit with its exit code
+  -h, --help                  this help
+  --version                   print the version
+
+Environment: SCRATCH (required), HPC_SITE, HPC_PYTHON (the python that expands
+trials and sweeps on this machine; default python3).
+HELP
+}
+
+# looks_like_option WORD: would WORD be read as an option rather than a value?
+# Negative numbers ('-1') are values, so they reach validation and its message.
+looks_like_option() {
+  [[ "$1" =~ ^-[A-Za-z-] ]]
+}
+
+# set_setting NAME VALUE SPELLING: store a value; a repeatable setting
+# accumulates, any other refuses a second, different value.
+set_setting() {
+  local name=$1 value=$2 spelling=$3 current
+  if [[ -n "${REPEATABLE_SETTING[$name]:-}" ]]; then
+    eval "opt_${name}+=(\"\$value\")"
+    OPT_GIVEN[$name]=1
+    return 0
+  fi
+  if [[ -n "${OPT_GIVEN[$name]:-}" ]]; then
+    current=$(eval "printf '%s' \"\$opt_${name}\"")
+    [[ "$current" == "$value" ]] ||
+      usage_error "$spelling given twice with different values ('$current' and '$value')"
+  fi
+  printf -v "opt_${name}" '%s' "$value"
+  OPT_GIVEN[$name]=1
+}
+
+# parse_options ARG...: fills opt_* and OPT_GIVEN. Usage errors exit 2.
+parse_options() {
+  local arg spelling value name
+  while (($# > 0)); do
+    arg=$1
+    shift
+    case "$arg" in
+      --)
+        (($# > 0)) || usage_error "'--' must be followed by a command"
+        opt_command=("$@")
+        OPT_GIVEN[command]=1
+        return 0
+        ;;
+      --*=*)
+        spelling=${arg%%=*}
+        value=${arg#*=}
+        [[ -z "${FLAG_SETTING[$spelling]:-}" ]] || usage_error "$spelling takes no value (got '$arg')"
+        name=${OPTION_SETTING[$spelling]:-}
+        [[ -n "$name" ]] || usage_error "unknown option '$spelling' (see --help)"
+        set_setting "$name" "$value" "$spelling"
+        ;;
+      -?*)
+        if [[ -n "${FLAG_SETTING[$arg]:-}" ]]; then
+          printf -v "opt_${FLAG_SETTING[$arg]}" '%s' 1
+          OPT_GIVEN[${FLAG_SETTING[$arg]}]=1
+          continue
+        fi
+        name=${OPTION_SETTING[$arg]:-}
+        [[ -n "$name" ]] || usage_error "unknown option '$arg' (see --help)"
+        if (($# == 0)) || looks_like_option "$1"; then
+          usage_error "$arg expects a value"
+        fi
+        set_setting "$name" "$1" "$arg"
+        shift
+        # -d/--data takes several paths after one flag, up to the next option.
+        if [[ "$name" == data ]]; then
+          while (($# > 0)) && [[ "$1" != -* ]]; do
+            set_setting data "$1" "$arg"
+            shift
+          done
+        fi
+        ;;
+      *)
+        usage_error "unexpected argument '$arg' (options start with '-'; put a command after '--')"
+        ;;
+    esac
+  done
+}
+
+# apply_defaults: built-in defaults for whatever neither the command line nor
+# the site profile set (load_site runs first).
+apply_defaults() {
+  : "${opt_gpus:=$DEFAULT_GPUS}"
+  : "${opt_cpus:=$DEFAULT_CPUS}"
+  : "${opt_kind:=$DEFAULT_KIND}"
+  : "${opt_time:=$DEFAULT_TIME}"
+  : "${opt_mem_per_gpu:=$DEFAULT_MEM_PER_GPU}"
+  : "${opt_exp_name:=$DEFAULT_EXP_NAME}"
+  : "${opt_nodes:=$DEFAULT_NODES}"
+  : "${opt_signal_lead:=$DEFAULT_SIGNAL_LEAD}"
+  : "${opt_max_requeues:=$DEFAULT_MAX_REQUEUES}"
+  : "${opt_compress:=$DEFAULT_COMPRESS}"
+  : "${opt_sweep_seed:=0}"
+}

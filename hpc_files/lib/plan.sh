@@ -1,0 +1,80 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
+# libraries that job_submitter.sh sources together; shellcheck -x on
+# job_submitter.sh checks them as a whole.)
+# The resource layout: from nodes N, GPUs per node G and CPUs per GPU C to the
+# numbers sbatch gets, per distributed kind. Pure arithmetic on validated
+# settings; sets plan_* variables. Sourced; functions only.
+#
+#   lightning  N nodes x G tasks (one per GPU), C CPUs each; one srun starts all
+#   torchrun   N nodes x 1 task, C*G CPUs; torchrun starts G processes per node
+#   none       1 node x 1 task, C*max(G,1) CPUs; the command runs as it is
+#   G = 0      no --gres line at all; torchrun/none get one process per node
+
+# project_paths: where the project and its scratch folders are. The project
+# root is the folder holding hpc_files/, whatever the current directory.
+project_paths() {
+  source_dir=$(cd "$HPC_FILES_DIR/.." && pwd)
+  project_name=${source_dir##*/}
+}
+
+scratch_paths() {
+  scratch_dir="$SCRATCH/$project_name"
+  plan_log_dir="$scratch_dir/hpc_outputs"
+  plan_exp_dir="$scratch_dir/$opt_exp_name"
+}
+
+# format_memory MB: the shortest exact SLURM size (20480 -> 20G).
+format_memory() {
+  local mb=$1
+  if ((mb % 1048576 == 0)); then
+    printf '%sT' $((mb / 1048576))
+  elif ((mb % 1024 == 0)); then
+    printf '%sG' $((mb / 1024))
+  else
+    printf '%sM' "$mb"
+  fi
+}
+
+plan_layout() {
+  local gpus_or_one=$((opt_gpus > 0 ? opt_gpus : 1))
+  plan_nodes=$opt_nodes
+  case "$opt_kind" in
+    lightning)
+      plan_tasks_per_node=$opt_gpus
+      plan_cpus_per_task=$opt_cpus
+      plan_procs_per_node=$opt_gpus
+      ;;
+    torchrun | none)
+      plan_tasks_per_node=1
+      plan_cpus_per_task=$((opt_cpus * gpus_or_one))
+      plan_procs_per_node=$gpus_or_one
+      ;;
+  esac
+  [[ "$opt_kind" != none ]] || plan_procs_per_node=1
+  plan_world_size=$((plan_nodes * plan_procs_per_node))
+  plan_cpus_per_node=$((plan_tasks_per_node * plan_cpus_per_task))
+  if [[ -n "${site_max_cpus_per_node:-}" ]] && ((plan_cpus_per_node > site_max_cpus_per_node)); then
+    usage_error "this layout needs $plan_cpus_per_node CPUs per node ($plan_tasks_per_node tasks x $plan_cpus_per_task CPUs) but site '$site_name' nodes have $site_max_cpus_per_node; lower --cpus or --gpus"
+  fi
+  plan_gres=""
+  if ((opt_gpus > 0)); then
+    plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$opt_gpus"
+  fi
+  plan_mem=$(format_memory $((plan_mem_per_gpu_mb * gpus_or_one)))
+  plan_job_name="${project_name}_${opt_exp_name}"
+}
+
+# plan_array TRIALS: array job when there is more than one trial.
+plan_array() {
+  local trials=$1
+  plan_trial_count=$trials
+  plan_array_spec=""
+  if ((trials > 1)) || [[ -n "${opt_wandb_sweep:-}" ]]; then
+    plan_array_spec="0-$((trials - 1))"
+    [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
+    plan_log_file="$plan_log_dir/%x_%A_%a.out"
+  else
+    plan_log_file="$plan_log_dir/%x_%j.out"
+  fi
+}

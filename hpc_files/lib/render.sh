@@ -1,0 +1,141 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
+# libraries that job_submitter.sh sources together; shellcheck -x on
+# job_submitter.sh checks them as a whole.)
+# Rendering: the batch script as a pure function of the validated settings and
+# the plan. It runs no command and reads no clock, so --dry-run is byte-stable
+# and golden files can test it; what varies (job id, node names, the
+# submission folder) is resolved on the node. Sourced; functions only.
+
+# sbatch_line ARG: one '#SBATCH' line; sbatch honours double quotes there.
+sbatch_line() {
+  local arg=$1
+  if [[ "$arg" == *[[:space:]]* && "$arg" == *=* ]]; then
+    printf '#SBATCH %s="%s"\n' "${arg%%=*}" "${arg#*=}"
+  else
+    printf '#SBATCH %s\n' "$arg"
+  fi
+}
+
+# export_line NAME VALUE: an export with the value quoted literally.
+export_line() {
+  printf 'export %s=%s\n' "$1" "$(shell_quote "$2")"
+}
+
+render_header() {
+  local kind_text
+  case "$opt_kind" in
+    lightning) kind_text="lightning: one task per GPU, all started by one srun" ;;
+    torchrun) kind_text="torchrun: one task per node, each starting $plan_procs_per_node process(es)" ;;
+    none) kind_text="none: one process, no distributed launcher" ;;
+  esac
+  cat <<EOF
+#!/bin/bash
+# Rendered by hpc_files/job_submitter.sh $HPC_VERSION; do not edit: re-run the
+# submitter (its exact command is in command.txt beside this file).
+#
+# Layout: $plan_nodes node(s) x $plan_tasks_per_node task(s) x $plan_cpus_per_task CPU(s); world size $plan_world_size.
+# Kind: $kind_text.
+# Trials: $plan_trial_count$( [[ -z "$plan_array_spec" ]] || printf ' (array task K runs line K+1 of commands.txt)').
+EOF
+}
+
+render_sbatch_lines() {
+  local arg
+  printf '\n# Resources.\n'
+  sbatch_line "--job-name=$plan_job_name"
+  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
+  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
+  sbatch_line "--nodes=$plan_nodes"
+  sbatch_line "--ntasks-per-node=$plan_tasks_per_node"
+  sbatch_line "--cpus-per-task=$plan_cpus_per_task"
+  [[ -z "$plan_gres" ]] || sbatch_line "--gres=$plan_gres"
+  sbatch_line "--mem=$plan_mem"
+  sbatch_line "--time=$opt_time"
+  printf '# One log per job (array: per task), appended to across requeues.\n'
+  sbatch_line "--output=$plan_log_file"
+  sbatch_line "--open-mode=append"
+  printf '# USR1 to this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
+  sbatch_line "--signal=B:USR1@$opt_signal_lead"
+  sbatch_line "--requeue"
+  if [[ -n "$plan_array_spec" ]]; then
+    printf '# One array task per trial.\n'
+    sbatch_line "--array=$plan_array_spec"
+  fi
+  [[ -z "${opt_dependency:-}" ]] || sbatch_line "--dependency=$opt_dependency"
+  if ((${#site_sbatch[@]} + ${#opt_sbatch_arg[@]} > 0)); then
+    printf '# From the site profile and --sbatch-arg.\n'
+    for arg in ${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
+      sbatch_line "$arg"
+    done
+  fi
+}
+
+render_environment() {
+  local entry
+  cat <<'EOF'
+
+set -uo pipefail
+# srun does not inherit --cpus-per-task since SLURM 22.05.
+export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
+
+# The project and its folders, for the node scripts and the program.
+EOF
+  export_line source_dir "$source_dir"
+  export_line project_name "$project_name"
+  export_line scratch_dir "$scratch_dir"
+  export_line exp_name "$opt_exp_name"
+  printf '\n# Toolkit settings, read by node/*.sh.\n'
+  export_line HPC_KIND "$opt_kind"
+  export_line HPC_NODES "$plan_nodes"
+  export_line HPC_GPUS_PER_NODE "$opt_gpus"
+  export_line HPC_PROCS_PER_NODE "$plan_procs_per_node"
+  export_line HPC_SIGNAL_LEAD "$opt_signal_lead"
+  export_line HPC_MAX_REQUEUES "$opt_max_requeues"
+  export_line HPC_TMPDIR_MODE "$site_provides_tmpdir"
+  # shellcheck disable=SC2016 # a literal $USER in the comment, for the reader
+  printf 'export HPC_TMPDIR_BASE="%s"  # may name $USER\n' "$site_tmpdir_base"
+  export_line HPC_RUNTIME "$plan_runtime"
+  [[ -z "$plan_venv" ]] || export_line HPC_VENV "$plan_venv"
+  if [[ "$plan_runtime" == singularity ]]; then
+    export_line HPC_CONTAINER "$plan_container"
+    export_line HPC_CONTAINER_RUNTIME "${site_container_runtime:-}"
+  fi
+  [[ -z "$plan_data_tarball" ]] || export_line HPC_DATA_TARBALL "$plan_data_tarball"
+  [[ "$opt_compress" == none ]] || export_line HPC_COMPRESS "$opt_compress"
+  [[ -z "${opt_stage_out:-}" ]] || export_line HPC_STAGE_OUT "$opt_stage_out"
+  [[ -z "${opt_pass_local_rank:-}" ]] || export_line HPC_PASS_LOCAL_RANK 1
+  if ((${#site_env[@]} > 0)); then
+    printf "\n# Site '%s': environment.\n" "$site_name"
+    for entry in "${site_env[@]}"; do
+      export_line "${entry%%=*}" "${entry#*=}"
+    done
+  fi
+  if [[ -n "${opt_modules:-}" ]]; then
+    printf '\n# Environment modules (Lmod or Environment Modules).\n'
+    printf 'module load %s || { echo "hpc: error: module load %s failed" >&2; exit 1; }\n' "$opt_modules" "$opt_modules"
+  fi
+  if ((${#site_command[@]} > 0)); then
+    printf "\n# Site '%s': commands.\n" "$site_name"
+    printf '%s\n' "${site_command[@]}"
+  fi
+}
+
+render_launch() {
+  cat <<'EOF'
+
+# Stage data, launch, forward signals, requeue: node/batch.sh, copied into the
+# submission folder when this job was submitted, so editing the project later
+# changes nothing queued. exec keeps this shell's pid, which SLURM signals.
+: "${HPC_SUBMISSION_DIR:?is set by job_submitter.sh; to resubmit by hand: HPC_SUBMISSION_DIR=<submission folder> sbatch job.sbatch}"
+exec bash "$HPC_SUBMISSION_DIR/node/batch.sh"
+EOF
+}
+
+# render_script: the whole batch script on stdout.
+render_script() {
+  render_header
+  render_sbatch_lines
+  render_environment
+  render_launch
+}

@@ -1,0 +1,153 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
+# libraries that job_submitter.sh sources together; shellcheck -x on
+# job_submitter.sh checks them as a whole.)
+# Submission: the per-submission folder (script, trials, configs, node
+# scripts, git state, the exact command), the sbatch call, and --wait.
+# Sourced; functions only.
+
+# The credentials file is read on the node only; refuse one others can read.
+check_wandb_credentials() {
+  local file="$HOME/wandb_credentials.txt" mode
+  [[ -e "$file" ]] || return 0
+  mode=$(stat -c %a "$file") || die "cannot stat $file"
+  if ((8#$mode & 8#077)); then
+    usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
+  fi
+}
+
+plan_runtime_settings() {
+  plan_runtime=venv
+  plan_venv=""
+  plan_container=""
+  if [[ -n "${opt_container:-}" ]]; then
+    plan_runtime=singularity
+    plan_container=$(realpath -e -- "$opt_container") || usage_error "cannot resolve '$opt_container'"
+  fi
+  if [[ -n "${opt_venv:-}" ]]; then
+    plan_venv=$(realpath -e -- "$opt_venv") || usage_error "cannot resolve --venv '$opt_venv'"
+  elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
+    plan_venv="$source_dir/.venv"
+  fi
+}
+
+# make_submission_dir: $scratch_dir/$exp_name/<stamp>-XXXX, private.
+make_submission_dir() {
+  mkdir -p "$plan_log_dir" "$plan_exp_dir/checkpoints" ||
+    die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
+  submission_dir=$(mktemp -d "$plan_exp_dir/$(date +%Y%m%d-%H%M%S)-XXXX") ||
+    die "cannot create a submission folder in $plan_exp_dir"
+  chmod 0750 "$submission_dir"
+}
+
+# Until sbatch accepts the job, the submission folder is ours to remove.
+remove_unsubmitted_dir() {
+  if [[ -n "${submission_dir:-}" && -z "${job_id:-}" && -d "$submission_dir" ]]; then
+    rm -rf -- "${submission_dir:?}"
+  fi
+}
+
+# fill_submission_dir ARGV...: everything the queued job will read.
+fill_submission_dir() {
+  local dir=$submission_dir
+  mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
+  cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
+  cp -p "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
+    die "cannot copy the venv runtime into $dir/node"
+  cp -p "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
+    die "cannot copy the container runtime into $dir/node"
+  if [[ -n "${opt_sweep:-}" ]]; then
+    cp -p "$opt_sweep" "$dir/sweep.yml" || die "cannot copy $opt_sweep"
+  elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
+    cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
+  fi
+  write_trials "$dir" >"$dir/.count" || exit $?
+  rm -f "$dir/.count"
+  shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
+  printf '\n' >>"$dir/command.txt"
+  {
+    printf 'commit: %s\n' "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo 'not a git repository')"
+    printf 'status:\n'
+    git -C "$source_dir" status --porcelain 2>/dev/null
+  } >"$dir/git.txt"
+}
+
+# submit_job: sbatch, from the submission folder; sets job_id.
+submit_job() {
+  local output sbatch_args=(--parsable)
+  output=$(cd "$submission_dir" && HPC_SUBMISSION_DIR="$submission_dir" sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
+    die "sbatch refused the job: ${output//$'\n'/ }"
+  job_id=${output%%;*}
+  job_id=${job_id##*$'\n'}
+  [[ "$job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
+  printf '%s\n' "$job_id" >"$submission_dir/job_id"
+}
+
+report_submission() {
+  local log=${plan_log_file//%x/$plan_job_name}
+  if [[ -n "$plan_array_spec" ]]; then
+    log=${log//%A/$job_id}
+    log=${log//%a/<task>}
+  else
+    log=${log//%j/$job_id}
+  fi
+  printf 'Submitted job %s (%s trial(s), %s node(s) x %s GPU(s), -W %s)\n' \
+    "$job_id" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
+  printf '  log:        %s\n' "$log"
+  printf '  submission: %s\n' "$submission_dir"
+  printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$(shell_quote "$log")"
+}
+
+# job_states JOB: 'STATE EXITCODE' for the job (one line per array task).
+job_states() {
+  local line state exit_code
+  while IFS= read -r line; do
+    state=$(sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p' <<<" $line")
+    exit_code=$(sed -n 's/.* ExitCode=\([0-9]*\):\([0-9]*\).*/\1:\2/p' <<<" $line")
+    [[ -n "$state" ]] && printf '%s %s\n' "$state" "${exit_code:-0:0}"
+  done < <(scontrol show job -o "$1" 2>/dev/null)
+}
+
+is_final_state() {
+  case "$1" in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# wait_for_job: follow the job until every task ended; print state changes and
+# the log tail; exit with the job's exit code (the largest over array tasks).
+wait_for_job() {
+  local states last="" line all_final worst=0 code signal log
+  info "waiting for job $job_id (Ctrl-C stops waiting, not the job)"
+  while :; do
+    states=$(job_states "$job_id")
+    [[ -n "$states" ]] || die "job $job_id is no longer known to scontrol; see sacct -j $job_id"
+    if [[ "$states" != "$last" ]]; then
+      info "job $job_id: $(awk '{print $1}' <<<"$states" | sort | uniq -c | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}')"
+      last=$states
+    fi
+    all_final=1
+    while read -r line; do
+      is_final_state "${line%% *}" || all_final=0
+    done <<<"$states"
+    ((all_final)) && break
+    sleep 2
+  done
+  log=${plan_log_file//%x/$plan_job_name}
+  log=${log//%j/$job_id}
+  log=${log//%A/$job_id}
+  if [[ -z "$plan_array_spec" && -f "$log" ]]; then
+    info "last lines of $log:"
+    tail -n 15 "$log" >&2
+  fi
+  while read -r line; do
+    code=${line#* }
+    signal=${code#*:}
+    code=${code%:*}
+    ((signal > 0 && 128 + signal > code)) && code=$((128 + signal))
+    ((code > worst)) && worst=$code
+    [[ "${line%% *}" == COMPLETED ]] || ((worst > 0)) || worst=1
+  done <<<"$states"
+  exit "$worst"
+}

@@ -1,0 +1,236 @@
+# shellcheck shell=bash disable=SC2034,SC2154
+# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
+# libraries that job_submitter.sh sources together; shellcheck -x on
+# job_submitter.sh checks them as a whole.)
+# Checks every setting before anything is written or submitted. Each refusal
+# names the option, the value and what would be accepted, and exits 2.
+# Sourced; functions only.
+
+# require_uint OPTION VALUE MIN [MAX]
+require_uint() {
+  local option=$1 value=$2 min=$3 max=${4:-}
+  is_uint "$value" || usage_error "$option expects a whole number, got '$value'"
+  ((${#value} <= 9)) || usage_error "$option is out of range, got '$value'"
+  value=$(to_decimal "$value")
+  ((value >= min)) || usage_error "$option must be at least $min, got '$value'"
+  if [[ -n "$max" ]] && ((value > max)); then
+    usage_error "$option must be at most $max, got '$value'"
+  fi
+}
+
+# require_one_of OPTION VALUE CHOICE...
+require_one_of() {
+  local option=$1 value=$2 choice
+  shift 2
+  for choice in "$@"; do
+    [[ "$value" == "$choice" ]] && return 0
+  done
+  usage_error "$option expects one of: $*; got '$value'"
+}
+
+# require_name OPTION VALUE: a plain name safe in paths, job names and scripts.
+require_name() {
+  local option=$1 value=$2
+  [[ -n "$value" ]] || usage_error "$option expects a name, got ''"
+  ((${#value} <= 100)) || usage_error "$option is longer than 100 characters"
+  [[ "$value" =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$ ]] ||
+    usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
+}
+
+# parse_slurm_time VALUE: seconds, or nothing when VALUE is not a SLURM time.
+# Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+parse_slurm_time() {
+  local value=$1 days=0 h=0 m=0 s=0 rest
+  if [[ "$value" =~ ^([0-9]{1,4})-(.*)$ ]]; then
+    days=$(to_decimal "${BASH_REMATCH[1]}")
+    rest=${BASH_REMATCH[2]}
+    if [[ "$rest" =~ ^([0-9]{1,2})$ ]]; then
+      h=${BASH_REMATCH[1]}
+    elif [[ "$rest" =~ ^([0-9]{1,2}):([0-9]{1,2})$ ]]; then
+      h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]}
+    elif [[ "$rest" =~ ^([0-9]{1,2}):([0-9]{1,2}):([0-9]{1,2})$ ]]; then
+      h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
+    else
+      return 0
+    fi
+  elif [[ "$value" =~ ^([0-9]{1,6})$ ]]; then
+    m=${BASH_REMATCH[1]}
+  elif [[ "$value" =~ ^([0-9]{1,6}):([0-9]{1,2})$ ]]; then
+    m=${BASH_REMATCH[1]} s=${BASH_REMATCH[2]}
+  elif [[ "$value" =~ ^([0-9]{1,4}):([0-9]{1,2}):([0-9]{1,2})$ ]]; then
+    h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
+  else
+    return 0
+  fi
+  h=$(to_decimal "$h") m=$(to_decimal "$m") s=$(to_decimal "$s")
+  ((s < 60 && (m < 60 || (days == 0 && h == 0)))) || return 0
+  printf '%s' $((((days * 24 + h) * 60 + m) * 60 + s))
+}
+
+# parse_memory_mb VALUE: MiB, or nothing when VALUE is not a SLURM size.
+parse_memory_mb() {
+  local value=$1 number unit
+  [[ "$value" =~ ^([0-9]{1,9})([KMGT]?)$ ]] || return 0
+  number=$(to_decimal "${BASH_REMATCH[1]}")
+  unit=${BASH_REMATCH[2]:-M}
+  case "$unit" in
+    K) printf '%s' $(((number + 1023) / 1024)) ;;
+    M) printf '%s' "$number" ;;
+    G) printf '%s' $((number * 1024)) ;;
+    T) printf '%s' $((number * 1024 * 1024)) ;;
+  esac
+}
+
+validate_settings() {
+  [[ -n "${SCRATCH:-}" ]] || usage_error "SCRATCH is not set; export SCRATCH=/path/to/your/scratch (the toolkit keeps logs, checkpoints and data under \$SCRATCH/<project>)"
+  [[ "$SCRATCH" == /* ]] || usage_error "SCRATCH must be an absolute path, got '$SCRATCH'"
+  [[ "$SCRATCH" != *$'\n'* ]] || usage_error "SCRATCH must not contain a newline"
+
+  require_uint --gpus "$opt_gpus" 0 "${site_max_gpus_per_node:-64}"
+  opt_gpus=$(to_decimal "$opt_gpus")
+  require_uint --cpus "$opt_cpus" 1 1024
+  opt_cpus=$(to_decimal "$opt_cpus")
+  require_uint --num-nodes "$opt_nodes" 1 "${site_max_nodes:-4096}"
+  opt_nodes=$(to_decimal "$opt_nodes")
+  [[ "$opt_kind" != script ]] || opt_kind=torchrun
+  require_one_of --which-distributed "$opt_kind" lightning torchrun script none
+  require_name --exp-name "$opt_exp_name"
+
+  plan_time_seconds=$(parse_slurm_time "$opt_time")
+  [[ -n "$plan_time_seconds" ]] ||
+    usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
+  ((plan_time_seconds > 0)) || usage_error "--time must be longer than zero, got '$opt_time'"
+  plan_mem_per_gpu_mb=$(parse_memory_mb "$opt_mem_per_gpu")
+  [[ -n "$plan_mem_per_gpu_mb" ]] ||
+    usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
+  ((plan_mem_per_gpu_mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
+
+  require_uint --signal-lead "$opt_signal_lead" 1 65535
+  opt_signal_lead=$(to_decimal "$opt_signal_lead")
+  ((opt_signal_lead < plan_time_seconds)) ||
+    usage_error "--signal-lead ($opt_signal_lead s) must be shorter than --time ($opt_time = $plan_time_seconds s)"
+  require_uint --max-requeues "$opt_max_requeues" 0 1000
+  opt_max_requeues=$(to_decimal "$opt_max_requeues")
+
+  validate_gpu_type
+  validate_kind_layout
+  validate_experiment_source
+  validate_optional_settings
+}
+
+validate_gpu_type() {
+  [[ -n "${opt_gpu_type:-}" ]] || return 0
+  require_name --gpu-type "$opt_gpu_type"
+  ((opt_gpus > 0)) || usage_error "--gpu-type '$opt_gpu_type' needs --gpus of at least 1"
+  if [[ -n "${site_gpu_types:-}" && ",${site_gpu_types// /}," != *",$opt_gpu_type,"* ]]; then
+    usage_error "--gpu-type '$opt_gpu_type' is not offered by site '$site_name' (offered: $site_gpu_types)"
+  fi
+}
+
+validate_kind_layout() {
+  case "$opt_kind" in
+    lightning)
+      ((opt_gpus > 0)) ||
+        usage_error "-W lightning starts one task per GPU, so --gpus 0 means no tasks; use -W torchrun (one task per node) or -W none for CPU-only runs"
+      ;;
+    none)
+      ((opt_nodes == 1)) || usage_error "-W none runs one process on one node, got --num-nodes $opt_nodes; use -W torchrun or -W lightning for several nodes"
+      ;;
+  esac
+  if [[ -n "${opt_pass_local_rank:-}" && "$opt_kind" != torchrun ]]; then
+    usage_error "--pass-local-rank only applies to -W torchrun/script (torchrun starts the processes), got -W $opt_kind"
+  fi
+}
+
+validate_experiment_source() {
+  local sources=0
+  [[ -n "${opt_wandb_sweep:-}" ]] && sources=$((sources + 1))
+  [[ -n "${opt_sweep:-}" ]] && sources=$((sources + 1))
+  ((${#opt_command[@]} > 0)) && sources=$((sources + 1))
+  ((sources <= 1)) || usage_error "choose one of -w/--wandb-sweepid, --sweep and '-- COMMAND'"
+
+  if [[ -n "${opt_wandb_sweep:-}" ]]; then
+    [[ "$opt_wandb_sweep" =~ ^[A-Za-z0-9_-]+(/[A-Za-z0-9_.-]+/[A-Za-z0-9_-]+)?$ ]] ||
+      usage_error "--wandb-sweepid expects ID or ENTITY/PROJECT/ID (letters, digits, '_', '-'), got '$opt_wandb_sweep'"
+    ((opt_nodes == 1)) || usage_error "a wandb sweep runs one agent per array task on one node; got --num-nodes $opt_nodes"
+    [[ -z "${opt_seeds:-}" ]] || usage_error "--seeds does not apply to a wandb sweep (the sweep chooses the runs)"
+    if [[ -z "${opt_sweep_count:-}" ]]; then
+      [[ -t 0 && -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" ]] ||
+        usage_error "--sweep-count is required with --wandb-sweepid when not run from a terminal"
+      read -r -p "Number of sweep runs (array tasks) for $opt_wandb_sweep: " opt_sweep_count ||
+        usage_error "no --sweep-count given"
+    fi
+    require_uint --sweep-count "$opt_sweep_count" 1 100000
+    opt_sweep_count=$(to_decimal "$opt_sweep_count")
+  elif [[ -n "${opt_sweep_count:-}" ]]; then
+    usage_error "--sweep-count only applies with -w/--wandb-sweepid (for --sweep, use --trials)"
+  fi
+
+  if [[ -n "${opt_sweep:-}" ]]; then
+    [[ -f "$opt_sweep" ]] || usage_error "--sweep file '$opt_sweep' does not exist"
+    [[ -r "$opt_sweep" ]] || usage_error "--sweep file '$opt_sweep' is not readable"
+    if [[ -n "${opt_trials:-}" ]]; then
+      require_uint --trials "$opt_trials" 1 100000
+    fi
+    require_uint --sweep-seed "$opt_sweep_seed" 0
+  else
+    [[ -z "${opt_trials:-}" ]] || usage_error "--trials only applies with --sweep"
+    [[ -z "${OPT_GIVEN[sweep_seed]:-}" ]] || usage_error "--sweep-seed only applies with --sweep"
+  fi
+
+  if [[ -n "${opt_seeds:-}" ]]; then
+    require_uint --seeds "$opt_seeds" 1 10000
+  fi
+
+  if [[ -z "${opt_wandb_sweep:-}" && -z "${opt_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
+    if [[ -z "${opt_configs:-}" ]]; then
+      opt_configs="$source_dir/hpc_files/experiment_configurations.txt"
+      [[ -f "$opt_configs" ]] || opt_configs="$source_dir/experiment_configurations.txt"
+    fi
+    [[ -f "$opt_configs" ]] || usage_error "--configs file '$opt_configs' does not exist (or put the command after '--')"
+    [[ -r "$opt_configs" ]] || usage_error "--configs file '$opt_configs' is not readable"
+  fi
+}
+
+validate_optional_settings() {
+  local module word
+  if [[ -n "${opt_account:-}" ]]; then
+    [[ "$opt_account" =~ ^[A-Za-z0-9_.-]+$ ]] || usage_error "--account accepts letters, digits, '.', '_', '-', got '$opt_account'"
+  fi
+  if [[ -n "${opt_partition:-}" ]]; then
+    [[ "$opt_partition" =~ ^[A-Za-z0-9_.,-]+$ ]] || usage_error "--partition accepts letters, digits, '.', '_', '-', ',', got '$opt_partition'"
+  fi
+  if [[ -n "${opt_array_throttle:-}" ]]; then
+    require_uint --array-throttle "$opt_array_throttle" 1 100000
+    opt_array_throttle=$(to_decimal "$opt_array_throttle")
+  fi
+  if [[ -n "${opt_dependency:-}" ]]; then
+    [[ "$opt_dependency" =~ ^[a-z_]+(:[0-9_+*]+)*([,?][a-z_]+(:[0-9_+*]+)*)*$ ]] ||
+      usage_error "--dependency expects a SLURM dependency such as afterok:123 or singleton, got '$opt_dependency'"
+  fi
+  if [[ -n "${opt_modules:-}" ]]; then
+    for module in $opt_modules; do
+      [[ "$module" =~ ^[A-Za-z0-9_./+-]+$ ]] || usage_error "--modules accepts module names (letters, digits, '_', '.', '/', '+', '-'), got '$module'"
+    done
+  fi
+  require_one_of --compress "$opt_compress" none zstd pigz
+  if [[ "$opt_compress" != none ]]; then
+    command -v "$opt_compress" >/dev/null || usage_error "--compress $opt_compress needs '$opt_compress' on this machine and on the nodes"
+  fi
+  if [[ -n "${opt_stage_out:-}" ]]; then
+    [[ "$opt_stage_out" =~ ^[A-Za-z0-9_][A-Za-z0-9._/-]*$ && "/$opt_stage_out/" != */../* ]] ||
+      usage_error "--stage-out expects a folder relative to \$SLURM_TMPDIR (no '..'), got '$opt_stage_out'"
+  fi
+  if [[ -n "${opt_venv:-}" ]]; then
+    [[ -x "$opt_venv/bin/python" || -x "$opt_venv/bin/python3" ]] ||
+      usage_error "--venv '$opt_venv' has no bin/python"
+  fi
+  if [[ -n "${opt_container:-}" ]]; then
+    [[ -f "$opt_container" ]] || usage_error "--singularity-container '$opt_container' does not exist"
+    [[ -r "$opt_container" ]] || usage_error "--singularity-container '$opt_container' is not readable"
+  fi
+  for word in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
+    [[ "$word" == -* ]] || usage_error "--sbatch-arg expects an sbatch option starting with '-', got '$word'"
+    [[ "$word" != *$'\n'* ]] || usage_error "--sbatch-arg must not contain a newline"
+  done
+}

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# The batch step: exec'd by the rendered job.sbatch, so it keeps the pid SLURM
+# signals with --signal=B:USR1@lead. In order:
+#   1. node-local folders and data: one keeper task per node (keeper.sh) makes
+#      the mimic SLURM_TMPDIR where the site has none and extracts the data
+#      tarball once per node; training starts only when every node reported ok;
+#   2. the training step: srun of launch.sh (one task per GPU for lightning,
+#      one per node for torchrun), --kill-on-bad-exit so one failed rank ends it;
+#   3. signals: USR1 (wall time) and TERM (preemption, scancel) are forwarded
+#      to the step; the program checkpoints and exits;
+#   4. requeue: when the program says it checkpointed (harness marker file or
+#      exit code 42), 'scontrol requeue' this job (or array task), at most
+#      HPC_MAX_REQUEUES times (counted by SLURM_RESTART_COUNT);
+#   5. exit with the program's real exit code, so sacct, afterok and mail see
+#      FAILED when training failed.
+set -uo pipefail
+
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+signal_seen=""
+step_pid=""
+keeper_pid=""
+step_status=0
+
+# shellcheck disable=SC2317 # on_signal and on_exit are called from traps
+on_signal() {
+  local sig=$1
+  [[ -n "$signal_seen" ]] || signal_seen=$sig
+  if [[ -n "$step_pid" ]] && kill -0 "$step_pid" 2>/dev/null; then
+    hpc_log "received SIG$sig at $(date '+%F %T'); forwarding it to the training step"
+    kill -s "$sig" "$step_pid" 2>/dev/null || true
+  else
+    hpc_log "received SIG$sig at $(date '+%F %T') before the training step started"
+  fi
+}
+
+stop_keeper() {
+  [[ -n "$keeper_pid" ]] || return 0
+  if kill -0 "$keeper_pid" 2>/dev/null; then
+    # USR2 (not TERM): srun answers TERM by killing the tasks outright, while
+    # it forwards USR2, which keeper.sh traps to stage out and clean up.
+    kill -s USR2 "$keeper_pid" 2>/dev/null || true
+    wait "$keeper_pid" 2>/dev/null || true
+  fi
+  keeper_pid=""
+}
+
+# shellcheck disable=SC2317 # called from the EXIT trap
+on_exit() {
+  stop_keeper
+}
+
+# The API key is read here, on the node, from a file only the user can read;
+# it never appears in argv, the script, or the log.
+load_wandb_credentials() {
+  local file="$HOME/wandb_credentials.txt" mode key
+  [[ -f "$file" ]] || return 0
+  mode=$(stat -c %a "$file")
+  if ((8#$mode & 8#077)); then
+    hpc_error "$file is readable by others (mode $mode); not using it (chmod 600 it)"
+    return 0
+  fi
+  key=$(tr -d '[:space:]' <"$file")
+  [[ -n "$key" ]] && export WANDB_API_KEY="$key"
+}
+
+decide_tmpdir() {
+  case "${HPC_TMPDIR_MODE:-auto}" in
+    yes)
+      [[ -n "${SLURM_TMPDIR:-}" ]] || {
+        hpc_error "the site profile says SLURM_TMPDIR is provided, but it is not set in this job"
+        exit 1
+      }
+      HPC_TMPDIR_MIMIC=0
+      ;;
+    no) HPC_TMPDIR_MIMIC=1 ;;
+    *) if [[ -n "${SLURM_TMPDIR:-}" ]]; then HPC_TMPDIR_MIMIC=0; else HPC_TMPDIR_MIMIC=1; fi ;;
+  esac
+  export HPC_TMPDIR_MIMIC
+  if ((HPC_TMPDIR_MIMIC)); then
+    # Each task sets its own (node-specific) value in launch.sh.
+    unset SLURM_TMPDIR
+  fi
+}
+
+# start_keepers: one keeper per node; wait until all report, or one fails.
+start_keepers() {
+  local nodes=${SLURM_JOB_NUM_NODES:-1} status_dir ok failed
+  [[ "$HPC_TMPDIR_MIMIC" == 1 || -n "${HPC_DATA_TARBALL:-}" || -n "${HPC_STAGE_OUT:-}" ]] || return 0
+  status_dir="$(run_dir)/stage"
+  rm -rf -- "${status_dir:?}"
+  mkdir -p "$status_dir"
+  srun --overlap --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --cpus-per-task=1 \
+    --gres=none --kill-on-bad-exit=0 bash "$HPC_SUBMISSION_DIR/node/keeper.sh" &
+  keeper_pid=$!
+  while :; do
+    failed=$(find "$status_dir" -maxdepth 1 -name '*.failed' | head -n 1)
+    if [[ -n "$failed" ]]; then
+      hpc_error "staging failed on ${failed##*/}: $(<"$failed")"
+      return 1
+    fi
+    ok=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
+    ((ok >= nodes)) && break
+    if ! kill -0 "$keeper_pid" 2>/dev/null; then
+      wait "$keeper_pid" 2>/dev/null
+      failed=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
+      ((failed >= nodes)) && break
+      hpc_error "the staging step ended before every node reported (see above)"
+      return 1
+    fi
+    [[ -z "$signal_seen" ]] || return 1
+    sleep 0.2
+  done
+  hpc_log "node-local folders ready on $nodes node(s)"
+}
+
+training_step_argv() {
+  step_argv=(srun --kill-on-bad-exit=1)
+  case "$HPC_KIND" in
+    lightning) step_argv+=(--ntasks-per-node="$HPC_PROCS_PER_NODE" --ntasks=$((HPC_NODES * HPC_PROCS_PER_NODE))) ;;
+    torchrun) step_argv+=(--ntasks-per-node=1 --ntasks="$HPC_NODES") ;;
+    none) step_argv+=(--nodes=1 --ntasks=1) ;;
+  esac
+  step_argv+=(bash "$HPC_SUBMISSION_DIR/node/launch.sh")
+}
+
+run_training_step() {
+  training_step_argv
+  "${step_argv[@]}" &
+  step_pid=$!
+  # wait returns early (status > 128) when a trapped signal arrives; the step
+  # is still running then, so wait again.
+  while :; do
+    wait "$step_pid"
+    step_status=$?
+    if ((step_status > 128)) && kill -0 "$step_pid" 2>/dev/null; then
+      continue
+    fi
+    break
+  done
+  step_pid=""
+}
+
+# first_failure: the task that failed first (the others were then killed).
+report_first_failure() {
+  local dir file status first="" first_status
+  dir="$(run_dir)/exit"
+  [[ -d "$dir" ]] || return 0
+  while IFS= read -r file; do
+    status=$(cut -d' ' -f1 <"$file")
+    if [[ "$status" != 0 ]]; then
+      first=$file
+      first_status=$status
+      break
+    fi
+  done < <(ls -tr "$dir"/task* 2>/dev/null)
+  [[ -n "$first" ]] || return 0
+  hpc_error "${first##*/} on $(cut -d' ' -f2 <"$first") exited first, with code $first_status"
+  step_status=$first_status
+}
+
+requeue_or_stop() {
+  local restarts=${SLURM_RESTART_COUNT:-0} key
+  key=$(job_key)
+  stop_keeper
+  if [[ "$signal_seen" == TERM ]]; then
+    hpc_log "checkpointed after SIGTERM (preemption or scancel); SLURM requeues preempted jobs itself"
+    exit "$HPC_REQUEUE_EXIT_CODE"
+  fi
+  if ((restarts >= HPC_MAX_REQUEUES)); then
+    hpc_error "checkpointed, but this job was already requeued $restarts time(s) (--max-requeues $HPC_MAX_REQUEUES); not requeueing. Resubmit to continue from the checkpoint."
+    exit 1
+  fi
+  if scontrol requeue "$key"; then
+    hpc_log "requeued $key (restart $((restarts + 1)) of at most $HPC_MAX_REQUEUES); it resumes from the checkpoint"
+    exit 0
+  fi
+  hpc_error "scontrol requeue $key failed; the checkpoint is kept: resubmit to continue"
+  exit 1
+}
+
+main() {
+  local run marker
+  run=$(run_dir)
+  mkdir -p "$run"
+  marker="$run/requeue_marker"
+  rm -f -- "$marker"
+  rm -rf -- "${run:?}/exit"
+  export HPC_REQUEUE_MARKER="$marker"
+  trap 'on_signal USR1' USR1
+  trap 'on_signal TERM' TERM
+  trap on_exit EXIT
+  hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
+  load_wandb_credentials
+  decide_tmpdir
+  MASTER_ADDR=${MASTER_ADDR:-$(first_node)}
+  MASTER_PORT=${MASTER_PORT:-$(master_port)}
+  export MASTER_ADDR MASTER_PORT
+  if ! start_keepers; then
+    [[ -n "$signal_seen" ]] || exit 1
+  fi
+  if [[ -z "$signal_seen" ]]; then
+    run_training_step
+  elif [[ "$signal_seen" == USR1 ]]; then
+    hpc_log "the wall-time signal came before training started; requeueing without running"
+    requeue_or_stop
+  fi
+  stop_keeper
+  if [[ -f "$marker" || "$step_status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then
+    requeue_or_stop
+  fi
+  if [[ "$signal_seen" == USR1 && "$step_status" != 0 ]]; then
+    hpc_error "the program did not checkpoint at the wall-time signal (no marker, exit $step_status); not requeueing"
+  fi
+  ((step_status == 0)) || report_first_failure
+  hpc_log "training step ended with exit code $step_status at $(date '+%F %T')"
+  exit "$step_status"
+}
+
+main "$@"

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# One task per node for the whole job (srun --overlap, started by batch.sh):
+#  1. where the site has no SLURM_TMPDIR, creates the job-unique folder
+#     <base>/<user>/<job key>/<node>;
+#  2. extracts the data tarball into SLURM_TMPDIR once per node, after checking
+#     that the tarball is complete and that the disk has room;
+#  3. reports '<node>.ok' or '<node>.failed' (with the reason) in the run folder;
+#  4. if it created the folder or --stage-out is set, stays until the job ends
+#     (batch.sh sends USR2; SLURM sends TERM on cancel, timeout, preemption,
+#     requeue), then copies the stage-out folder back and removes the folder.
+# It never removes anything but the exact folder it created.
+set -euo pipefail
+
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+node=${SLURMD_NODENAME:-$(hostname -s)}
+status_dir="$(run_dir)/stage"
+created_dir=""
+local_dir=""
+sleep_pid=""
+
+report() {
+  local outcome=$1 message=${2:-}
+  printf '%s\n' "$message" >"$status_dir/.$node.$outcome.tmp"
+  mv -f "$status_dir/.$node.$outcome.tmp" "$status_dir/$node.$outcome"
+}
+
+fail() {
+  hpc_error "$node: $*"
+  report failed "$*"
+  exit 1
+}
+
+stage_out() {
+  local target
+  [[ -n "${HPC_STAGE_OUT:-}" && -n "$local_dir" && -d "$local_dir/$HPC_STAGE_OUT" ]] || return 0
+  target="${scratch_dir:?}/${exp_name:?}/$HPC_STAGE_OUT"
+  if mkdir -p "$target" && cp -a "$local_dir/$HPC_STAGE_OUT/." "$target/"; then
+    hpc_log "$node: staged out $HPC_STAGE_OUT to $target"
+  else
+    hpc_error "$node: stage-out of $HPC_STAGE_OUT to $target failed"
+  fi
+}
+
+# shellcheck disable=SC2317 # called from traps
+finish() {
+  trap - EXIT TERM INT USR2 HUP
+  [[ -z "$sleep_pid" ]] || kill "$sleep_pid" 2>/dev/null || true
+  stage_out
+  if [[ -n "$created_dir" && -d "$created_dir" && ! -L "$created_dir" ]]; then
+    rm -rf -- "${created_dir:?}"
+    # The job-key folder, if no other node of this job shares the disk.
+    rmdir -- "${created_dir%/*}" 2>/dev/null || true
+    hpc_log "$node: removed $created_dir"
+  fi
+  exit 0
+}
+
+prepare_local_dir() {
+  if uses_mimic_tmpdir; then
+    local_dir=$(mimic_tmpdir "$node")
+    [[ "$local_dir" == /?*/?*/?*/?* ]] || fail "refusing the local folder '$local_dir' (HPC_TMPDIR_BASE='$HPC_TMPDIR_BASE')"
+    [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"
+    mkdir -p "${local_dir%/*}" || fail "cannot create ${local_dir%/*}"
+    mkdir -m 0700 "$local_dir" || fail "cannot create $local_dir"
+    created_dir=$local_dir
+  else
+    local_dir=${SLURM_TMPDIR:-}
+    [[ -n "$local_dir" && -d "$local_dir" ]] || fail "SLURM_TMPDIR ('$local_dir') is not a folder on this node"
+  fi
+}
+
+extract_data() {
+  local tarball=${HPC_DATA_TARBALL:-} meta size recorded need free
+  [[ -n "$tarball" ]] || return 0
+  [[ -f "$tarball" ]] || fail "data tarball $tarball is missing"
+  meta="$tarball.meta"
+  [[ -f "$meta" ]] || fail "data tarball $tarball has no .meta file (it was never completed)"
+  size=$(stat -c %s "$tarball")
+  recorded=$(sed -n 's/^tarball_bytes=//p' "$meta")
+  [[ "$size" == "$recorded" ]] ||
+    fail "data tarball $tarball is $size bytes but was built as $recorded bytes (truncated or replaced); resubmit to rebuild it"
+  need=$(sed -n 's/^content_bytes=//p' "$meta")
+  free=$(df -Pk "$local_dir" | awk 'NR == 2 { printf "%d", $4 * 1024 }')
+  ((need < free)) || fail "not enough space in $local_dir: the data needs $need bytes, $free bytes are free"
+  local start=$SECONDS
+  if [[ -n "${HPC_COMPRESS:-}" ]]; then
+    tar -C "$local_dir" --use-compress-program="$HPC_COMPRESS" -xf "$tarball" || fail "extracting $tarball into $local_dir failed (tar exit $?)"
+  else
+    tar -C "$local_dir" -xf "$tarball" || fail "extracting $tarball into $local_dir failed (tar exit $?)"
+  fi
+  hpc_log "$node: staged ${tarball##*/} into $local_dir in $((SECONDS - start)) s"
+}
+
+main() {
+  mkdir -p "$status_dir"
+  trap finish TERM INT USR2 HUP
+  trap 'report failed "keeper exited unexpectedly"' ERR
+  prepare_local_dir
+  extract_data
+  trap - ERR
+  report ok "$local_dir"
+  if [[ -z "$created_dir" && -z "${HPC_STAGE_OUT:-}" ]]; then
+    exit 0
+  fi
+  # Stay until told: the traps above end the wait.
+  while :; do
+    sleep 3600 &
+    sleep_pid=$!
+    wait "$sleep_pid" || true
+  done
+}
+
+main "$@"

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# One srun task of the training step (started by batch.sh). Builds the
+# command of this trial and runs it in the runtime (venv or container):
+#   lightning, none  the trial's command as it is (one task per GPU / one task)
+#   torchrun         torchrun --nnodes=N --nproc-per-node=G with c10d
+#                    rendezvous at MASTER_ADDR:MASTER_PORT (or --standalone)
+# Then records this task's exit status in the run folder, so batch.sh can tell
+# which rank failed first, and exits with it.
+#
+# Signals: SLURM delivers a step's signals to every process of the step, so
+# the program receives USR1/TERM directly. torchrun forwards them too when it
+# supports --signals-to-handle; an older torchrun is made to ignore USR1, so it
+# does not tear its workers down while they checkpoint.
+set -euo pipefail
+
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# python_program ARGV...: if ARGV runs python ([/usr/bin/env] python[3] [-u]
+# (-m MODULE | SCRIPT) ARGS), print how torchrun takes it; else fail.
+torchrun_program_args() {
+  local -a words=("$@")
+  if [[ "${words[0]}" == /usr/bin/env || "${words[0]}" == env ]]; then
+    words=("${words[@]:1}")
+  fi
+  case "${words[0]##*/}" in
+    python | python3 | python3.*)
+      words=("${words[@]:1}")
+      [[ "${words[0]:-}" != -u ]] || words=("${words[@]:1}")
+      if [[ "${words[0]:-}" == -m ]]; then
+        torchrun_program=(-m "${words[@]:1}")
+      else
+        torchrun_program=("${words[@]}")
+      fi
+      ;;
+    *)
+      torchrun_program=(--no-python "${words[@]}")
+      ;;
+  esac
+}
+
+# torchrun_supports_signal_forwarding: --signals-to-handle exists in this
+# torchrun (read from its source, without importing torch).
+torchrun_supports_signal_forwarding() {
+  local run_py
+  run_py=$(runtime_exec_capture python -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.submodule_search_locations[0] + "/distributed/run.py" if s else "")') || return 1
+  [[ -n "$run_py" ]] && runtime_exec_capture grep -q -- 'signals-to-handle' "$run_py"
+}
+
+# shellcheck disable=SC2120 # 'set --' below replaces the positional words on purpose
+build_command() {
+  local line
+  line=$(trial_command_line) || exit 1
+  # The trial's words, with $VARS expanded here on the node, as the user wrote them.
+  eval "set -- $line"
+  (($# > 0)) || {
+    hpc_error "trial $(trial_index) has an empty command"
+    exit 1
+  }
+  case "$HPC_KIND" in
+    lightning | none)
+      command_argv=("$@")
+      ;;
+    torchrun)
+      torchrun_program_args "$@"
+      command_argv=(torchrun --nnodes="$HPC_NODES" --nproc-per-node="$HPC_PROCS_PER_NODE" --max-restarts=0)
+      if ((HPC_NODES > 1)); then
+        # The first node hosts the rendezvous store; say so rather than rely on
+        # torchrun matching its own hostname.
+        local is_host=false
+        [[ "${SLURM_NODEID:-0}" != 0 ]] || is_host=true
+        command_argv+=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"
+          --rdzv-id="$(job_key)" --rdzv-conf="is_host=$is_host")
+      else
+        command_argv+=(--standalone)
+      fi
+      if torchrun_supports_signal_forwarding; then
+        local grace=$((HPC_SIGNAL_LEAD > 45 ? HPC_SIGNAL_LEAD - 15 : 30))
+        command_argv+=("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" --shutdown-timeout="$grace")
+      else
+        ignore_usr1=1
+      fi
+      command_argv+=("${torchrun_program[@]}")
+      if [[ -n "${HPC_PASS_LOCAL_RANK:-}" ]]; then
+        # torchrun sets LOCAL_RANK per worker; a shim turns it into the
+        # --local-rank argument old torch.distributed.launch programs expect.
+        command_argv=("${command_argv[@]:0:${#command_argv[@]}-${#torchrun_program[@]}}" --no-python
+          bash "$HPC_SUBMISSION_DIR/node/local_rank_shim.sh" "${torchrun_program[@]}")
+      fi
+      ;;
+    *)
+      hpc_error "unknown HPC_KIND '$HPC_KIND'"
+      exit 1
+      ;;
+  esac
+}
+
+record_exit() {
+  local status=$1 dir
+  dir="$(run_dir)/exit"
+  mkdir -p "$dir"
+  printf '%s %s\n' "$status" "${SLURMD_NODENAME:-?}" >"$dir/task${SLURM_PROCID:-0}"
+}
+
+main() {
+  local status=0
+  command_argv=()
+  ignore_usr1=0
+  if uses_mimic_tmpdir; then
+    SLURM_TMPDIR=$(mimic_tmpdir "${SLURMD_NODENAME:-$(hostname -s)}")
+    export SLURM_TMPDIR
+  fi
+  load_runtime
+  # shellcheck disable=SC2119 # see build_command
+  build_command
+  # The program handles the signals; this shell only outlives it to record
+  # its status (traps run after the foreground program ends).
+  trap ':' USR1 TERM
+  if ((ignore_usr1)); then
+    (
+      trap '' USR1
+      runtime_exec "${command_argv[@]}"
+    ) || status=$?
+  else
+    (runtime_exec "${command_argv[@]}") || status=$?
+  fi
+  record_exit "$status"
+  exit "$status"
+}
+
+main "$@"

@@ -1,0 +1,83 @@
+# shellcheck shell=bash disable=SC2034
+# (SC2034: HPC_REQUEUE_EXIT_CODE is read by the scripts that source this file.)
+# Functions shared by the node-side scripts (batch.sh, keeper.sh, launch.sh).
+# Sourced; defines functions only. Runs on compute nodes, from the submission
+# folder's copy (node/), with the variables the batch script exported.
+
+# The exit code the harness uses for "checkpointed at a signal, requeue me".
+HPC_REQUEUE_EXIT_CODE=42
+
+hpc_log() {
+  printf 'hpc: %s\n' "$*"
+}
+
+hpc_error() {
+  printf 'hpc: error: %s\n' "$*" >&2
+}
+
+# job_key: unique per job and per array task; stable across requeues.
+job_key() {
+  if [[ -n "${SLURM_ARRAY_JOB_ID:-}" && -n "${SLURM_ARRAY_TASK_ID:-}" ]]; then
+    printf '%s_%s' "$SLURM_ARRAY_JOB_ID" "$SLURM_ARRAY_TASK_ID"
+  else
+    printf '%s' "$SLURM_JOB_ID"
+  fi
+}
+
+# trial_index: the array task id, or 0 for a plain job.
+trial_index() {
+  printf '%s' "${SLURM_ARRAY_TASK_ID:-0}"
+}
+
+run_dir() {
+  printf '%s/runs/%s' "$HPC_SUBMISSION_DIR" "$(job_key)"
+}
+
+# mimic_tmpdir [NODE]: the job-unique node-local folder used where the site
+# provides no SLURM_TMPDIR: <base>/<user>/<job key>/<node>.
+mimic_tmpdir() {
+  local node=${1:-${SLURMD_NODENAME:-$(hostname -s)}}
+  printf '%s/%s/%s/%s' "$HPC_TMPDIR_BASE" "${USER:-$(id -un)}" "$(job_key)" "$node"
+}
+
+# uses_mimic_tmpdir: decided once in the batch step (HPC_TMPDIR_MIMIC) from
+# the site profile and whether SLURM_TMPDIR was set there.
+uses_mimic_tmpdir() {
+  [[ "${HPC_TMPDIR_MIMIC:-0}" == 1 ]]
+}
+
+# first_node: MASTER_ADDR for rendezvous, the first host of the allocation.
+first_node() {
+  local nodes
+  nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null) || nodes=""
+  if [[ -z "$nodes" ]]; then
+    printf '%s' "${SLURMD_NODENAME:-$(hostname -s)}"
+  else
+    printf '%s' "${nodes%%$'\n'*}"
+  fi
+}
+
+# master_port: derived from the job id (and array task) in 20000-39999, so
+# two jobs sharing a node do not collide; MASTER_PORT in the environment wins.
+master_port() {
+  local id=${SLURM_JOB_ID:-0}
+  printf '%s' $((20000 + id % 20000))
+}
+
+# trial_command_line: line K+1 of commands.txt (K = array task id).
+trial_command_line() {
+  local index line
+  index=$(trial_index)
+  line=$(sed -n "$((index + 1))p" "$HPC_SUBMISSION_DIR/commands.txt")
+  [[ -n "$line" ]] || {
+    hpc_error "commands.txt has no line for trial $index"
+    return 1
+  }
+  printf '%s' "$line"
+}
+
+# load_runtime: defines runtime_exec for the venv or the container.
+load_runtime() {
+  # shellcheck source=/dev/null # chosen at submission: runtime_venv.sh or runtime_singularity.sh
+  source "$HPC_SUBMISSION_DIR/node/runtime_${HPC_RUNTIME:-venv}.sh"
+}
