@@ -108,7 +108,7 @@ main() {
   while :; do
     sleep 3600 &
     sleep_pid=$!
-    wait "$sleep_pid" || true
+    wait "$sleep_pid" 2>/dev/null || true
   done
 }
 

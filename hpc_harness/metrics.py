@@ -1,0 +1,151 @@
+"""Metrics: a CSV in the run folder (always) and Weights & Biases (when installed and wanted).
+
+Rank 0 only. The CSV ``<run_dir>/metrics.csv`` is appended to across requeues, one row per
+value: ``time,step,epoch,name,value`` (long format, so new metric names need no new columns).
+Rows logged after the last checkpoint of an interrupted attempt appear again after resume;
+readers (``hpc-plot``) keep the last row for each (name, step).
+
+wandb modes (``--wandb``):
+    auto      (default) online when wandb is importable and an API key is configured
+              (``WANDB_API_KEY`` or ``wandb login``'s netrc entry), otherwise disabled;
+              ``HPC_WANDB`` in the environment overrides the default.
+    online    needs a key and a reachable api.wandb.ai; otherwise falls back to offline.
+    offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
+    disabled  no wandb at all (it is not even imported).
+The run id is kept in ``<run_dir>/wandb_run_id`` and reused with ``resume="allow"``, so a
+requeued job continues the same wandb run.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import secrets
+import socket
+import string
+import time
+from typing import Any
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+CSV_NAME = "metrics.csv"
+CSV_FIELDS = ("time", "step", "epoch", "name", "value")
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        with open(netrc) as f:
+            return "api.wandb.ai" in f.read()
+    except OSError:
+        return False
+
+
+def _online_reachable(host: str = "api.wandb.ai", timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
+    """Decide the wandb mode; returns ``(mode, reason)`` with mode online/offline/disabled."""
+    requested = requested or os.environ.get("HPC_WANDB") or "auto"
+    if requested not in WANDB_MODES:
+        raise ValueError(f"--wandb expects one of {', '.join(WANDB_MODES)}, got '{requested}'")
+    if requested == "disabled":
+        return "disabled", "requested"
+    if importlib.util.find_spec("wandb") is None:
+        return "disabled", "wandb is not installed"
+    if requested == "auto":
+        if not _has_api_key():
+            return "disabled", "auto: no wandb API key"
+        requested = "online"
+    if requested == "online":
+        if not _has_api_key():
+            return "offline", "no wandb API key"
+        if not _online_reachable():
+            return "offline", "api.wandb.ai not reachable"
+    return requested, "requested"
+
+
+class MetricsLogger:
+    """CSV (+ optional wandb) logger. Does nothing on ranks other than 0."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        enabled: bool = True,
+        wandb_mode: str | None = "disabled",
+        config: dict[str, Any] | None = None,
+        project: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.run_dir = run_dir
+        self.csv_path = os.path.join(run_dir, CSV_NAME)
+        self.wandb_run: Any = None
+        if not enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        new = not os.path.exists(self.csv_path) or os.path.getsize(self.csv_path) == 0
+        self._file = open(self.csv_path, "a", newline="")
+        self._csv = csv.writer(self._file)
+        if new:
+            self._csv.writerow(CSV_FIELDS)
+            self._file.flush()
+        mode, reason = resolve_wandb_mode(wandb_mode)
+        if mode != "disabled":
+            self._start_wandb(mode, reason, config or {}, project, name)
+        elif wandb_mode not in (None, "disabled", "auto"):
+            print(f"hpc_harness: wandb disabled ({reason})", flush=True)
+
+    def _start_wandb(
+        self, mode: str, reason: str, config: dict[str, Any], project: str | None, name: str | None
+    ) -> None:
+        import wandb
+
+        id_file = os.path.join(self.run_dir, "wandb_run_id")
+        if os.path.exists(id_file):
+            with open(id_file) as f:
+                run_id = f.read().strip()
+        else:
+            alphabet = string.ascii_lowercase + string.digits
+            run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+            with open(id_file, "w") as f:
+                f.write(run_id + "\n")
+        if reason != "requested":
+            print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
+        self.wandb_run = wandb.init(
+            project=project or os.environ.get("project_name") or "hpc_harness",
+            name=name or os.environ.get("exp_name"),
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            dir=self.run_dir,
+            config=config,
+        )
+        print(f"hpc_harness: wandb run id {run_id} mode {mode}", flush=True)
+        if mode == "offline":
+            print(f"hpc_harness: to upload later: wandb sync {self.wandb_run.dir}/..", flush=True)
+
+    def log(self, step: int, epoch: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        now = f"{time.time():.3f}"
+        for k, v in values.items():
+            self._csv.writerow((now, step, epoch, k, f"{v:.6g}"))
+        self._file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({**values, "epoch": epoch}, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

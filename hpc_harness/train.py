@@ -1,0 +1,193 @@
+"""Example: an MLP on scikit-learn's digits, trained with hpc_harness's Trainer.
+
+Reaches >= 95% test accuracy on 360 held-out images in a few seconds on one CPU core.
+
+Launch it any of these ways (the same file, no edits)::
+
+    # laptop, one process
+    python -m hpc_harness.train --epochs 15 --lr 3e-3
+
+    # one node, 2 processes (CPU: gloo; GPUs: nccl, one per process)
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 -m hpc_harness.train
+
+    # SLURM, one process per task (2 nodes x 4 GPUs), inside an sbatch allocation
+    srun --ntasks-per-node=4 python -m hpc_harness.train --strategy ddp
+
+    # SLURM, one torchrun per node
+    srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=4 \\
+        --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$SLURM_JOB_ID \\
+        -m hpc_harness.train
+
+Exit codes: 0 finished, 42 checkpointed at SIGUSR1/SIGTERM (requeue me; see signals.py),
+anything else a failure. Re-running the same command resumes from the newest checkpoint in
+``--ckpt-dir``.
+
+Defaults that come from the job's environment:
+    --data-dir  $SLURM_TMPDIR/datasets/digits if that exists, else $scratch_dir/datasets/digits
+                if scratch_dir is set, else ./datasets/digits (written there if missing)
+    --ckpt-dir  $scratch_dir/$exp_name/checkpoints if both are set, else ./checkpoints
+    --wandb     auto: online with an API key, else disabled (HPC_WANDB overrides)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from hpc_harness.signals import REQUEUE_EXIT_CODE  # noqa: F401  (documented contract)
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("SLURM_TMPDIR"):
+        staged = os.path.join(env["SLURM_TMPDIR"], "datasets", "digits")
+        if os.path.exists(staged):
+            return staged
+    if env.get("scratch_dir"):
+        return os.path.join(env["scratch_dir"], "datasets", "digits")
+    return os.path.join(".", "datasets", "digits")
+
+
+def default_ckpt_dir(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("scratch_dir") and env.get("exp_name"):
+        return os.path.join(env["scratch_dir"], env["exp_name"], "checkpoints")
+    return os.path.join(".", "checkpoints")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m hpc_harness.train",
+        description="Train an MLP on the digits dataset with hpc_harness (exit 42 = requeue).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("model and optimisation")
+    g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    g.add_argument("--layers", type=int, default=2, help="hidden layers")
+    g.add_argument("--hidden", type=int, default=128, help="units per hidden layer")
+    g.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
+    g.add_argument("--epochs", type=int, default=15)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-steps", type=int, default=None, help="stop after this global step")
+    g = p.add_argument_group("hardware")
+    g.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32")
+    g.add_argument("--strategy", choices=("ddp", "dp", "ddp2", "fsdp"), default="ddp")
+    g.add_argument(
+        "--gpus",
+        default=None,
+        help="count (2), ids ('0,1' or '0, 1'), -1 for all; ignored when SLURM set "
+        "CUDA_VISIBLE_DEVICES",
+    )
+    g = p.add_argument_group("files")
+    g.add_argument("--data-dir", default=None, help=f"default: {default_data_dir()}")
+    g.add_argument("--ckpt-dir", default=None, help=f"default: {default_ckpt_dir()}")
+    g.add_argument("--run-dir", default=None, help="metrics.csv and wandb; default: --ckpt-dir")
+    g.add_argument("--checkpoint-every", type=int, default=100, help="steps; 0 = signal/end only")
+    g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
+    g.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
+    g.add_argument(
+        "--wandb",
+        choices=("auto", "online", "offline", "disabled"),
+        default=None,
+        help="default: $HPC_WANDB, else auto (online if an API key is configured, else off)",
+    )
+    g.add_argument("--signal-check-every", type=int, default=10, help="steps between flag checks")
+    g = p.add_argument_group("testing aids")
+    g.add_argument("--fail-at-step", type=int, default=None, help="raise after this step")
+    g.add_argument("--fail-rank", type=int, default=0, help="rank that raises (--fail-at-step)")
+    g.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
+    return p
+
+
+def make_model(layers: int, hidden: int, n_in: int = 64, n_out: int = 10):  # -> nn.Module
+    from torch import nn
+
+    mods: list[nn.Module] = []
+    width = n_in
+    for _ in range(layers):
+        mods += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    mods.append(nn.Linear(width, n_out))
+    return nn.Sequential(*mods)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+    from torch.utils.data import DataLoader
+
+    from hpc_harness import dist
+    from hpc_harness.data import DigitsDataset, ensure_digits
+    from hpc_harness.signals import exit_code
+    from hpc_harness.strategy import StrategyError
+    from hpc_harness.trainer import TrainConfig, Trainer
+
+    try:
+        ctx = dist.setup(gpus=args.gpus)
+    except (dist.LaunchError, ValueError) as exc:
+        print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        data_dir = args.data_dir or default_data_dir()
+        ckpt_dir = args.ckpt_dir or default_ckpt_dir()
+        ensure_digits(data_dir, local_rank=ctx.info.local_rank)
+        dist.barrier()
+        train_set, test_set = DigitsDataset(data_dir, "train"), DigitsDataset(data_dir, "test")
+        if ctx.is_main:
+            print(
+                f"hpc_harness: data {data_dir} ({len(train_set)} train, {len(test_set)} test), "
+                f"checkpoints {ckpt_dir}",
+                flush=True,
+            )
+        torch.manual_seed(args.seed)  # same initial weights on every rank
+        model = make_model(args.layers, args.hidden)
+        loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+        cfg = TrainConfig(
+            epochs=args.epochs,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            ckpt_dir=ckpt_dir,
+            checkpoint_every=args.checkpoint_every,
+            keep_last=args.keep_last,
+            resume=not args.no_resume,
+            strategy=args.strategy,
+            precision=args.precision,
+            run_dir=args.run_dir,
+            log_every=args.log_every,
+            wandb=args.wandb,
+            hparams={k: v for k, v in vars(args).items() if not k.startswith(("fail", "step_"))},
+            signal_check_every=args.signal_check_every,
+            fail_at_step=args.fail_at_step,
+            fail_rank=args.fail_rank,
+            step_sleep=args.step_sleep,
+        )
+        steps_total = args.epochs * -(-len(train_set) // (args.batch_size * ctx.world_size))
+        try:
+            trainer = Trainer(
+                model,
+                lambda params: torch.optim.AdamW(params, lr=args.lr),
+                loader,
+                ctx,
+                cfg,
+                make_scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(
+                    opt, T_max=max(steps_total, 1)
+                ),
+                eval_data=test_set,
+            )
+        except StrategyError as exc:
+            print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        status = trainer.train()
+        if ctx.is_main and status != "requeue" and trainer.metrics:
+            print(f"hpc_harness: final test accuracy {trainer.metrics['test_acc']:.4f}", flush=True)
+        return exit_code(status)
+    finally:
+        dist.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

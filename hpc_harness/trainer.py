@@ -1,0 +1,455 @@
+"""A small Trainer (pytorch/examples DDP-series style) that survives SLURM's wall time.
+
+Plug in your own model and data::
+
+    from hpc_harness import dist
+    from hpc_harness.trainer import Trainer, TrainConfig
+    from hpc_harness.signals import exit_code
+
+    ctx = dist.setup(gpus=None)                       # ranks, backend, device, process group
+    cfg = TrainConfig(epochs=10, ckpt_dir="ckpts", checkpoint_every=100, seed=0)
+    trainer = Trainer(model, lambda params: torch.optim.AdamW(params, lr=1e-3),
+                      DataLoader(train_set, batch_size=32, shuffle=True), ctx, cfg,
+                      eval_data=test_set)
+    raise SystemExit(exit_code(trainer.train()))  # 0 finished, 42 checkpointed at a signal
+
+What it does for you:
+- wraps the model for the strategy (ddp, dp, ddp2, fsdp; see strategy.py) and swaps a
+  :class:`~hpc_harness.data.ResumableSampler` into the DataLoader (sharded by rank, order
+  fixed by (seed, epoch)), calling ``set_epoch`` every epoch;
+- autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
+- checkpoints every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the end,
+  atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
+  run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
+  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored;
+- SIGUSR1/SIGTERM set a flag; every ``signal_check_every`` steps the ranks agree on it and
+  then save, write the requeue marker, and return ``"requeue"`` (exit code 42);
+- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
+
+Per step it does no host synchronisation: the loss is read (``.item()``) only every
+``log_every`` steps, and the stop flag is all-reduced only every ``signal_check_every`` steps.
+Override ``_compute_loss`` for batches that are not ``(inputs, targets)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from hpc_harness import checkpoint as ckpt
+from hpc_harness.data import prepare_dataloader
+from hpc_harness.metrics import MetricsLogger
+from hpc_harness.precision import make_precision
+from hpc_harness.signals import StopFlag, write_requeue_marker
+from hpc_harness.strategy import Strategy
+
+
+@dataclass
+class TrainConfig:
+    """Everything the loop needs besides model, optimizer and data."""
+
+    epochs: int = 10
+    max_steps: int | None = None  # stop (with a checkpoint) once global_step reaches this
+    seed: int = 0
+    # checkpoints
+    ckpt_dir: str = "checkpoints"
+    checkpoint_every: int = 100  # steps; 0 = only at a signal, max_steps and the end
+    keep_last: int = 3
+    resume: bool = True
+    # distribution and precision
+    strategy: str = "ddp"
+    precision: str = "32"
+    replace_sampler: bool = True
+    grad_clip: float | None = None
+    # logging
+    run_dir: str | None = None  # metrics.csv, wandb; default: ckpt_dir
+    log_every: int = 50
+    wandb: str | None = "disabled"
+    wandb_project: str | None = None
+    hparams: dict[str, Any] = field(default_factory=dict)
+    # requeue protocol
+    signal_check_every: int = 10
+    # testing aids
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+    step_sleep: float = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and python's random."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Training loop with exact resume and the requeue protocol (see module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        train_loader: DataLoader,
+        ctx: Any,
+        config: TrainConfig,
+        make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+        eval_data: Dataset | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.cfg = config
+        self.rank = ctx.rank
+        self.world_size = ctx.world_size
+        self.is_main = ctx.is_main
+        self.device = ctx.device
+        self.loss_fn = loss_fn
+        self.eval_data = eval_data
+        self.strategy = Strategy(config.strategy, ctx)
+        self.model = self.strategy.wrap(model)
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
+        self.precision = make_precision(config.precision, self.device, log=self._print)
+        self.train_loader, self.sampler = prepare_dataloader(
+            train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
+        )
+        self.batch_size = train_loader.batch_size or 1
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = config.epochs * self.steps_per_epoch
+        if config.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.max_steps)
+        self.run_dir = config.run_dir or config.ckpt_dir
+        self.stop = StopFlag()
+        # position
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+        self._pending_rng: dict[str, Any] | None = None
+        # preallocated per-step buffers
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._flag = torch.zeros(1, device=self.device)
+        self._non_blocking = self.device.type == "cuda"
+        self.last_checkpoint: str | None = None
+        self.metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _print(self, *args: Any) -> None:
+        if self.is_main:
+            print(*args, flush=True)
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":
+            return batch
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=self._non_blocking)
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self._to_device(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._to_device(v) for k, v in batch.items()}
+        return batch
+
+    def _stop_requested(self) -> bool:
+        """All ranks agree whether any of them got a signal (one tiny all-reduce)."""
+        if not (self.world_size > 1 and dist.is_initialized()):
+            return self.stop.is_set
+        self._flag.fill_(1.0 if self.stop.is_set else 0.0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        return bool(self._flag.item())
+
+    # ------------------------------------------------------------------ steps
+
+    def _compute_loss(self, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return self.loss_fn(self.model(inputs), targets)
+
+    def _run_batch(self, batch: Any) -> None:
+        batch = self._to_device(batch)
+        with self.precision.autocast():
+            loss = self._compute_loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        scaler = self.precision.scaler
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if self.strategy.needs_grad_sync:
+            self.strategy.sync_gradients(self.model)
+        if self.cfg.grad_clip:
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self._loss_sum.add_(loss.detach())
+
+    def _run_epoch(self, epoch: int) -> str:
+        """Run the rest of ``epoch``; returns "continue", "requeue" or "max_steps"."""
+        cfg = self.cfg
+        self.model.train()
+        start = self.step_in_epoch
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+            self.sampler.set_start(start * self.batch_size)
+            self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
+            batches = iter(self.train_loader)
+        else:
+            if hasattr(getattr(self.train_loader, "sampler", None), "set_epoch"):
+                self.train_loader.sampler.set_epoch(epoch)
+            batches = itertools.islice(iter(self.train_loader), start, None)
+        if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
+            ckpt.restore_rng(self._pending_rng)
+            self._pending_rng = None
+        t_last, steps_last = time.perf_counter(), self.global_step
+        for batch in batches:
+            self._run_batch(batch)
+            self.step_in_epoch += 1
+            self.global_step += 1
+            step = self.global_step
+            if cfg.fail_at_step is not None and step == cfg.fail_at_step:
+                if self.rank == cfg.fail_rank:
+                    raise RuntimeError(f"--fail-at-step {step} on rank {self.rank} (testing aid)")
+            if cfg.step_sleep:
+                time.sleep(cfg.step_sleep)
+            if cfg.log_every and step % cfg.log_every == 0:
+                t_last, steps_last = self._log_progress(epoch, t_last, steps_last)
+            ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+            if (step % cfg.signal_check_every == 0 or ckpt_due) and self._stop_requested():
+                return "requeue"
+            if ckpt_due:
+                self._save_checkpoint()
+            if cfg.max_steps is not None and step >= cfg.max_steps:
+                return "max_steps"
+        return "continue"
+
+    def _log_progress(self, epoch: int, t_last: float, steps_last: int) -> tuple[float, int]:
+        now = time.perf_counter()
+        n = self.global_step - steps_last
+        loss = self._loss_sum.item() / max(n, 1)  # the only host sync, every log_every steps
+        self._loss_sum.zero_()
+        rate = n / max(now - t_last, 1e-9)
+        samples = rate * self.batch_size * self.world_size
+        eta = (self.total_steps - self.global_step) / max(rate, 1e-9)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self._print(
+            f"hpc_harness: step {self.global_step}/{self.total_steps} epoch {epoch} "
+            f"loss {loss:.4f} lr {lr:.3g} samples/s {samples:.0f} "
+            f"eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+        )
+        self.logger.log(
+            self.global_step, epoch, {"train_loss": loss, "lr": lr, "samples_per_s": samples}
+        )
+        return now, self.global_step
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy on ``eval_data``, sharded over ranks (every sample counted once)."""
+        if self.eval_data is None:
+            return {}
+        self.model.eval()
+        n = len(self.eval_data)
+        per_rank = -(-n // self.world_size)
+        mine = list(range(self.rank, n, self.world_size))
+        valid = torch.zeros(per_rank, dtype=torch.bool)
+        valid[: len(mine)] = True
+        mine += [mine[0] if mine else 0] * (per_rank - len(mine))  # same batch count everywhere
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        for lo in range(0, per_rank, self.batch_size):
+            idx = mine[lo : lo + self.batch_size]
+            inputs, targets = self._to_device(default_collate([self.eval_data[i] for i in idx]))
+            keep = valid[lo : lo + self.batch_size].to(self.device)
+            with self.precision.autocast():
+                out = self.model(inputs)
+            losses = F.cross_entropy(out.float(), targets, reduction="none")
+            sums[0] += losses[keep].sum().double()
+            sums[1] += (out.argmax(dim=1) == targets)[keep].sum().double()
+            sums[2] += keep.sum().double()
+        if self.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(sums)
+        self.model.train()
+        total = max(sums[2].item(), 1.0)
+        return {"test_loss": sums[0].item() / total, "test_acc": sums[1].item() / total}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _gather_rng(self) -> list[dict[str, Any]]:
+        mine = ckpt.capture_rng()
+        if self.world_size > 1 and dist.is_initialized():
+            out: list[Any] = [None] * self.world_size
+            dist.all_gather_object(out, mine)
+            return out
+        return [mine]
+
+    def _state(self) -> dict[str, Any] | None:
+        """Checkpoint dict on rank 0 (None elsewhere). Collective: call on every rank."""
+        rng = self._gather_rng()
+        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
+        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
+        optim = (
+            self.strategy.optimizer_state(self.model, self.optimizer)
+            if (self.is_main or fsdp)
+            else None
+        )
+        if not self.is_main:
+            return None
+        return {
+            "format_version": ckpt.FORMAT_VERSION,
+            "model": model,
+            "optimizer": optim,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.precision.state_dict(),
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "sampler": {
+                "epoch": self.epoch,
+                "start_batch": self.step_in_epoch,
+                "seed": self.cfg.seed,
+                "batch_size": self.batch_size,
+            },
+            "rng": rng,
+            "world_size": self.world_size,
+            "strategy": self.strategy.name,
+            "precision": self.precision.name,
+            "config": asdict(self.cfg),
+        }
+
+    def _save_checkpoint(self) -> str:
+        """Save (atomically) and prune; every rank calls it; returns the path."""
+        path = ckpt.checkpoint_path(self.cfg.ckpt_dir, self.global_step)
+        state = self._state()
+        if self.is_main:
+            ckpt.atomic_save(state, path)
+            ckpt.prune(self.cfg.ckpt_dir, self.cfg.keep_last)
+        if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
+        self.last_checkpoint = path
+        return path
+
+    def _resume(self) -> bool:
+        """Load the newest usable checkpoint (every rank reads it). True if resumed."""
+        state, path = ckpt.load_latest(self.cfg.ckpt_dir, log=self._print)
+        if state is None:
+            return False
+        self.strategy.load(self.model, self.optimizer, state)
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("scaler"))
+        self.epoch = int(state["epoch"])
+        self.step_in_epoch = int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+        rng = state.get("rng") or []
+        if len(rng) == self.world_size:
+            self._pending_rng = rng[self.rank]
+        else:
+            self._print(
+                f"hpc_harness: warning: checkpoint has RNG states for {len(rng)} ranks, world size "
+                f"is {self.world_size}: reseeding (the run will not match an uninterrupted one)"
+            )
+            torch.manual_seed(self.cfg.seed + self.rank)
+        self.last_checkpoint = path
+        self._print(
+            f"hpc_harness: resumed from {path} (global step {self.global_step}, epoch "
+            f"{self.epoch}, step in epoch {self.step_in_epoch})"
+        )
+        return True
+
+    def _save_final(self) -> str | None:
+        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
+        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
+        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
+        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        if self.is_main:
+            payload = {
+                "model": model,
+                "global_step": self.global_step,
+                "epoch": self.epoch,
+                "metrics": self.metrics,
+                "hparams": self.cfg.hparams,
+            }
+            ckpt.atomic_save(payload, path)
+        return path
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> str:
+        """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
+        cfg = self.cfg
+        self.stop.install()
+        self.logger = MetricsLogger(
+            self.run_dir,
+            enabled=self.is_main,
+            wandb_mode=cfg.wandb,
+            config=cfg.hparams,
+            project=cfg.wandb_project,
+        )
+        try:
+            if not (cfg.resume and self._resume()):
+                seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
+            status = "finished"
+            t0 = time.perf_counter()
+            start_step = self.global_step
+            while self.epoch < cfg.epochs:
+                status = self._run_epoch(self.epoch)
+                if status == "requeue":
+                    return self._requeue()
+                if self.step_in_epoch >= self.steps_per_epoch:
+                    self.metrics = self.evaluate()
+                    if self.metrics:
+                        self._print(
+                            f"hpc_harness: epoch {self.epoch} "
+                            + " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
+                        )
+                        self.logger.log(self.global_step, self.epoch, self.metrics)
+                    self.epoch += 1
+                    self.step_in_epoch = 0
+                if status == "max_steps":
+                    break
+                status = "finished"
+            if self.global_step != start_step or self.last_checkpoint is None:
+                self._save_checkpoint()
+            self._save_final()
+            elapsed = time.perf_counter() - t0
+            self._print(
+                f"hpc_harness: {status} at global step {self.global_step} in {elapsed:.1f}s"
+                + "".join(f" {k}={v:.4f}" for k, v in self.metrics.items())
+            )
+            return status
+        finally:
+            self.stop.uninstall()
+            self.logger.close()
+
+    def _requeue(self) -> str:
+        """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""
+        path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
+        if self.is_main:
+            marker = write_requeue_marker(self.global_step, self.epoch, path, self.stop.name)
+            print(
+                f"hpc_harness: {self.stop.name or 'signal'} received: checkpointed at global step "
+                f"{self.global_step} to {path}; exiting 42 (requeue me)"
+                + (f"; marker {marker}" if marker else ""),
+                flush=True,
+                file=sys.stdout,
+            )
+        return "requeue"

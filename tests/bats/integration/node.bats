@@ -1,0 +1,160 @@
+#!/usr/bin/env bats
+# What runs inside the allocation, on the real local cluster: data staged once
+# per node (with and without a site SLURM_TMPDIR), the tarball cache, failures
+# before training, the mimic folder's removal, and requeue at the wall time.
+
+load '../test_helper'
+
+PROGRAMS="$REPO_ROOT/tests/bats/fixtures/programs"
+
+setup() {
+  require_cluster
+  make_scratch
+  project=${REPO_ROOT##*/}
+  export HPC_DEMO_BASE="$BATS_TEST_TMPDIR/local-ssd"
+  mkdir -p "$SCRATCH/$project/datasets/d1" "$SCRATCH/$project/datasets/d2"
+  echo one >"$SCRATCH/$project/datasets/d1/a.txt"
+  echo two >"$SCRATCH/$project/datasets/d2/b.txt"
+  # A site profile whose mimic base is private to this test.
+  site="$BATS_TEST_TMPDIR/site.conf"
+  sed "s|^tmpdir_base = .*|tmpdir_base = $HPC_DEMO_BASE|" "$REPO_ROOT/hpc_files/sites/local.conf" >"$site"
+}
+
+# submit ARGS...: no --wait; sets job_id; the submitter's stderr in $submit_err.
+submit() {
+  submit_err="$BATS_TEST_TMPDIR/submit.err"
+  local out
+  out=$("$SUBMITTER" --site "$site" "$@" 2>"$submit_err") || fail "submission failed: $(cat "$submit_err")"
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  [[ -n "$job_id" ]] || fail "no job id in: $out"
+}
+
+job_log() {
+  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
+}
+
+@test "two data paths are staged once per node, into per-node folders, on both partitions" {
+  local partition
+  for partition in tmpdir notmpdir; do
+    submit -p "$partition" -n 2 -g 2 -c 1 -W lightning -t 5 --signal-lead 60 -e stage -d datasets/d1 datasets/d2 -- \
+      bash -c '"$1" "$SLURM_TMPDIR/datasets/d1/a.txt" "$SLURM_TMPDIR/datasets/d2/b.txt"' _ "$PROGRAMS/probe.sh"
+    wait_job_done "$job_id" 90
+    assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+    run job_log "$job_id"
+    # Extracted once per node (2 nodes), not once per task (4 tasks).
+    assert_equal "$(grep -c 'staged data-.* into ' <<<"$output")" 2
+    assert_output --regexp "node1: staged data-[0-9a-f]+\.tar into "
+    assert_output --regexp "node2: staged data-[0-9a-f]+\.tar into "
+    assert_equal "$(grep -c 'probe read .*/datasets/d1/a.txt: one' <<<"$output")" 4
+    assert_equal "$(grep -c 'probe read .*/datasets/d2/b.txt: two' <<<"$output")" 4
+    # Every task on a node saw the same folder; the two nodes saw different ones.
+    assert_equal "$(grep '^probe rank' <<<"$output" | sed 's/.* tmpdir=\([^ ]*\) .*/\1/' | sort -u | wc -l)" 2
+    if [[ "$partition" == notmpdir ]]; then
+      assert_output --regexp "tmpdir=$HPC_DEMO_BASE/[^/]+/$job_id/node1 "
+    else
+      assert_output --regexp "tmpdir=.*/node1/job$job_id "
+    fi
+  done
+}
+
+@test "the data tarball is reused while unchanged and rebuilt when a source file changes" {
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
+  assert_file_contains "$submit_err" "data: building data-"
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
+  assert_file_contains "$submit_err" "data: reusing data-"
+  touch -d '+1 minute' "$SCRATCH/$project/datasets/d1/a.txt"
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
+  assert_file_contains "$submit_err" "data: building data-"
+  wait_job_done "$job_id" 60
+}
+
+@test "a tarball truncated after submission fails the job on the node, before training starts" {
+  submit -p notmpdir -n 2 -g 1 -W lightning -t 5 --signal-lead 60 -e trunc -d datasets/d1 \
+    --sbatch-arg=--hold -- bash -c 'echo TRAINING-STARTED'
+  local tarball
+  tarball=$(ls "$SCRATCH/$project/.hpc_data_cache/"data-*.tar)
+  truncate -s 512 "$tarball"
+  scontrol release "$job_id"
+  wait_job_done "$job_id" 60
+  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  run job_log "$job_id"
+  assert_output --regexp "staging failed on node[12]\.failed: .*truncated or replaced"
+  refute_output --partial TRAINING-STARTED
+  # The mimic folders were removed even though the job failed.
+  run find "$HPC_DEMO_BASE" -mindepth 3 -name 'node*'
+  assert_output ''
+}
+
+@test "the mimic SLURM_TMPDIR is removed when the job ends and when it is cancelled" {
+  submit -p notmpdir -n 2 -g 1 -W lightning -t 5 --signal-lead 60 -e mimic -- bash -c 'touch "$SLURM_TMPDIR/result"; ls "$SLURM_TMPDIR"'
+  wait_job_done "$job_id" 60
+  assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+  run find "$HPC_DEMO_BASE" -mindepth 3 -name 'node*'
+  assert_output ''
+
+  submit -p notmpdir -n 2 -g 1 -W lightning -t 5 --signal-lead 60 -e mimic -- bash -c 'echo READY; sleep 120'
+  wait_job_state "$job_id" 60 RUNNING
+  local deadline=$((SECONDS + 30))
+  until job_log "$job_id" 2>/dev/null | grep -q READY; do
+    ((SECONDS < deadline)) || fail "the program did not start within 30 s"
+    sleep 0.2
+  done
+  run find "$HPC_DEMO_BASE" -mindepth 3 -maxdepth 3 -name 'node*'
+  assert_equal "${#lines[@]}" 2
+  scancel "$job_id"
+  wait_job_done "$job_id" 60
+  deadline=$((SECONDS + 20))
+  while [[ -n "$(find "$HPC_DEMO_BASE" -mindepth 3 -maxdepth 3 -name 'node*')" ]]; do
+    ((SECONDS < deadline)) || fail "mimic folders still there 20 s after scancel: $(find "$HPC_DEMO_BASE")"
+    sleep 0.2
+  done
+}
+
+# release_requeued JOB RESTARTS: wait until the job is pending again after its
+# RESTARTS-th requeue, then lift SLURM's ~120 s requeue hold.
+release_requeued() {
+  local job=$1 restarts=$2 deadline=$((SECONDS + 120))
+  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
+    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) within 120 s: $(scontrol show job "$job")"
+    sleep 0.5
+  done
+  scontrol update JobId="$job" StartTime=now
+}
+
+@test "wall time: --time 1 min with a 50 s lead sends USR1, the job requeues once and resumes with SLURM_RESTART_COUNT=1" {
+  submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --signal-lead 50 -e walltime -- "$PROGRAMS/requeue_probe.sh"
+  release_requeued "$job_id" 1
+  wait_job_done "$job_id" 90
+  assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+  run job_log "$job_id"
+  assert_output --partial 'received SIGUSR1'
+  assert_output --partial 'requeue_probe: got SIGUSR1; checkpointing'
+  assert_output --regexp "requeued $job_id \(restart 1 of at most 10\)"
+  assert_output --partial 'requeue_probe: run restart=0'
+  assert_output --partial 'requeue_probe: run restart=1'
+  assert_output --partial 'requeue_probe: resumed after 1 requeue(s)'
+  # Both runs are in one log, and no mimic folder is left behind.
+  assert_equal "$(grep -c '^hpc: job .* started' <<<"$output")" 2
+  run find "$HPC_DEMO_BASE" -mindepth 3 -name 'node*'
+  assert_output ''
+}
+
+@test "--max-requeues bounds the requeues: one more signal ends the job with a clear message" {
+  submit -p tmpdir -n 1 -g 1 -W none -t 5 --signal-lead 60 --max-requeues 1 -e maxrq -- \
+    env REQUEUE_PROBE_ALWAYS=1 "$PROGRAMS/requeue_probe.sh"
+  local run_no
+  for run_no in 0 1; do
+    local deadline=$((SECONDS + 60))
+    until job_log "$job_id" 2>/dev/null | grep -q "requeue_probe: run restart=$run_no"; do
+      ((SECONDS < deadline)) || fail "run $run_no did not start within 60 s"
+      sleep 0.2
+    done
+    # The wall-time signal, delivered as SLURM does: USR1 to the batch shell.
+    scancel --signal=USR1 --batch "$job_id"
+    ((run_no == 1)) || release_requeued "$job_id" 1
+  done
+  wait_job_done "$job_id" 60
+  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  run job_log "$job_id"
+  assert_output --partial 'already requeued 1 time(s) (--max-requeues 1); not requeueing'
+}

@@ -1,0 +1,104 @@
+"""Shared helpers for the hpc_harness tests: a clean environment and the digits files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Subprocesses run with OMP_NUM_THREADS=1; in-process runs must use the same thread count,
+# because CPU matmuls round differently with another number of threads (bitwise comparisons).
+os.environ["OMP_NUM_THREADS"] = "1"
+try:
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover
+    pass
+PY = sys.executable
+
+# Launcher variables that would make the harness think it is inside a job.
+_LAUNCH_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "HPC_REQUEUE_MARKER",
+    "HPC_WANDB",
+    "WANDB_API_KEY",
+    "scratch_dir",
+    "exp_name",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without launcher/SLURM variables, one thread, the repo on PYTHONPATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_"))
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["WANDB_MODE"] = env.get("WANDB_MODE", "disabled")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_")):
+            monkeypatch.delenv(k)
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The example's dataset, written once per test session."""
+    from hpc_harness.data import write_digits
+
+    d = tmp_path_factory.mktemp("data") / "digits"
+    write_digits(str(d))
+    return str(d)
+
+
+def run_example(args: list[str], cwd: str, timeout: float = 120, **env: str):
+    """Run ``python -m hpc_harness.train ARGS`` to completion; returns CompletedProcess."""
+    return subprocess.run(
+        [PY, "-m", "hpc_harness.train", *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.02) -> None:
+    """Poll ``predicate`` until true; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def load_model(path: str) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def bitwise_equal(a: dict, b: dict) -> bool:
+    import torch
+
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,97 @@
+"""Atomic checkpoints: temp + rename, keep-last-K, corrupt/partial newest skipped, RNG."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import textwrap
+
+import numpy as np
+import torch
+from conftest import PY, clean_env, wait_for
+
+from hpc_harness import checkpoint as ckpt
+
+
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "global_step": step}
+
+
+def test_atomic_save_and_keep_last(tmp_path) -> None:
+    d = str(tmp_path)
+    for step in (5, 10, 15, 20):
+        ckpt.atomic_save(_state(step), ckpt.checkpoint_path(d, step))
+        ckpt.prune(d, keep_last=2)
+    names = sorted(os.listdir(d))
+    assert names == ["ckpt_step00000015.pt", "ckpt_step00000020.pt"]  # no temp files left
+    state, path = ckpt.load_latest(d)
+    assert state["global_step"] == 20 and path.endswith("ckpt_step00000020.pt")
+
+
+def test_corrupt_newest_is_skipped_with_a_warning(tmp_path) -> None:
+    d = str(tmp_path)
+    ckpt.atomic_save(_state(1), ckpt.checkpoint_path(d, 1))
+    ckpt.atomic_save(_state(2), ckpt.checkpoint_path(d, 2))
+    with open(ckpt.checkpoint_path(d, 2), "r+b") as f:  # truncate: a half-copied file
+        f.truncate(40)
+    said: list[str] = []
+    state, path = ckpt.load_latest(d, log=said.append)
+    assert state["global_step"] == 1
+    assert any("skipping unreadable checkpoint" in s and "00000002" in s for s in said)
+
+
+def test_empty_folder_has_nothing_to_resume(tmp_path) -> None:
+    assert ckpt.load_latest(str(tmp_path / "none")) == (None, None)
+
+
+def test_kill_9_mid_save_leaves_previous_checkpoint_usable(tmp_path) -> None:
+    d = tmp_path / "ck dir"  # a space in the path on purpose
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        from hpc_harness import checkpoint as ckpt
+        d = sys.argv[1]
+        ckpt.atomic_save({"model": {"w": torch.zeros(1)}, "global_step": 1},
+                         ckpt.checkpoint_path(d, 1))
+        big = torch.randn(40_000_000)  # 160 MB: the save takes a while
+        step = 2
+        while True:
+            ckpt.atomic_save({"model": {"w": big}, "global_step": step},
+                             ckpt.checkpoint_path(d, step))
+            step += 1
+        """
+    )
+    proc = subprocess.Popen([PY, "-c", script, str(d)], env=clean_env())
+    try:
+        wait_for(lambda: bool(ckpt.stale_temp_files(str(d))), 60, "a .tmp file mid-save")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    tmps = ckpt.stale_temp_files(str(d))
+    assert tmps, "the kill should have left the partial temp file behind"
+    complete = ckpt.list_checkpoints(str(d))
+    said: list[str] = []
+    state, path = ckpt.load_latest(str(d), log=said.append)
+    assert path == complete[-1], "resume must use the newest COMPLETE checkpoint"
+    assert state["global_step"] == int(os.path.basename(path)[9:17])
+    assert any("ignoring incomplete checkpoint" in s and tmps[0] in s for s in said)
+
+
+def test_rng_capture_and_restore_round_trip() -> None:
+    torch.manual_seed(1)
+    np.random.seed(1)
+    random.seed(1)
+    saved = ckpt.capture_rng()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(100)
+    np.random.rand(100)
+    random.random()
+    ckpt.restore_rng(saved)
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], got[0])
+    assert np.array_equal(expected[1], got[1]) and expected[2] == got[2]

@@ -1,0 +1,151 @@
+"""The ranks table (torchrun, srun, laptop, mismatches), node lists and --gpus parsing."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from hpc_harness import dist
+from hpc_harness.dist import LaunchError, RankInfo, detect_launch, parse_gpus, parse_nodelist
+
+
+def test_laptop_is_single_process() -> None:
+    info = detect_launch({})
+    assert info == RankInfo(launcher="single")
+    assert not info.distributed and info.is_main
+
+
+def test_torchrun_variables() -> None:
+    env = {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+        # srun torchrun: SLURM variables are present too, torchrun's win
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+    }
+    info = detect_launch(env)
+    assert (info.launcher, info.rank, info.local_rank, info.world_size) == ("torchrun", 5, 1, 8)
+    assert (info.local_world_size, info.node_rank) == (4, 1)
+    assert (info.master_addr, info.master_port) == ("10.0.0.1", 29400)
+
+
+def test_srun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # use the pure-Python parser
+    env = {
+        "SLURM_JOB_ID": "123457",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+    }
+    info = detect_launch(env)
+    assert (info.launcher, info.rank, info.local_rank, info.world_size) == ("srun", 3, 1, 4)
+    assert (info.node_rank, info.local_world_size) == (1, 2)
+    assert info.master_addr == "gpu07"
+    assert info.master_port == 20000 + 123457 % 20000
+    # the batch script's exports win
+    info = detect_launch({**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456"})
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", 23456)
+
+
+def test_srun_with_one_task_is_single() -> None:
+    env = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}
+    assert detect_launch(env).launcher == "single"
+
+
+def test_batch_script_without_srun_is_refused() -> None:
+    with pytest.raises(LaunchError, match="srun or torchrun"):
+        detect_launch({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"})
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"RANK": "0"}, "WORLD_SIZE, LOCAL_RANK missing"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "outside world size"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "RANK must be a whole number"),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
+            "local rank 3",
+        ),
+        ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}, "SLURM_PROCID"),
+    ],
+)
+def test_mismatched_variables_are_errors(env: dict, message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        detect_launch(env)
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
+        ("a1,b[01-02]", ["a1", "b01", "b02"]),
+        ("gpu[1-2]-ib[3-4]", ["gpu1-ib3", "gpu1-ib4", "gpu2-ib3", "gpu2-ib4"]),
+        ("cn[008-010],login", ["cn008", "cn009", "cn010", "login"]),
+    ],
+)
+def test_parse_nodelist(nodelist: str, hosts: list[str]) -> None:
+    assert parse_nodelist(nodelist) == hosts
+
+
+def test_parse_nodelist_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        parse_nodelist("node[1-3")
+    with pytest.raises(ValueError):
+        parse_nodelist("node[5-2]")
+
+
+def test_first_host_falls_back_when_scontrol_fails() -> None:
+    # scontrol exists here but has no cluster config: the parser must take over
+    assert dist.first_host("x[3-4]") == "x3"
+
+
+def test_tasks_per_node() -> None:
+    assert dist.tasks_on_node("2(x3),1", 0) == 2
+    assert dist.tasks_on_node("2(x3),1", 3) == 1
+
+
+@pytest.mark.parametrize(
+    "spec, parsed",
+    [("2", 2), ("0,1", [0, 1]), ("0, 1", [0, 1]), ("1,", [1]), ("-1", -1), ("0", 0), (None, None)],
+)
+def test_parse_gpus(spec, parsed) -> None:
+    assert parse_gpus(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["two", "0;1", "-2", "0,x"])
+def test_parse_gpus_rejects(spec: str) -> None:
+    with pytest.raises(ValueError, match="--gpus"):
+        parse_gpus(spec)
+
+
+def test_select_devices() -> None:
+    assert dist.select_devices(2, 4) == [0, 1]
+    assert dist.select_devices([1, 3], 4) == [1, 3]
+    assert dist.select_devices(None, 2) == [0, 1]
+    assert dist.select_devices(2, 0) == []  # no CUDA: CPU fallback
+    with pytest.raises(ValueError):
+        dist.select_devices([4], 4)
+    assert dist.slurm_set_gpus({"SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert not dist.slurm_set_gpus({"CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_setup_single_process_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = dist.setup(gpus="2", env={})
+    out = capsys.readouterr().out
+    assert ctx.backend == "gloo" and str(ctx.device) == "cpu" and ctx.world_size == 1
+    assert "CUDA is not available; using CPU" in out
+    assert "hpc_harness: world_size=1 rank=0 local_rank=0 node_rank=0 backend=gloo" in out
+    assert "hpc_harness: rank 0/1 local_rank 0 host " in out

@@ -1,0 +1,106 @@
+"""Signal -> flag -> save -> marker -> exit 42, and the failure path (not 42, no marker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import torch
+from conftest import PY, clean_env, run_example
+
+from hpc_harness.signals import (
+    REQUEUE_EXIT_CODE,
+    StopFlag,
+    exit_code,
+    write_requeue_marker,
+)
+
+
+def test_contract_constants() -> None:
+    assert REQUEUE_EXIT_CODE == 42
+    assert exit_code("requeue") == 42
+    assert exit_code("finished") == exit_code("max_steps") == 0
+
+
+def test_handler_only_sets_a_flag() -> None:
+    flag = StopFlag().install()
+    try:
+        assert not flag.is_set
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert flag.is_set and flag.name == "SIGUSR1"
+    finally:
+        flag.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_marker_is_written_only_when_asked(tmp_path, monkeypatch) -> None:
+    assert write_requeue_marker(3, 1, "/x.pt") is None
+    marker = tmp_path / "m" / "requeue.json"
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
+    assert write_requeue_marker(3, 1, "/x.pt", "SIGTERM") == str(marker)
+    text = marker.read_text()
+    assert text.count("\n") == 1
+    assert json.loads(text) == {"step": 3, "epoch": 1, "checkpoint": "/x.pt", "signal": "SIGTERM"}
+    assert os.listdir(marker.parent) == ["requeue.json"]  # temp file renamed away
+
+
+def test_sigterm_to_the_example_saves_marks_and_exits_42(tmp_path, digits_dir: str) -> None:
+    marker = tmp_path / "requeue.json"
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "hpc_harness.train",
+            "--data-dir",
+            digits_dir,
+            "--ckpt-dir",
+            str(ck),
+            "--epochs",
+            "50",
+            "--step-sleep",
+            "0.01",
+            "--log-every",
+            "1",
+            "--signal-check-every",
+            "4",
+        ],
+        env=clean_env(HPC_REQUEUE_MARKER=str(marker)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("hpc_harness: step 3/"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert proc.returncode == 42, out
+    info = json.loads(marker.read_text())
+    assert info["signal"] == "SIGTERM"
+    assert info["step"] % 4 == 0, "stops only at a flag-check boundary"
+    state = torch.load(info["checkpoint"], weights_only=False)
+    assert state["global_step"] == info["step"] and state["epoch"] == info["epoch"]
+    assert not (ck / "last.pt").exists()
+
+
+def test_failure_exits_nonzero_without_marker(tmp_path, digits_dir: str) -> None:
+    marker = tmp_path / "requeue.json"
+    r = run_example(
+        ["--data-dir", digits_dir, "--ckpt-dir", str(tmp_path / "ck"), "--fail-at-step", "3"],
+        cwd=str(tmp_path),
+        HPC_REQUEUE_MARKER=str(marker),
+    )
+    assert r.returncode not in (0, REQUEUE_EXIT_CODE)
+    assert "--fail-at-step 3 on rank 0" in r.stderr
+    assert not marker.exists()

@@ -1,0 +1,142 @@
+"""The example end to end in-process: accuracy, last.pt, metrics.csv, plot, options, wandb."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+import torch
+
+from hpc_harness import plot
+from hpc_harness.strategy import StrategyError, check_strategy
+from hpc_harness.train import build_parser, default_ckpt_dir, default_data_dir, main
+
+
+def test_example_reaches_90_percent_and_writes_outputs(tmp_path, digits_dir, capsys) -> None:
+    ck = tmp_path / "ck"
+    rc = main(
+        [
+            "--data-dir",
+            digits_dir,
+            "--ckpt-dir",
+            str(ck),
+            "--epochs",
+            "10",
+            "--keep-last",
+            "2",
+            "--checkpoint-every",
+            "40",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    acc = float(out.split("final test accuracy ")[1].split()[0])
+    assert acc >= 0.90, out
+    assert "hpc_harness: rank 0/1 local_rank 0 host" in out
+    assert "samples/s" in out and "eta" in out
+    last = torch.load(ck / "last.pt", weights_only=False)
+    assert set(last["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+    ckpts = sorted(p for p in os.listdir(ck) if p.startswith("ckpt_step"))
+    assert ckpts == ["ckpt_step00000440.pt", "ckpt_step00000450.pt"]  # keep-last 2
+    with open(ck / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = {r["name"] for r in rows}
+    assert {"train_loss", "test_acc", "lr", "samples_per_s"} <= names
+    png = tmp_path / "curves.png"
+    assert plot.main([str(ck), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_collapses_repeated_steps(tmp_path) -> None:
+    p = tmp_path / "metrics.csv"
+    p.write_text("time,step,epoch,name,value\n1,10,0,loss,2.0\n2,10,0,loss,1.5\n3,20,0,loss,1\n")
+    assert plot.read_metrics(str(p)) == {"loss": [(10, 1.5), (20, 1.0)]}
+    assert plot.main([str(tmp_path / "missing")]) == 2
+
+
+def test_hyperparameters_accept_both_forms() -> None:
+    p = build_parser()
+    a = p.parse_args(["--lr", "0.01", "--layers", "3", "--gpus", "0, 1"])
+    b = p.parse_args(["--lr=0.01", "--layers=3", "--gpus=0, 1"])
+    assert vars(a) == vars(b) and a.lr == 0.01 and a.gpus == "0, 1"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--strategy", "horovod"])
+
+
+def test_help_lists_every_option(capsys) -> None:
+    p = build_parser()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for action in p._actions:
+        for opt in action.option_strings:
+            assert opt in text
+
+
+def test_default_dirs_follow_the_job_environment(tmp_path) -> None:
+    staged = tmp_path / "tmpdir" / "datasets" / "digits"
+    env = {"SLURM_TMPDIR": str(tmp_path / "tmpdir"), "scratch_dir": "/s", "exp_name": "e"}
+    assert default_data_dir(env) == os.path.join("/s", "datasets", "digits")  # not staged yet
+    staged.mkdir(parents=True)
+    assert default_data_dir(env) == str(staged)
+    assert default_data_dir({}) == os.path.join(".", "datasets", "digits")
+    assert default_ckpt_dir(env) == os.path.join("/s", "e", "checkpoints")
+    assert default_ckpt_dir({"scratch_dir": "/s"}) == os.path.join(".", "checkpoints")
+
+
+def test_strategy_layout_rules() -> None:
+    check_strategy("ddp", world_size=8, local_world_size=4, cuda=True)
+    check_strategy("ddp2", world_size=2, local_world_size=1, cuda=True)
+    check_strategy("ddp2", world_size=4, local_world_size=2, cuda=False)  # CPU: same as ddp
+    with pytest.raises(StrategyError, match="dp runs in ONE process"):
+        check_strategy("dp", world_size=2, local_world_size=2, cuda=True)
+    with pytest.raises(StrategyError, match="ddp2 runs one process per node"):
+        check_strategy("ddp2", world_size=4, local_world_size=2, cuda=True)
+
+
+@pytest.mark.parametrize("strategy", ["dp", "ddp2", "fsdp"])
+def test_single_process_strategies_train(strategy, tmp_path, digits_dir) -> None:
+    ck = tmp_path / "ck"
+    assert (
+        main(
+            [
+                "--data-dir",
+                digits_dir,
+                "--ckpt-dir",
+                str(ck),
+                "--strategy",
+                strategy,
+                "--max-steps",
+                "5",
+                "--log-every",
+                "0",
+            ]
+        )
+        == 0
+    )
+    assert (ck / "last.pt").exists()
+
+
+def test_wandb_offline_reuses_the_run_id(tmp_path, digits_dir, capsys, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    ck = tmp_path / "ck"
+    args = [
+        "--data-dir",
+        digits_dir,
+        "--ckpt-dir",
+        str(ck),
+        "--wandb",
+        "offline",
+        "--log-every",
+        "10",
+    ]
+    assert main([*args, "--max-steps", "20"]) == 0
+    run_id = (ck / "wandb_run_id").read_text().strip()
+    out = capsys.readouterr().out
+    assert f"wandb run id {run_id} mode offline" in out and "wandb sync" in out
+    assert main([*args, "--max-steps", "30"]) == 0
+    assert (ck / "wandb_run_id").read_text().strip() == run_id
+    assert any(run_id in d for d in os.listdir(ck / "wandb"))
