@@ -63,3 +63,14 @@ wait_job_state() {
 wait_job_done() {
   wait_job_state "$1" "$2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE'
 }
+
+# assert_job_state JOB STATE: the job ended in STATE; otherwise fail showing
+# the end of its log.
+assert_job_state() {
+  local job=$1 want=$2 state log
+  state=$(job_field "$job" JobState)
+  [[ "$state" == "$want" ]] && return 0
+  log=$(scontrol show job -o "$job" | head -n 1 | sed -n 's/.* StdOut=\(.*\) Power=.*/\1/p')
+  fail "job $job is $state, expected $want; $(job_field "$job" ExitCode); log $log:
+$(tail -n 40 "$log" 2>&1)"
+}

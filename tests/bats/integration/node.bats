@@ -39,7 +39,7 @@ job_log() {
     submit -p "$partition" -n 2 -g 2 -c 1 -W lightning -t 5 --signal-lead 60 -e stage -d datasets/d1 datasets/d2 -- \
       bash -c '"$1" "$SLURM_TMPDIR/datasets/d1/a.txt" "$SLURM_TMPDIR/datasets/d2/b.txt"' _ "$PROGRAMS/probe.sh"
     wait_job_done "$job_id" 90
-    assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+    assert_job_state "$job_id" COMPLETED
     run job_log "$job_id"
     # Extracted once per node (2 nodes), not once per task (4 tasks).
     assert_equal "$(grep -c 'staged data-.* into ' <<<"$output")" 2
@@ -76,7 +76,7 @@ job_log() {
   truncate -s 512 "$tarball"
   scontrol release "$job_id"
   wait_job_done "$job_id" 60
-  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  assert_job_state "$job_id" FAILED
   run job_log "$job_id"
   assert_output --regexp "staging failed on node[12]\.failed: .*truncated or replaced"
   refute_output --partial TRAINING-STARTED
@@ -88,7 +88,7 @@ job_log() {
 @test "the mimic SLURM_TMPDIR is removed when the job ends and when it is cancelled" {
   submit -p notmpdir -n 2 -g 1 -W lightning -t 5 --signal-lead 60 -e mimic -- bash -c 'touch "$SLURM_TMPDIR/result"; ls "$SLURM_TMPDIR"'
   wait_job_done "$job_id" 60
-  assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+  assert_job_state "$job_id" COMPLETED
   run find "$HPC_DEMO_BASE" -mindepth 3 -name 'node*'
   assert_output ''
 
@@ -125,7 +125,7 @@ release_requeued() {
   submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --signal-lead 50 -e walltime -- "$PROGRAMS/requeue_probe.sh"
   release_requeued "$job_id" 1
   wait_job_done "$job_id" 90
-  assert_equal "$(job_field "$job_id" JobState)" COMPLETED
+  assert_job_state "$job_id" COMPLETED
   run job_log "$job_id"
   assert_output --partial 'received SIGUSR1'
   assert_output --partial 'requeue_probe: got SIGUSR1; checkpointing'
@@ -154,7 +154,7 @@ release_requeued() {
     ((run_no == 1)) || release_requeued "$job_id" 1
   done
   wait_job_done "$job_id" 60
-  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  assert_job_state "$job_id" FAILED
   run job_log "$job_id"
   assert_output --partial 'already requeued 1 time(s) (--max-requeues 1); not requeueing'
 }

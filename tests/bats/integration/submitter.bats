@@ -65,7 +65,7 @@ job_log() {
 @test "a program exiting 3 ends the job FAILED with exit code 3, and --wait returns 3" {
   submit_and_wait -n 1 -g 1 -W none -e fail -- bash -c 'echo failing on purpose; exit 3'
   assert_equal "$status" 3
-  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  assert_job_state "$job_id" FAILED
   assert_equal "$(job_field "$job_id" ExitCode)" 3:0
   run job_log "$job_id"
   assert_output --partial 'training step ended with exit code 3'
@@ -75,7 +75,7 @@ job_log() {
   submit_and_wait -n 2 -g 2 -c 1 -W lightning -e rankfail -- \
     bash -c 'if [ "$SLURM_PROCID" = 2 ]; then exit 7; fi; sleep 60'
   assert_equal "$status" 7
-  assert_equal "$(job_field "$job_id" JobState)" FAILED
+  assert_job_state "$job_id" FAILED
   run job_log "$job_id"
   assert_output --regexp 'task2 on node2 exited first, with code 7'
 }
