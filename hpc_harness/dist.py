@@ -389,7 +389,7 @@ def setup(
             )
         print(
             f"hpc_harness: rank {info.rank}/{info.world_size} local_rank {info.local_rank} "
-            f"host {socket.gethostname()} started",
+            f"host {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} started",
             flush=True,
         )
     return DistContext(info=info, backend=backend, device=device, devices=devices)

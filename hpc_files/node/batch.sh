@@ -194,6 +194,11 @@ main() {
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   load_wandb_credentials
   decide_tmpdir
+  # One thread pool per process sized to its CPUs (torchrun would pick 1).
+  if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+    export OMP_NUM_THREADS=$(((${SLURM_CPUS_PER_TASK:-1} * ${SLURM_NTASKS_PER_NODE:-1}) / (HPC_PROCS_PER_NODE > 0 ? HPC_PROCS_PER_NODE : 1)))
+    ((OMP_NUM_THREADS >= 1)) || OMP_NUM_THREADS=1
+  fi
   MASTER_ADDR=${MASTER_ADDR:-$(first_node)}
   MASTER_PORT=${MASTER_PORT:-$(master_port)}
   export MASTER_ADDR MASTER_PORT

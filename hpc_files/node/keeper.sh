@@ -29,7 +29,7 @@ report() {
 fail() {
   hpc_error "$node: $*"
   report failed "$*"
-  exit 1
+  finish 1
 }
 
 stage_out() {
@@ -43,8 +43,10 @@ stage_out() {
   fi
 }
 
+# finish [STATUS]: stage out, remove the folder this keeper created, exit.
 # shellcheck disable=SC2317 # called from traps
 finish() {
+  local status=${1:-0}
   trap - EXIT TERM INT USR2 HUP
   [[ -z "$sleep_pid" ]] || kill "$sleep_pid" 2>/dev/null || true
   stage_out
@@ -54,7 +56,7 @@ finish() {
     rmdir -- "${created_dir%/*}" 2>/dev/null || true
     hpc_log "$node: removed $created_dir"
   fi
-  exit 0
+  exit "$status"
 }
 
 prepare_local_dir() {
@@ -95,7 +97,7 @@ extract_data() {
 
 main() {
   mkdir -p "$status_dir"
-  trap finish TERM INT USR2 HUP
+  trap 'finish 0' TERM INT USR2 HUP
   trap 'report failed "keeper exited unexpectedly"' ERR
   prepare_local_dir
   extract_data

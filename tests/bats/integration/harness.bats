@@ -1,0 +1,103 @@
+#!/usr/bin/env bats
+# The example training job (python -m hpc_harness.train) through
+# job_submitter.sh on the real local cluster: 2 nodes x 2 processes in both
+# launch modes, and a wall-time requeue that resumes from the checkpoint and
+# ends with the same weights as an uninterrupted run.
+
+load '../test_helper'
+
+setup() {
+  require_cluster
+  make_scratch
+  project=${REPO_ROOT##*/}
+  # One dataset for every test in this file, written once.
+  data="$BATS_FILE_TMPDIR/digits"
+  if [[ ! -d "$data" ]]; then
+    "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$data"
+  fi
+}
+
+submit() {
+  local out err="$BATS_TEST_TMPDIR/submit.err"
+  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  [[ -n "$job_id" ]] || fail "no job id in: $out"
+}
+
+job_log() {
+  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
+}
+
+@test "the example trains on 2 nodes x 2 processes with srun (lightning layout) and with torchrun; all agree on world size 4" {
+  local kind launcher jobs=()
+  for kind in lightning torchrun; do
+    submit -n 2 -g 2 -c 1 -W "$kind" -t 10 -e "ex_$kind" -- \
+      python -m hpc_harness.train --epochs 6 --data-dir "$data" --ckpt-dir "$BATS_TEST_TMPDIR/ck_$kind"
+    jobs+=("$job_id")
+  done
+  for job_id in "${jobs[@]}"; do
+    wait_job_done "$job_id" 240
+    assert_job_state "$job_id" COMPLETED
+  done
+  for i in 0 1; do
+    kind=$([[ $i == 0 ]] && echo lightning || echo torchrun)
+    launcher=$([[ $i == 0 ]] && echo srun || echo torchrun)
+    run job_log "${jobs[$i]}"
+    assert_output --partial "hpc_harness: world_size=4 rank=0"
+    assert_output --partial "launcher=$launcher"
+    assert_equal "$(grep -cE '^hpc_harness: rank [0-3]/4 local_rank [01] host node[12] started$' <<<"$output")" 4
+    assert_equal "$(grep -c 'host node1 started' <<<"$output")" 2
+    assert_equal "$(grep -c 'host node2 started' <<<"$output")" 2
+    assert_output --regexp "final test accuracy 0\\.(8[5-9]|9[0-9])"
+    assert_file_exists "$BATS_TEST_TMPDIR/ck_$kind/last.pt"
+  done
+}
+
+# release_requeued JOB RESTARTS: once pending after that requeue, lift the hold.
+release_requeued() {
+  local job=$1 restarts=$2 deadline=$((SECONDS + 120))
+  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
+    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) within 120 s; log: $(job_log "$job" | tail -n 20)"
+    sleep 0.5
+  done
+  scontrol update JobId="$job" StartTime=now
+}
+
+# wait_log JOB REGEX SECONDS: poll the job's log for a line.
+wait_log() {
+  local job=$1 regex=$2 deadline=$((SECONDS + $3))
+  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
+    ((SECONDS < deadline)) || fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
+    sleep 0.3
+  done
+}
+
+@test "a wall-time signal checkpoints, requeues and resumes: final weights equal an uninterrupted run's, bitwise" {
+  local args=(--epochs 3 --seed 7 --checkpoint-every 10 --signal-check-every 1 --step-sleep 0.05 --data-dir "$data")
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e straight -- python -m hpc_harness.train "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/straight"
+  local straight=$job_id
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e interrupted -- python -m hpc_harness.train "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/interrupted"
+  local interrupted=$job_id
+  # Mid-epoch, deliver the wall-time signal as SLURM does: USR1 to the batch shell.
+  wait_log "$interrupted" '^hpc_harness: step (1[5-9]|[2-9][0-9])/' 180
+  scancel --signal=USR1 --batch "$interrupted"
+  release_requeued "$interrupted" 1
+  wait_job_done "$straight" 240
+  wait_job_done "$interrupted" 240
+  assert_job_state "$straight" COMPLETED
+  assert_job_state "$interrupted" COMPLETED
+  run job_log "$interrupted"
+  assert_output --partial 'received SIGUSR1'
+  assert_output --regexp "requeued $interrupted \(restart 1 of at most 10\)"
+  assert_output --regexp 'resum(ed|ing) from .*ckpt_step'
+  run "$REPO_ROOT/.venv/bin/python" -c '
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=False)["model"]
+b = torch.load(sys.argv[2], weights_only=False)["model"]
+assert a.keys() == b.keys(), (a.keys(), b.keys())
+diff = [k for k in a if not torch.equal(a[k], b[k])]
+print("differ:", diff) if diff else print("bitwise equal")
+' "$BATS_TEST_TMPDIR/straight/last.pt" "$BATS_TEST_TMPDIR/interrupted/last.pt"
+  assert_success
+  assert_output "bitwise equal"
+}
