@@ -160,6 +160,14 @@ report_first_failure() {
   step_status=$first_status
 }
 
+# requeue_already_requested: someone (Lightning) ran 'scontrol requeue' on
+# this job while it ran; SLURM then shows it REQUEUED (or pending again).
+requeue_already_requested() {
+  local state
+  state=$(scontrol show job -o "$(job_key)" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p')
+  [[ "$state" == REQUEUED || "$state" == REQUEUE_HOLD || "$state" == PENDING || "$(scontrol show job -o "$(job_key)" 2>/dev/null)" == *Reason=*Requeue* ]]
+}
+
 requeue_or_stop() {
   local restarts=${SLURM_RESTART_COUNT:-0} key
   key=$(job_key)
@@ -214,6 +222,10 @@ main() {
   stop_keeper
   if [[ -f "$marker" || "$step_status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then
     requeue_or_stop
+  fi
+  if [[ -n "$signal_seen" ]] && requeue_already_requested; then
+    hpc_log "the program requeued the job itself (e.g. Lightning's auto-requeue); leaving it to SLURM"
+    exit "$step_status"
   fi
   if [[ "$signal_seen" == USR1 && "$step_status" != 0 ]]; then
     hpc_error "the program did not checkpoint at the wall-time signal (no marker, exit $step_status); not requeueing"

@@ -74,3 +74,14 @@ assert_job_state() {
   fail "job $job is $state, expected $want; $(job_field "$job" ExitCode); log $log:
 $(tail -n 40 "$log" 2>&1)"
 }
+
+# cancel_test_jobs: scancel whatever this test left queued or running (its
+# jobs are the ones whose working folder is under BATS_TEST_TMPDIR), so a
+# failed test does not hold the cluster for the next.
+cancel_test_jobs() {
+  local id dir
+  while read -r id dir; do
+    [[ "$dir" == "$BATS_TEST_TMPDIR"/* ]] && scancel "$id" 2>/dev/null
+  done < <(squeue -h -o '%A %Z' 2>/dev/null)
+  return 0
+}

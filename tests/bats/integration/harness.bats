@@ -6,6 +6,10 @@
 
 load '../test_helper'
 
+teardown() {
+  cancel_test_jobs
+}
+
 setup() {
   require_cluster
   make_scratch

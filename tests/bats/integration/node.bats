@@ -7,6 +7,10 @@ load '../test_helper'
 
 PROGRAMS="$REPO_ROOT/tests/bats/fixtures/programs"
 
+teardown() {
+  cancel_test_jobs
+}
+
 setup() {
   require_cluster
   make_scratch
