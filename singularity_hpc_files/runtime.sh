@@ -10,7 +10,7 @@
 # Sourced by node/launch.sh; defines runtime_exec and runtime_exec_capture.
 
 # Which variables cross into the container (names or name prefixes*).
-RUNTIME_PASS_VARIABLES=(SLURM_* SRUN_* MASTER_ADDR MASTER_PORT RANK LOCAL_RANK WORLD_SIZE
+RUNTIME_PASS_VARIABLES=(SLURM_* SLURMD_* SRUN_* MASTER_ADDR MASTER_PORT RANK LOCAL_RANK WORLD_SIZE
   HPC_* CUDA_VISIBLE_DEVICES NCCL_* WANDB_* OMP_NUM_THREADS TORCH_* PYTHONUNBUFFERED
   PYTHONFAULTHANDLER source_dir project_name scratch_dir exp_name SCRATCH USER HOME)
 

@@ -42,9 +42,14 @@ torchrun_program_args() {
 # torchrun_supports_signal_forwarding: --signals-to-handle exists in this
 # torchrun (read from its source, without importing torch).
 torchrun_supports_signal_forwarding() {
-  local run_py
-  run_py=$(runtime_exec_capture python -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.submodule_search_locations[0] + "/distributed/run.py" if s else "")') || return 1
-  [[ -n "$run_py" ]] && runtime_exec_capture grep -q -- 'signals-to-handle' "$run_py"
+  local answer
+  answer=$(runtime_exec_capture python -c '
+import importlib.util, pathlib
+spec = importlib.util.find_spec("torch")
+run_py = pathlib.Path(spec.submodule_search_locations[0], "distributed", "run.py") if spec else None
+print(1 if run_py and run_py.is_file() and "signals-to-handle" in run_py.read_text() else 0)
+' 2>/dev/null) || return 1
+  [[ "$answer" == 1 ]]
 }
 
 # shellcheck disable=SC2120 # 'set --' below replaces the positional words on purpose
