@@ -51,7 +51,12 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> str:
 
 
 def default_ckpt_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$HPC_TRIAL_DIR/checkpoints`` (set per trial by the batch script, so array
+    tasks never share a folder), else ``$scratch_dir/$exp_name/checkpoints``, else
+    ``./checkpoints``."""
     env = os.environ if env is None else env
+    if env.get("HPC_TRIAL_DIR"):
+        return os.path.join(env["HPC_TRIAL_DIR"], "checkpoints")
     if env.get("scratch_dir") and env.get("exp_name"):
         return os.path.join(env["scratch_dir"], env["exp_name"], "checkpoints")
     return os.path.join(".", "checkpoints")

@@ -128,6 +128,12 @@ validate_gpu_type() {
 }
 
 validate_kind_layout() {
+  # A wandb sweep task is one agent process that starts each run itself.
+  if [[ -n "${opt_wandb_sweep:-}" ]]; then
+    [[ -z "${OPT_GIVEN[kind]:-}" || "$opt_kind" == none ]] ||
+      usage_error "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W $opt_kind"
+    opt_kind=none
+  fi
   case "$opt_kind" in
     lightning)
       ((opt_gpus > 0)) ||

@@ -196,6 +196,16 @@ main() {
   rm -f -- "$marker"
   rm -rf -- "${run:?}/exit"
   export HPC_REQUEUE_MARKER="$marker"
+  # Where this trial keeps its results: per array task, so trials never
+  # share a folder; the seed layout ($scratch_dir/$exp_name) for a plain job.
+  export HPC_TRIAL_INDEX
+  HPC_TRIAL_INDEX=$(trial_index)
+  if [[ -n "${SLURM_ARRAY_TASK_ID:-}" ]]; then
+    export HPC_TRIAL_DIR="${scratch_dir:?}/${exp_name:?}/trials/$HPC_TRIAL_INDEX"
+  else
+    export HPC_TRIAL_DIR="${scratch_dir:?}/${exp_name:?}"
+  fi
+  mkdir -p "$HPC_TRIAL_DIR"
   trap 'on_signal USR1' USR1
   trap 'on_signal TERM' TERM
   trap on_exit EXIT

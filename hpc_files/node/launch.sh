@@ -65,6 +65,10 @@ build_command() {
   case "$HPC_KIND" in
     lightning | none)
       command_argv=("$@")
+      if [[ "$1" == wandb && "${2:-}" == agent ]]; then
+        # wandb agent exits 0 even when its runs failed: wrap it.
+        command_argv=(bash "$HPC_SUBMISSION_DIR/node/wandb_agent.sh" "${@:2}")
+      fi
       ;;
     torchrun)
       torchrun_program_args "$@"
