@@ -12,11 +12,6 @@ CLUSTER := local_cluster/cluster.sh
 export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
-SHELL_FILES = $(shell git ls-files -co --exclude-standard | while read -r f; do \
-	[ -f "$$f" ] || continue; \
-	case "$$f" in *.sh|*.bash) echo "$$f"; continue;; *.bats) continue;; esac; \
-	head -c 100 "$$f" | grep -qE '^\#!.*(ba)?sh' && echo "$$f"; done)
-
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
 	bats bats-unit bats-integration pytest cluster-up cluster-down cluster-status golden
 
@@ -41,8 +36,8 @@ demo: cluster-up
 lint: shellcheck ruff
 
 shellcheck: deps
-	@echo "shellcheck: $(words $(SHELL_FILES)) files"
-	@shellcheck -x $(SHELL_FILES)
+	@files=$$(tools/shell_files.sh); echo "shellcheck: $$(wc -w <<<"$$files") files"; \
+	  shellcheck -x $$files
 
 ruff: deps
 	@$(VENV)/bin/ruff check hpc_harness tests bench

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # SUBMITTER, FIXTURES, ... are read by the .bats files that load this
 # Shared by every .bats file: `load '../test_helper'` (from a subfolder).
 # Loads bats-support/assert/file, names the repository's scripts, and gives
 # integration tests bounded waits on the local cluster.
