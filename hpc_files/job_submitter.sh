@@ -63,6 +63,7 @@ main() {
   plan_array "$(wc -l <"$submission_dir/commands.txt")"
   render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   stage_data_tarball
+  submit_setup_job
   submit_job
   report_submission
   [[ -z "${opt_wait:-}" ]] || wait_for_job

@@ -50,6 +50,7 @@ declare -A OPTION_SETTING=(
   [--modules]=modules
   [--site]=site
   [--venv]=venv
+  [--setup-venv]=setup_venv
   [--stage-out]=stage_out
   [--compress]=compress
   [--sbatch-arg]=sbatch_arg
@@ -131,6 +132,9 @@ Data and environment:
                               the end and before a requeue
   --venv PATH                 virtualenv (or conda/uv env) to run in (default: the
                               project's .venv if present)
+  --setup-venv REQUIREMENTS   first run a setup job that creates/updates the venv
+                              from this requirements file (only when the file
+                              changed since the last setup); the job waits for it
   -s, --singularity-container IMAGE
                               run inside this Singularity/Apptainer image
   --pass-local-rank           append --local-rank=N to the program's arguments

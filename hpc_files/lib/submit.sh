@@ -25,7 +25,9 @@ plan_runtime_settings() {
     plan_container=$(realpath -e -- "$opt_container") || usage_error "cannot resolve '$opt_container'"
   fi
   if [[ -n "${opt_venv:-}" ]]; then
-    plan_venv=$(realpath -e -- "$opt_venv") || usage_error "cannot resolve --venv '$opt_venv'"
+    plan_venv=$(realpath -m -- "$opt_venv") || usage_error "cannot resolve --venv '$opt_venv'"
+  elif [[ -n "${opt_setup_venv:-}" ]]; then
+    plan_venv="$source_dir/.venv"
   elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
     plan_venv="$source_dir/.venv"
   fi
@@ -72,9 +74,42 @@ fill_submission_dir() {
   } >"$dir/git.txt"
 }
 
+# submit_setup_job: with --setup-venv, a setup job before the training job,
+# only when the venv's digest stamp does not match the requirements file.
+# Sets setup_job_id (empty when the venv is up to date).
+submit_setup_job() {
+  local digest stamp output
+  setup_job_id=""
+  [[ -n "${opt_setup_venv:-}" ]] || return 0
+  digest=$(sha256sum <"$opt_setup_venv" | cut -d' ' -f1)
+  stamp="$plan_venv/.hpc-requirements.sha256"
+  if [[ -f "$stamp" && "$(<"$stamp")" == "$digest" ]]; then
+    info "venv: $plan_venv matches ${opt_setup_venv##*/}; no setup job"
+    return 0
+  fi
+  cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
+  cp -p "$HPC_FILES_DIR/node/setup_venv.sh" "$submission_dir/node/" || die "cannot copy setup_venv.sh"
+  local setup_args=(--parsable --job-name="${plan_job_name}_setup_venv" --nodes=1 --ntasks=1
+    --cpus-per-task=2 --time=01:00:00 --output="$plan_log_dir/%x_%j.out")
+  [[ -z "${opt_account:-}" ]] || setup_args+=(--account="$opt_account")
+  [[ -z "${opt_partition:-}" ]] || setup_args+=(--partition="$opt_partition")
+  output=$(cd "$submission_dir" && HPC_VENV="$plan_venv" HPC_REQUIREMENTS="$submission_dir/requirements.txt" \
+    HPC_REQUIREMENTS_DIGEST="$digest" sbatch "${setup_args[@]}" node/setup_venv.sh 2>&1) ||
+    die "sbatch refused the venv setup job: ${output//$'\n'/ }"
+  setup_job_id=${output%%;*}
+  [[ "$setup_job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id for the setup job: ${output//$'\n'/ }"
+  printf '%s\n' "$setup_job_id" >"$submission_dir/setup_job_id"
+  info "venv: setup job $setup_job_id builds $plan_venv from ${opt_setup_venv##*/}; the training job waits for it"
+}
+
 # submit_job: sbatch, from the submission folder; sets job_id.
 submit_job() {
   local output sbatch_args=(--parsable)
+  if [[ -n "${setup_job_id:-}" ]]; then
+    # On the command line, it overrides the script's --dependency line: keep both.
+    # A failed setup cancels the training job rather than leaving it pending forever.
+    sbatch_args+=(--dependency="afterok:$setup_job_id${opt_dependency:+,$opt_dependency}" --kill-on-invalid-dep=yes)
+  fi
   output=$(cd "$submission_dir" && HPC_SUBMISSION_DIR="$submission_dir" sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}

@@ -227,7 +227,14 @@ validate_optional_settings() {
     [[ "$opt_stage_out" =~ ^[A-Za-z0-9_][A-Za-z0-9._/-]*$ && "/$opt_stage_out/" != */../* ]] ||
       usage_error "--stage-out expects a folder relative to \$SLURM_TMPDIR (no '..'), got '$opt_stage_out'"
   fi
-  if [[ -n "${opt_venv:-}" ]]; then
+  if [[ -n "${opt_setup_venv:-}" ]]; then
+    [[ -f "$opt_setup_venv" && -r "$opt_setup_venv" ]] ||
+      usage_error "--setup-venv expects a readable requirements file, got '$opt_setup_venv'"
+    [[ -z "${opt_container:-}" ]] || usage_error "--setup-venv builds a virtualenv; it does not apply with -s (a container)"
+    if [[ -n "${opt_dependency:-}" && "$opt_dependency" == *'?'* ]]; then
+      usage_error "--setup-venv adds 'afterok:<setup job>' to --dependency, which cannot be combined with '?' (any-of) dependencies"
+    fi
+  elif [[ -n "${opt_venv:-}" ]]; then
     [[ -x "$opt_venv/bin/python" || -x "$opt_venv/bin/python3" ]] ||
       usage_error "--venv '$opt_venv' has no bin/python"
   fi

@@ -119,6 +119,8 @@ main() {
     SLURM_TMPDIR=$(mimic_tmpdir "${SLURMD_NODENAME:-$(hostname -s)}")
     export SLURM_TMPDIR
   fi
+  # Relative paths in experiment lines mean the project root, as on a laptop.
+  cd "${source_dir:?}" || exit 1
   load_runtime
   # shellcheck disable=SC2119 # see build_command
   build_command
