@@ -8,15 +8,25 @@
 # One prefix for every message on stderr.
 HPC_PROG="${HPC_PROG:-job_submitter.sh}"
 
+# one_line TEXT: TEXT with newlines, carriage returns and tabs shown as \n,
+# \r, \t, so a message quoting a hostile value stays one line.
+one_line() {
+  local text="$*"
+  text=${text//$'\n'/\\n}
+  text=${text//$'\r'/\\r}
+  text=${text//$'\t'/\\t}
+  printf '%s' "$text"
+}
+
 # usage_error MESSAGE: bad input from the user; nothing was submitted. Exit 2.
 usage_error() {
-  printf '%s: error: %s\n' "$HPC_PROG" "$*" >&2
+  printf '%s: error: %s\n' "$HPC_PROG" "$(one_line "$*")" >&2
   exit 2
 }
 
 # die MESSAGE: a runtime failure (a command failed, a file could not be written). Exit 1.
 die() {
-  printf '%s: error: %s\n' "$HPC_PROG" "$*" >&2
+  printf '%s: error: %s\n' "$HPC_PROG" "$(one_line "$*")" >&2
   exit 1
 }
 

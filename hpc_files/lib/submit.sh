@@ -39,7 +39,7 @@ make_submission_dir() {
     die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
   submission_dir=$(mktemp -d "$plan_exp_dir/$(date +%Y%m%d-%H%M%S)-XXXX") ||
     die "cannot create a submission folder in $plan_exp_dir"
-  chmod 0750 "$submission_dir"
+  chmod 0700 "$submission_dir"
 }
 
 # Until sbatch accepts the job, the submission folder is ours to remove.

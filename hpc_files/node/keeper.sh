@@ -65,6 +65,12 @@ prepare_local_dir() {
     [[ "$local_dir" == /?*/?*/?*/?* ]] || fail "refusing the local folder '$local_dir' (HPC_TMPDIR_BASE='$HPC_TMPDIR_BASE')"
     [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"
     mkdir -p "${local_dir%/*}" || fail "cannot create ${local_dir%/*}"
+    if [[ -d "$local_dir" ]]; then
+      # Left by an earlier run of this same job (a node failed before its
+      # keeper could clean up, then the job was requeued): start afresh.
+      hpc_log "$node: removing $local_dir left by an earlier run of this job"
+      rm -rf -- "${local_dir:?}" || fail "cannot remove the stale $local_dir"
+    fi
     mkdir -m 0700 "$local_dir" || fail "cannot create $local_dir"
     created_dir=$local_dir
   else

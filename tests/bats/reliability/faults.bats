@@ -1,0 +1,218 @@
+#!/usr/bin/env bats
+# Faults injected for real on the local cluster. Each test name reads
+# "<what is injected>: <what must hold>"; tools/reliability_report.sh turns
+# them into RELIABILITY.md.
+
+load '../test_helper'
+
+teardown() {
+  cancel_test_jobs
+  # A test that killed a slurmd brings it back even when it failed.
+  "$REPO_ROOT/local_cluster/cluster.sh" up >/dev/null 2>&1 || true
+}
+
+setup() {
+  require_cluster
+  make_scratch
+  project=${REPO_ROOT##*/}
+  data="$BATS_FILE_TMPDIR/digits"
+  if [[ ! -d "$data" ]]; then
+    "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$data"
+  fi
+  train=(python -m hpc_harness.train --data-dir "$data" --seed 3 --checkpoint-every 10 --signal-check-every 1)
+}
+
+submit() {
+  local out err="$BATS_TEST_TMPDIR/submit.err"
+  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  [[ -n "$job_id" ]] || fail "no job id in: $out"
+}
+
+job_log() {
+  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
+}
+
+wait_log() {
+  local job=$1 regex=$2 deadline=$((SECONDS + $3))
+  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
+    ((SECONDS < deadline)) || fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
+    sleep 0.3
+  done
+}
+
+release_requeued() {
+  local job=$1 restarts=$2 deadline=$((SECONDS + ${3:-120}))
+  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
+    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) in time: $(scontrol show job "$job" | head -n 5); log: $(job_log "$job" | tail -n 15)"
+    sleep 0.5
+  done
+  scontrol update JobId="$job" StartTime=now
+}
+
+# final_weights_equal A B: the two last.pt files hold bitwise-equal weights.
+final_weights_equal() {
+  "$REPO_ROOT/.venv/bin/python" -c '
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=False)["model"]
+b = torch.load(sys.argv[2], weights_only=False)["model"]
+sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) else 1)
+' "$1" "$2"
+}
+
+@test "wall time twice, then once more than --max-requeues allows: two requeues, bitwise-equal final weights to an uninterrupted run, then a clear stop" {
+  local args=("${train[@]}" --epochs 4 --step-sleep 0.05)
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e straight -- "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/straight"
+  local straight=$job_id
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 --max-requeues 2 -e twice -- "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/twice"
+  local twice=$job_id
+  wait_log "$twice" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
+  scancel --signal=USR1 --batch "$twice"
+  release_requeued "$twice" 1
+  wait_log "$twice" 'restart 1, started' 120
+  wait_log "$twice" '^hpc_harness: step (6[0-9]|[7-9][0-9]|1[0-9][0-9])/' 180
+  scancel --signal=USR1 --batch "$twice"
+  release_requeued "$twice" 2
+  wait_job_done "$straight" 300
+  wait_job_done "$twice" 300
+  assert_job_state "$straight" COMPLETED
+  assert_job_state "$twice" COMPLETED
+  final_weights_equal "$BATS_TEST_TMPDIR/straight/last.pt" "$BATS_TEST_TMPDIR/twice/last.pt" ||
+    fail "final weights differ after two requeues"
+  run job_log "$twice"
+  assert_equal "$(grep -c '^hpc: job .* started' <<<"$output")" 3
+
+  # A third signal with --max-requeues 2 ends the job, it does not loop.
+  submit -n 1 -g 1 -c 1 -W none -t 10 --max-requeues 0 -e stop -- "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/stop"
+  wait_log "$job_id" '^hpc_harness: step [0-9]+/' 120
+  scancel --signal=USR1 --batch "$job_id"
+  wait_job_done "$job_id" 120
+  assert_job_state "$job_id" FAILED
+  run job_log "$job_id"
+  assert_output --partial 'already requeued 0 time(s) (--max-requeues 0); not requeueing. Resubmit to continue from the checkpoint.'
+}
+
+@test "preemption by the urgent partition: SIGTERM, checkpoint within the grace time, requeue, resume from that checkpoint" {
+  # Fill both nodes (8 CPUs each) so the urgent job must preempt.
+  submit -p tmpdir -n 2 -g 4 -c 2 -W torchrun -t 10 -e preempted -- "${train[@]}" --epochs 30 --step-sleep 0.05 \
+    --ckpt-dir "$BATS_TEST_TMPDIR/preempted"
+  wait_log "$job_id" '^hpc_harness: step [0-9]+/' 180
+  local urgent
+  urgent=$(sbatch --parsable -p urgent -N 2 --ntasks-per-node=1 -c 8 -o /dev/null --wrap 'sleep 2')
+  wait_job_done "$urgent" 120
+  assert_job_state "$urgent" COMPLETED
+  run job_log "$job_id"
+  assert_output --regexp 'hpc_harness: SIGTERM received: checkpointed at global step [0-9]+'
+  local step
+  step=$(job_log "$job_id" | sed -n 's/.*SIGTERM received: checkpointed at global step \([0-9]*\).*/\1/p' | head -n 1)
+  release_requeued "$job_id" 1
+  wait_log "$job_id" 'restart 1, started' 120
+  wait_log "$job_id" "resum.*step0*$step" 180
+  scancel "$job_id"
+}
+
+@test "a slurmd killed during a 2-node job: node DOWN, job requeued; node back: the job resumes from its last checkpoint" {
+  submit -p notmpdir -n 2 -g 1 -c 1 -W torchrun -t 10 -e nodefail -- "${train[@]}" --epochs 8 --step-sleep 0.05 \
+    --ckpt-dir "$BATS_TEST_TMPDIR/nodefail"
+  wait_log "$job_id" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
+  local pid
+  pid=$(<"$REPO_ROOT/.cluster/run/slurmd-node2.pid")
+  kill -KILL "$pid"
+  release_requeued "$job_id" 1 120
+  run sinfo -h -N -n node2 -o %T
+  assert_output --regexp '^down'
+  "$REPO_ROOT/local_cluster/cluster.sh" up >/dev/null
+  wait_job_done "$job_id" 300
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_output --partial 'DUE TO NODE FAILURE'
+  assert_output --regexp 'resum.*ckpt_step'
+  assert_output --partial 'restart 1, started'
+  assert_file_exists "$BATS_TEST_TMPDIR/nodefail/last.pt"
+  # Only our own slurmd was touched: node1's daemon kept running.
+  run "$REPO_ROOT/local_cluster/cluster.sh" status
+  assert_success
+}
+
+@test "a rank raises on one node: the step ends, the job is FAILED with the program's exit code, --wait returns it, an afterok job never starts" {
+  local status=0 out
+  out=$("$SUBMITTER" --site local -n 2 -g 2 -c 1 -W lightning -t 10 -e crash --wait -- "${train[@]}" --epochs 3 \
+    --fail-at-step 5 --fail-rank 3 --ckpt-dir "$BATS_TEST_TMPDIR/crash" 2>&1) || status=$?
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  assert_equal "$status" 1
+  assert_job_state "$job_id" FAILED
+  assert_equal "$(job_field "$job_id" ExitCode)" 1:0
+  run job_log "$job_id"
+  assert_output --regexp 'task3 on node2 exited first, with code 1'
+  local dependent
+  dependent=$(sbatch --parsable --dependency="afterok:$job_id" -o /dev/null --wrap 'echo SHOULD-NOT-RUN')
+  local deadline=$((SECONDS + 30)) reason=""
+  until [[ "$reason" == DependencyNeverSatisfied ]]; do
+    ((SECONDS < deadline)) || fail "dependent job $dependent: reason '$reason', state $(job_field "$dependent" JobState)"
+    reason=$(job_field "$dependent" Reason)
+    sleep 0.5
+  done
+  assert_equal "$(job_field "$dependent" JobState)" PENDING
+  scancel "$dependent"
+}
+
+@test "two jobs of one user on one node with the same data and experiment name: separate folders and ports, no cross-talk, each cleans only its own" {
+  local dir="$SCRATCH/$project/datasets/shared"
+  mkdir -p "$dir"
+  echo payload >"$dir/x.txt"
+  local jobs=() k
+  for k in 1 2; do
+    submit -p notmpdir -n 1 -g 1 -c 1 -W torchrun -t 5 -e same -d datasets/shared --sbatch-arg=--nodelist=node1 -- \
+      bash -c 'echo "job=$SLURM_JOB_ID tmp=$SLURM_TMPDIR port=$MASTER_PORT data=$(cat "$SLURM_TMPDIR/datasets/shared/x.txt")"; touch "$SLURM_TMPDIR/mine"; sleep 3; ls "$SLURM_TMPDIR"'
+    jobs+=("$job_id")
+  done
+  for k in "${jobs[@]}"; do
+    wait_job_done "$k" 120
+    assert_job_state "$k" COMPLETED
+  done
+  local a b
+  a=$(job_log "${jobs[0]}" | sed -n 's/^job=[0-9]* \(.*\)/\1/p')
+  b=$(job_log "${jobs[1]}" | sed -n 's/^job=[0-9]* \(.*\)/\1/p')
+  [[ -n "$a" && -n "$b" ]] || fail "a job printed nothing: '$a' '$b'"
+  [[ "${a%% port=*}" != "${b%% port=*}" ]] || fail "both jobs used the same local folder: $a"
+  [[ "$(sed 's/.*port=\([0-9]*\).*/\1/' <<<"$a")" != "$(sed 's/.*port=\([0-9]*\).*/\1/' <<<"$b")" ]] || fail "same port: $a / $b"
+  assert_equal "${a##* }" data=payload
+  assert_equal "${b##* }" data=payload
+  run find /tmp/hpc-local-ssd -mindepth 2 -maxdepth 2 \( -name "${jobs[0]}" -o -name "${jobs[1]}" \)
+  assert_output ''
+}
+
+@test "scancel mid-run: the node-local folder is removed, the checkpoint folder keeps the last checkpoint" {
+  submit -p notmpdir -n 1 -g 1 -c 1 -W none -t 10 -e cancelled -- "${train[@]}" --epochs 30 --step-sleep 0.05 \
+    --ckpt-dir "$BATS_TEST_TMPDIR/cancelled"
+  wait_log "$job_id" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
+  scancel "$job_id"
+  wait_job_done "$job_id" 60
+  local deadline=$((SECONDS + 30))
+  while [[ -e "/tmp/hpc-local-ssd/root/$job_id" ]]; do
+    ((SECONDS < deadline)) || fail "/tmp/hpc-local-ssd/root/$job_id still exists 30 s after scancel"
+    sleep 0.3
+  done
+  run ls "$BATS_TEST_TMPDIR/cancelled"
+  assert_output --regexp 'ckpt_step[0-9]+\.pt'
+  refute_output --regexp '\.tmp'
+}
+
+@test "node-local disk too small for the data (a 1 MiB tmpfs as the local base): a message with both numbers, before training" {
+  local base="$BATS_TEST_TMPDIR/tiny"
+  mkdir -p "$base"
+  mount -t tmpfs -o size=1m tmpfs "$base" 2>/dev/null || skip "cannot mount a tmpfs here"
+  local site="$BATS_TEST_TMPDIR/site.conf"
+  sed "s|^tmpdir_base = .*|tmpdir_base = $base|" "$REPO_ROOT/hpc_files/sites/local.conf" >"$site"
+  mkdir -p "$SCRATCH/$project/datasets/big"
+  head -c $((3 * 1024 * 1024)) /dev/urandom >"$SCRATCH/$project/datasets/big/blob.bin"
+  local out
+  out=$("$SUBMITTER" --site "$site" -p notmpdir -n 1 -g 1 -W none -t 5 -e tiny -d datasets/big -- echo TRAINING-STARTED 2>/dev/null)
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  wait_job_done "$job_id" 60
+  umount "$base" || true
+  assert_job_state "$job_id" FAILED
+  run job_log "$job_id"
+  assert_output --regexp 'not enough space in .*: the data needs [0-9]+ bytes, [0-9]+ bytes are free'
+  refute_output --partial TRAINING-STARTED
+}
