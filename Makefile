@@ -13,7 +13,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	bats bats-unit bats-integration pytest cluster-up cluster-down cluster-status golden
+	bats bats-unit bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -49,12 +49,16 @@ bats-unit: deps
 
 # Integration tests submit real jobs to the local cluster.
 bats-integration: cluster-up
-	@bats -r tests/bats/integration
+	@bats -r tests/bats/integration tests/bats/reliability/security.bats
 
 pytest: cluster-up
 	@$(PY) -m pytest -q
 
 test: lint bats-unit bats-integration pytest
+
+# The whole reliability suite (faults, security, load); writes RELIABILITY.md.
+test-reliability: cluster-up
+	@tools/reliability_report.sh
 
 # Regenerate the golden batch scripts on purpose, then review the diff.
 golden: deps

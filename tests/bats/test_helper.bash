@@ -86,3 +86,64 @@ cancel_test_jobs() {
   done < <(squeue -h -o '%A %Z' 2>/dev/null)
   return 0
 }
+
+# submit ARGS...: job_submitter.sh (site 'local' unless ARGS name another
+# first) without --wait; sets job_id, and submit_err to its stderr file.
+submit() {
+  local out
+  submit_err="$BATS_TEST_TMPDIR/submit.err"
+  out=$("$SUBMITTER" --site "${TEST_SITE:-local}" "$@" 2>"$submit_err") ||
+    fail "submission failed: $(cat "$submit_err")"
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  [[ -n "$job_id" ]] || fail "no job id in: $out"
+}
+
+# job_log JOB: the job's log (all of its runs, appended).
+job_log() {
+  cat "$SCRATCH/${REPO_ROOT##*/}/hpc_outputs/"*"_$1.out"
+}
+
+# wait_log JOB REGEX SECONDS: poll the job's log for a line matching REGEX.
+wait_log() {
+  local job=$1 regex=$2 deadline=$((SECONDS + $3))
+  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
+    ((SECONDS < deadline)) ||
+      fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
+    sleep 0.3
+  done
+}
+
+# release_requeued JOB RESTARTS [SECONDS]: once the job is pending again after
+# that requeue, lift SLURM's ~120 s requeue hold. Not within the second of
+# the requeue: slurmd compares credential times in whole seconds and would
+# refuse the new launch as 'Job credential revoked'.
+release_requeued() {
+  local job=$1 restarts=$2 deadline=$((SECONDS + ${3:-120})) requeued_at
+  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
+    ((SECONDS < deadline)) ||
+      fail "job $job was not requeued (restart $restarts) in time: $(scontrol show job "$job" | head -n 5); log: $(job_log "$job" 2>&1 | tail -n 15)"
+    sleep 0.5
+  done
+  requeued_at=$(date -d "$(job_field "$job" SubmitTime)" +%s)
+  until (($(date +%s) >= requeued_at + 2)); do
+    sleep 0.2
+  done
+  scontrol update JobId="$job" StartTime=now
+}
+
+# cluster_test_setup: what every cluster test starts with: the cluster
+# answers, a SCRATCH with a space in its path, and the project's name.
+cluster_test_setup() {
+  require_cluster
+  make_scratch
+  project=${REPO_ROOT##*/}
+}
+
+# digits_dataset: the example's dataset, written once per .bats file; prints its path.
+digits_dataset() {
+  local dir="$BATS_FILE_TMPDIR/digits"
+  if [[ ! -d "$dir" ]]; then
+    "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$dir" >&2
+  fi
+  printf '%s' "$dir"
+}

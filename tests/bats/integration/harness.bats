@@ -11,26 +11,12 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   # One dataset for every test in this file, written once.
-  data="$BATS_FILE_TMPDIR/digits"
-  if [[ ! -d "$data" ]]; then
-    "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$data"
-  fi
+  data=$(digits_dataset)
 }
 
-submit() {
-  local out err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
-job_log() {
-  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
-}
 
 @test "the example trains on 2 nodes x 2 processes with srun (lightning layout) and with torchrun; all agree on world size 4" {
   local kind launcher jobs=()
@@ -57,24 +43,7 @@ job_log() {
   done
 }
 
-# release_requeued JOB RESTARTS: once pending after that requeue, lift the hold.
-release_requeued() {
-  local job=$1 restarts=$2 deadline=$((SECONDS + 120))
-  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
-    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) within 120 s; log: $(job_log "$job" | tail -n 20)"
-    sleep 0.5
-  done
-  scontrol update JobId="$job" StartTime=now
-}
 
-# wait_log JOB REGEX SECONDS: poll the job's log for a line.
-wait_log() {
-  local job=$1 regex=$2 deadline=$((SECONDS + $3))
-  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
-    ((SECONDS < deadline)) || fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
-    sleep 0.3
-  done
-}
 
 @test "a wall-time signal checkpoints, requeues and resumes: final weights equal an uninterrupted run's, bitwise" {
   local args=(--epochs 3 --seed 7 --checkpoint-every 10 --signal-check-every 1 --step-sleep 0.05 --data-dir "$data")

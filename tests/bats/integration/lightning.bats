@@ -12,22 +12,11 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   "$REPO_ROOT/.venv/bin/python" -c 'import lightning' 2>/dev/null || skip "lightning is not installed in .venv"
 }
 
-submit() {
-  local out err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
-job_log() {
-  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
-}
 
 @test "Lightning's BoringModel trains on 2 nodes x 2 devices: 4 ranks" {
   submit -n 2 -g 2 -c 1 -W lightning -t 10 -e boring -- \

@@ -12,9 +12,7 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   export HPC_DEMO_BASE="$BATS_TEST_TMPDIR/local-ssd"
   mkdir -p "$SCRATCH/$project/datasets/d1" "$SCRATCH/$project/datasets/d2"
   echo one >"$SCRATCH/$project/datasets/d1/a.txt"
@@ -22,20 +20,10 @@ setup() {
   # A site profile whose mimic base is private to this test.
   site="$BATS_TEST_TMPDIR/site.conf"
   sed "s|^tmpdir_base = .*|tmpdir_base = $HPC_DEMO_BASE|" "$REPO_ROOT/hpc_files/sites/local.conf" >"$site"
+  TEST_SITE=$site
 }
 
-# submit ARGS...: no --wait; sets job_id; the submitter's stderr in $submit_err.
-submit() {
-  submit_err="$BATS_TEST_TMPDIR/submit.err"
-  local out
-  out=$("$SUBMITTER" --site "$site" "$@" 2>"$submit_err") || fail "submission failed: $(cat "$submit_err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
-job_log() {
-  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
-}
 
 @test "two data paths are staged once per node, into per-node folders, on both partitions" {
   local partition
@@ -114,16 +102,6 @@ job_log() {
   done
 }
 
-# release_requeued JOB RESTARTS: wait until the job is pending again after its
-# RESTARTS-th requeue, then lift SLURM's ~120 s requeue hold.
-release_requeued() {
-  local job=$1 restarts=$2 deadline=$((SECONDS + 120))
-  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
-    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) within 120 s: $(scontrol show job "$job")"
-    sleep 0.5
-  done
-  scontrol update JobId="$job" StartTime=now
-}
 
 @test "wall time: --time 1 min with a 50 s lead sends USR1, the job requeues once and resumes with SLURM_RESTART_COUNT=1" {
   submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --signal-lead 50 -e walltime -- "$PROGRAMS/requeue_probe.sh"

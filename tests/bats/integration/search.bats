@@ -12,17 +12,9 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
 }
 
-submit() {
-  local out err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
 # array_states JOB: 'TASK STATE' per array task, sorted by task.
 array_states() {

@@ -13,9 +13,7 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   export PATH="$REPO_ROOT/tests/bats/fixtures/standin:$PATH"
   export STANDIN_ARGV_LOG="$BATS_TEST_TMPDIR/singularity-argv.log"
   export STANDIN_IMAGE_PATH="$REPO_ROOT/.venv/bin:/usr/bin:/bin"

@@ -25,10 +25,6 @@ submit_and_wait() {
   [[ -n "$job_id" ]] || fail "no job id in the submitter's output: $(cat "$HPC_EXP_LOG")"
 }
 
-job_log() {
-  local project=${REPO_ROOT##*/}
-  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
-}
 
 @test "lightning 2 nodes x 2 GPUs: one task per GPU, ranks 0-3, each with its GPUs and CPUs" {
   submit_and_wait -n 2 -g 2 -c 3 -W lightning -e lt -- "$PROGRAMS/probe.sh"

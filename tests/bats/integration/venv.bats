@@ -10,20 +10,11 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   venv="$BATS_TEST_TMPDIR/venv"
   requirements="$BATS_TEST_TMPDIR/requirements.txt"
 }
 
-submit() {
-  local out
-  submit_err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local "$@" 2>"$submit_err") || fail "submission failed: $(cat "$submit_err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
 @test "--setup-venv builds the venv in a job first, only when the requirements changed, and the run uses it" {
   echo "# nothing to install: the setup job only creates the venv" >"$requirements"

@@ -12,43 +12,14 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
-  data="$BATS_FILE_TMPDIR/digits"
-  if [[ ! -d "$data" ]]; then
-    "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$data"
-  fi
+  cluster_test_setup
+  data=$(digits_dataset)
   train=(python -m hpc_harness.train --data-dir "$data" --seed 3 --checkpoint-every 10 --signal-check-every 1)
 }
 
-submit() {
-  local out err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local "$@" 2>"$err") || fail "submission failed: $(cat "$err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
-  [[ -n "$job_id" ]] || fail "no job id in: $out"
-}
 
-job_log() {
-  cat "$SCRATCH/$project/hpc_outputs/"*"_$1.out"
-}
 
-wait_log() {
-  local job=$1 regex=$2 deadline=$((SECONDS + $3))
-  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
-    ((SECONDS < deadline)) || fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
-    sleep 0.3
-  done
-}
 
-release_requeued() {
-  local job=$1 restarts=$2 deadline=$((SECONDS + ${3:-120}))
-  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
-    ((SECONDS < deadline)) || fail "job $job was not requeued (restart $restarts) in time: $(scontrol show job "$job" | head -n 5); log: $(job_log "$job" | tail -n 15)"
-    sleep 0.5
-  done
-  scontrol update JobId="$job" StartTime=now
-}
 
 # final_weights_equal A B: the two last.pt files hold bitwise-equal weights.
 final_weights_equal() {

@@ -9,9 +9,7 @@ teardown() {
 }
 
 setup() {
-  require_cluster
-  make_scratch
-  project=${REPO_ROOT##*/}
+  cluster_test_setup
   export HOME="$BATS_TEST_TMPDIR/home"
   mkdir -p "$HOME"
   secret="feedfacefeedfacefeedfacefeedfacefeedface"
