@@ -83,16 +83,26 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
 }
 
 @test "a slurmd killed during a 2-node job: node DOWN, job requeued; node back: the job resumes from its last checkpoint" {
-  submit -p notmpdir -n 2 -g 1 -c 1 -W torchrun -t 10 -e nodefail -- "${train[@]}" --epochs 8 --step-sleep 0.05 \
+  # Slow steps: the run must outlast the ~30 s SLURM takes to declare the node down.
+  submit -p notmpdir -n 2 -g 1 -c 1 -W torchrun -t 10 -e nodefail -- "${train[@]}" --epochs 8 --step-sleep 0.3 \
     --ckpt-dir "$BATS_TEST_TMPDIR/nodefail"
   wait_log "$job_id" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
   local pid
   pid=$(<"$REPO_ROOT/.cluster/run/slurmd-node2.pid")
   kill -KILL "$pid"
-  release_requeued "$job_id" 1 120
+  local deadline=$((SECONDS + 120))
+  until [[ "$(job_field "$job_id" Restarts)" == 1 && "$(job_field "$job_id" JobState)" == PENDING ]]; do
+    ((SECONDS < deadline)) || fail "job $job_id was not requeued after the node failure: $(scontrol show job "$job_id" | head -n 5)"
+    sleep 0.5
+  done
   run sinfo -h -N -n node2 -o %T
   assert_output --regexp '^down'
   "$REPO_ROOT/local_cluster/cluster.sh" up >/dev/null
+  # The returning slurmd revokes the old run's credential as it registers;
+  # release only after that second, or the new launch is refused.
+  local back=$(($(date +%s) + 2))
+  until (($(date +%s) > back)); do sleep 0.2; done
+  scontrol update JobId="$job_id" StartTime=now
   wait_job_done "$job_id" 300
   assert_job_state "$job_id" COMPLETED
   run job_log "$job_id"
@@ -100,7 +110,7 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   assert_output --regexp 'resum.*ckpt_step'
   assert_output --partial 'restart 1, started'
   assert_file_exists "$BATS_TEST_TMPDIR/nodefail/last.pt"
-  # Only our own slurmd was touched: node1's daemon kept running.
+  # Only our own slurmd was touched: every daemon runs again.
   run "$REPO_ROOT/local_cluster/cluster.sh" status
   assert_success
 }
