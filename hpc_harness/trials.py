@@ -28,16 +28,18 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   optional ``command``; ``metric``, ``name``, ``project`` ... are accepted and
   ignored). ``program`` is required.
 
-  - ``method: grid``: the product of every parameter's values. Parameters vary in
-    file order, the LAST one fastest; values in the order listed. ``value`` is one
-    point, ``values`` a list, ``distribution: int_uniform`` every integer from min
-    to max. Any other distribution (or ``probabilities``) is refused, as in wandb.
-    ``--trials N`` keeps the first N grid points.
+  - ``method: grid``: the product of every parameter's values, in the order wandb's
+    own grid search (the ``sweeps`` package) hands them out: parameters sorted by
+    name (Python string order), the LAST one varying fastest; values in the order
+    listed, repeats dropped (1 and 1.0 count as one). ``value`` is one point,
+    ``values`` a list, ``int_uniform`` every integer from min to max, ``q_uniform``
+    min, min+q, ... below max. Any other distribution (or ``probabilities``) is
+    refused, as in wandb. ``--trials N`` keeps the first N grid points.
   - ``method: random``: ``--trials N`` required; draws come from Python's
     Mersenne Twister seeded with ``--sweep-seed`` (default 0), only through
     ``random()``, so a file + seed gives the same trials on any Python version,
     and N trials are a prefix of N+1 trials. Per trial, parameters are drawn in
-    file order.
+    name order.
   - ``method: bayes`` is refused: it needs finished runs' metrics.
 
   Distributions (``distribution:``; without it, ``value`` -> constant, ``values``
@@ -55,6 +57,7 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   ``/usr/bin/env``, interpreter -> ``python``, program, args (``--k=v``),
   args_no_equals (``--k v``), args_no_hyphens (``k=v``), args_no_boolean_flags
   (``--k`` for true, nothing for false), args_json (one JSON word),
+  parameters in name order as in the agent,
   args_append_hydra (``+k=v``), args_override_hydra (``++k=v``). Values are
   formatted with Python ``str()`` like the agent does (``True``, ``0.001``).
   ``${args_json_file}`` and ``${envvar:NAME}`` are refused; any other element is
@@ -108,16 +111,43 @@ Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
   -h, --help        show this help
 """
 
-VALUE_OPTIONS = ("--configs", "--sweep", "--trials", "--sweep-seed", "--seeds", "--prog",
-                 "--out-dir")
+VALUE_OPTIONS = (
+    "--configs",
+    "--sweep",
+    "--trials",
+    "--sweep-seed",
+    "--seeds",
+    "--prog",
+    "--out-dir",
+)
 MAX_TRIALS = 1_000_000
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
-ARG_MACROS = ("args", "args_no_equals", "args_no_hyphens", "args_no_boolean_flags",
-              "args_json", "args_append_hydra", "args_override_hydra")
-DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "uniform", "q_uniform",
-                 "log_uniform", "q_log_uniform", "log_uniform_values",
-                 "q_log_uniform_values", "inv_log_uniform", "inv_log_uniform_values",
-                 "normal", "q_normal", "log_normal", "q_log_normal")
+ARG_MACROS = (
+    "args",
+    "args_no_equals",
+    "args_no_hyphens",
+    "args_no_boolean_flags",
+    "args_json",
+    "args_append_hydra",
+    "args_override_hydra",
+)
+DISTRIBUTIONS = (
+    "constant",
+    "categorical",
+    "int_uniform",
+    "uniform",
+    "q_uniform",
+    "log_uniform",
+    "q_log_uniform",
+    "log_uniform_values",
+    "q_log_uniform_values",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "normal",
+    "q_normal",
+    "log_normal",
+    "q_log_normal",
+)
 UNQUOTED_OPERATORS = ";&|<>()"
 
 
@@ -138,6 +168,7 @@ def _q(text: object) -> str:
 
 
 # ---------------------------------------------------------------- command line
+
 
 def parse_cli(argv: list[str]) -> dict:
     opts: dict = {"list": False, "help": False}
@@ -209,6 +240,7 @@ def _read(path: str, what: str) -> str:
 
 # ---------------------------------------------------------------- configs file
 
+
 def read_configs(path: str) -> list[dict]:
     """One trial per experiment line of a configs file (see the module docstring)."""
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in _read(path, "--configs").split("\n")]
@@ -229,8 +261,7 @@ def read_configs(path: str) -> list[dict]:
             raise TrialsError(f"{path}:{first}: {exc}") from None
         if not argv:
             continue
-        trials.append({"argv": argv, "params": {}, "source": f"configs:{first}",
-                       "command": text})
+        trials.append({"argv": argv, "params": {}, "source": f"configs:{first}", "command": text})
     if not trials:
         raise TrialsError(f"{path}: no experiments (every line is blank or a comment)")
     return trials
@@ -251,8 +282,10 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
     while True:
         if pos >= len(line):
             if quote:
-                raise TrialsError(f"{path}:{quote_at[0]}: unbalanced {quote} quote "
-                                  f"(opened at column {quote_at[1]})")
+                raise TrialsError(
+                    f"{path}:{quote_at[0]}: unbalanced {quote} quote "
+                    f"(opened at column {quote_at[1]})"
+                )
             break
         c = line[pos]
         if quote == "'":
@@ -263,15 +296,17 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
         if c == "\\":
             if pos == len(line) - 1:
                 if quote:
-                    raise TrialsError(f"{path}:{quote_at[0]}: unbalanced {quote} quote "
-                                      f"(opened at column {quote_at[1]})")
+                    raise TrialsError(
+                        f"{path}:{quote_at[0]}: unbalanced {quote} quote "
+                        f"(opened at column {quote_at[1]})"
+                    )
                 if i + 1 >= len(lines):
                     raise TrialsError(f"{path}:{i + 1}: '\\' continues a line but the file ends")
                 i += 1
                 line = lines[i]
                 pos = 0
                 continue
-            out.append(line[pos:pos + 2])
+            out.append(line[pos : pos + 2])
             pos += 2
             continue
         if quote == '"':
@@ -284,7 +319,7 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
             quote_at = (i + 1, pos + 1)
         elif c == "#" and (not out or out[-1] in " \t"):
             break  # a comment runs to the end of the physical line
-        elif c == "$" and line[pos + 1:pos + 2] == "(":
+        elif c == "$" and line[pos + 1 : pos + 2] == "(":
             depth += 1
             out.append("$(")
             pos += 2
@@ -294,8 +329,10 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
         elif c == ")" and depth:
             depth -= 1
         elif c in UNQUOTED_OPERATORS and not depth:
-            raise TrialsError(f"{path}:{i + 1}: unquoted {_q(c)} at column {pos + 1} would end "
-                              "or redirect the command on the node; quote it")
+            raise TrialsError(
+                f"{path}:{i + 1}: unquoted {_q(c)} at column {pos + 1} would end "
+                "or redirect the command on the node; quote it"
+            )
         out.append(c)
         pos += 1
     if depth:
@@ -305,14 +342,16 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
 
 # ---------------------------------------------------------------- sweep file
 
+
 def load_sweep(path: str) -> dict:
     """Read and validate a wandb sweep file; return a normalised spec."""
     text = _read(path, "--sweep")
     try:
         import yaml
     except ImportError:
-        raise TrialsError("--sweep needs PyYAML: pip install pyyaml, or run this with the "
-                          "project's python", 1) from None
+        raise TrialsError(
+            "--sweep needs PyYAML: pip install pyyaml, or run this with the project's python", 1
+        ) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -321,12 +360,16 @@ def load_sweep(path: str) -> dict:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise TrialsError(f"{path}{where}: invalid YAML: {problem}") from None
     if not isinstance(doc, dict):
-        raise TrialsError(f"{path}: a sweep file must be a mapping (program:, method:, "
-                          "parameters:), got " + type(doc).__name__)
+        raise TrialsError(
+            f"{path}: a sweep file must be a mapping (program:, method:, "
+            "parameters:), got " + type(doc).__name__
+        )
     method = doc.get("method")
     if method == "bayes":
-        raise TrialsError(f"{path}: method bayes needs finished runs' metrics; use -w with a "
-                          "wandb server, or grid/random")
+        raise TrialsError(
+            f"{path}: method bayes needs finished runs' metrics; use -w with a "
+            "wandb server, or grid/random"
+        )
     if method not in ("grid", "random"):
         raise TrialsError(f"{path}: method must be grid or random, got {_q(method)}")
     program = doc.get("program")
@@ -336,25 +379,30 @@ def load_sweep(path: str) -> dict:
     params = doc.get("parameters")
     if not isinstance(params, dict) or not params:
         raise TrialsError(f"{path}: no parameters (parameters: must be a non-empty mapping)")
-    specs = [_parameter(path, name, spec, method) for name, spec in params.items()]
+    for name in params:
+        if not isinstance(name, str):
+            raise TrialsError(f"{path}: parameter names must be strings, got {_q(name)}")
+    specs = [_parameter(path, name, params[name], method) for name in sorted(params)]
     command = doc.get("command", DEFAULT_COMMAND)
     if not isinstance(command, list) or not command:
         raise TrialsError(f"{path}: command must be a non-empty list")
     words = []
     for word in command:
         if word is None or isinstance(word, (bool, list, dict)):
-            raise TrialsError(f"{path}: command items must be strings or numbers, "
-                              f"got {_q(word)}")
+            raise TrialsError(f"{path}: command items must be strings or numbers, got {_q(word)}")
         word = str(word)
         _check_text(path, "command", word)
         if "${envvar:" in word:
-            raise TrialsError(f"{path}: {_q(word)}: ${{envvar:...}} is not supported; put "
-                              "the line in a configs file, where $VAR expands on the node")
+            raise TrialsError(
+                f"{path}: {_q(word)}: ${{envvar:...}} is not supported; put "
+                "the line in a configs file, where $VAR expands on the node"
+            )
         if word.startswith("${") and word.endswith("}"):
             macro = word[2:-1]
             if macro == "args_json_file":
-                raise TrialsError(f"{path}: ${{args_json_file}} is not supported; use "
-                                  "${args_json}")
+                raise TrialsError(
+                    f"{path}: ${{args_json_file}} is not supported; use ${{args_json}}"
+                )
             if macro not in ("env", "interpreter", "program") + ARG_MACROS:
                 raise TrialsError(f"{path}: unknown macro {_q(word)} in command")
         words.append(word)
@@ -396,12 +444,15 @@ def _number(path: str, name: str, spec: dict, key: str, default: object = None) 
 
 def _parameter(path: str, name: object, spec: object, method: str) -> dict:
     if not isinstance(name, str) or not name or "=" in name:
-        raise TrialsError(f"{path}: parameter names must be non-empty strings without '=', "
-                          f"got {_q(name)}")
+        raise TrialsError(
+            f"{path}: parameter names must be non-empty strings without '=', got {_q(name)}"
+        )
     _check_text(path, "a parameter name", name)
     if not isinstance(spec, dict):
-        raise TrialsError(f"{path}: parameter {name!r} must be a mapping (value:, values:, or "
-                          f"distribution: with min/max), got {_q(spec)}")
+        raise TrialsError(
+            f"{path}: parameter {name!r} must be a mapping (value:, values:, or "
+            f"distribution: with min/max), got {_q(spec)}"
+        )
     if "parameters" in spec:
         raise TrialsError(f"{path}: parameter {name!r}: nested parameters are not supported")
     dist = spec.get("distribution")
@@ -413,15 +464,19 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
         elif "values" in spec:
             dist = "categorical"
         elif "min" in spec and "max" in spec:
-            ints = all(isinstance(spec[k], int) and not isinstance(spec[k], bool)
-                       for k in ("min", "max"))
+            ints = all(
+                isinstance(spec[k], int) and not isinstance(spec[k], bool) for k in ("min", "max")
+            )
             dist = "int_uniform" if ints else "uniform"
         else:
-            raise TrialsError(f"{path}: parameter {name!r} needs value, values, or "
-                              "distribution with min/max")
+            raise TrialsError(
+                f"{path}: parameter {name!r} needs value, values, or distribution with min/max"
+            )
     if dist not in DISTRIBUTIONS:
-        raise TrialsError(f"{path}: parameter {name!r}: unknown distribution {_q(dist)} "
-                          f"(supported: {', '.join(DISTRIBUTIONS)})")
+        raise TrialsError(
+            f"{path}: parameter {name!r}: unknown distribution {_q(dist)} "
+            f"(supported: {', '.join(DISTRIBUTIONS)})"
+        )
     out: dict = {"name": name, "dist": dist}
     if dist == "constant":
         if "value" not in spec:
@@ -437,14 +492,21 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
         probs = spec.get("probabilities")
         if probs is not None:
             if method == "grid":
-                raise TrialsError(f"{path}: parameter {name!r}: probabilities are not allowed "
-                                  "in a grid")
-            if (not isinstance(probs, list) or len(probs) != len(values)
-                    or any(isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0
-                           for p in probs)
-                    or abs(sum(probs) - 1) > 1e-6):
-                raise TrialsError(f"{path}: parameter {name!r}: probabilities must be one "
-                                  "number >= 0 per value, summing to 1")
+                raise TrialsError(
+                    f"{path}: parameter {name!r}: probabilities are not allowed in a grid"
+                )
+            if (
+                not isinstance(probs, list)
+                or len(probs) != len(values)
+                or any(
+                    isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0 for p in probs
+                )
+                or abs(sum(probs) - 1) > 1e-6
+            ):
+                raise TrialsError(
+                    f"{path}: parameter {name!r}: probabilities must be one "
+                    "number >= 0 per value, summing to 1"
+                )
             out["probabilities"] = probs
     else:
         if dist.endswith("normal"):
@@ -458,8 +520,9 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
             if low > high:
                 raise TrialsError(f"{path}: parameter {name!r}: min {low} > max {high}")
             if dist == "int_uniform" and not (isinstance(low, int) and isinstance(high, int)):
-                raise TrialsError(f"{path}: parameter {name!r} (int_uniform): min and max "
-                                  "must be integers")
+                raise TrialsError(
+                    f"{path}: parameter {name!r} (int_uniform): min and max must be integers"
+                )
             if dist.endswith("_values") and low <= 0:
                 raise TrialsError(f"{path}: parameter {name!r} ({dist}): min must be > 0")
         if dist.startswith("q_"):
@@ -467,13 +530,30 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
             if out["q"] <= 0:
                 raise TrialsError(f"{path}: parameter {name!r}: q must be > 0")
         if method == "grid":
-            if dist != "int_uniform":
-                raise TrialsError(f"{path}: parameter {name!r}: distribution {dist} cannot be "
-                                  "used in a grid (use value, values, or int_uniform)")
-            if high - low + 1 > MAX_TRIALS:
-                raise TrialsError(f"{path}: parameter {name!r}: int_uniform range too large "
-                                  "for a grid")
-            out["values"] = list(range(low, high + 1))
+            if dist not in ("int_uniform", "q_uniform"):
+                raise TrialsError(
+                    f"{path}: parameter {name!r}: distribution {dist} cannot be "
+                    "used in a grid (use value, values, int_uniform or q_uniform)"
+                )
+            step = 1 if dist == "int_uniform" else out["q"]
+            count = high - low + 1 if dist == "int_uniform" else math.ceil((high - low) / step)
+            if count > MAX_TRIALS:
+                raise TrialsError(f"{path}: parameter {name!r}: {dist} range too large for a grid")
+            out["values"] = [low + i * step for i in range(count)]
+    if method == "grid":
+        seen = set()
+        unique = []
+        for value in out["values"]:
+            key = json.dumps(
+                int(value) if isinstance(value, float) and value.is_integer() else value,
+                sort_keys=True,
+            )
+            if key not in seen:
+                seen.add(key)
+                unique.append(value)
+        out["values"] = unique
+        if not unique:
+            raise TrialsError(f"{path}: parameter {name!r}: no grid values")
     return out
 
 
@@ -534,8 +614,10 @@ def expand_sweep(spec: dict, n_trials: int | None, seed: int, path: str) -> list
             raise TrialsError(f"{path}: the grid has {size} points, more than {MAX_TRIALS}")
         import itertools
 
-        points = itertools.islice(itertools.product(*(p["values"] for p in params)),
-                                  n_trials if n_trials is not None else size)
+        points = itertools.islice(
+            itertools.product(*(p["values"] for p in params)),
+            n_trials if n_trials is not None else size,
+        )
         rows = [dict(zip(names, point)) for point in points]
     else:
         if n_trials is None:
@@ -548,8 +630,7 @@ def expand_sweep(spec: dict, n_trials: int | None, seed: int, path: str) -> list
     trials = []
     for row in rows:
         argv = _sweep_argv(spec, row)
-        trials.append({"argv": argv, "params": row, "source": source,
-                       "command": shlex.join(argv)})
+        trials.append({"argv": argv, "params": row, "source": source, "command": shlex.join(argv)})
     return trials
 
 
@@ -582,22 +663,28 @@ def _sweep_argv(spec: dict, row: dict) -> list[str]:
 
 # ---------------------------------------------------------------- seeds and output
 
+
 def apply_seeds(trials: list[dict], n_seeds: int | None, path: str) -> list[dict]:
     if n_seeds is None:
         return trials
     out = []
     for trial in trials:
-        if "seed" in trial["params"] or any(a == "--seed" or a.startswith("--seed=")
-                                            for a in trial["argv"]):
+        if "seed" in trial["params"] or any(
+            a == "--seed" or a.startswith("--seed=") for a in trial["argv"]
+        ):
             where = path
             if trial["source"].startswith("configs:"):
-                where += ":" + trial["source"][len("configs:"):]
+                where += ":" + trial["source"][len("configs:") :]
             raise TrialsError(f"{where}: the trial already sets --seed; drop it or drop --seeds")
         for k in range(n_seeds):
-            out.append({"argv": trial["argv"] + [f"--seed={k}"],
-                        "params": {**trial["params"], "seed": k},
-                        "source": trial["source"],
-                        "command": f"{trial['command']} --seed={k}"})
+            out.append(
+                {
+                    "argv": trial["argv"] + [f"--seed={k}"],
+                    "params": {**trial["params"], "seed": k},
+                    "source": trial["source"],
+                    "command": f"{trial['command']} --seed={k}",
+                }
+            )
     return out
 
 
@@ -606,8 +693,12 @@ def render(trials: list[dict]) -> tuple[str, str]:
     jsonl = []
     commands = []
     for k, trial in enumerate(trials):
-        record = {"trial": k, "argv": trial["argv"], "params": trial["params"],
-                  "source": trial["source"]}
+        record = {
+            "trial": k,
+            "argv": trial["argv"],
+            "params": trial["params"],
+            "source": trial["source"],
+        }
         jsonl.append(json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False))
         commands.append(trial["command"])
     return "".join(x + "\n" for x in jsonl), "".join(x + "\n" for x in commands)
@@ -649,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         if arg == "--prog" and i + 1 < len(argv):
             prog = argv[i + 1]
         elif arg.startswith("--prog="):
-            prog = arg[len("--prog="):]
+            prog = arg[len("--prog=") :]
     try:
         opts = parse_cli(argv)
         if opts["help"]:
@@ -663,8 +754,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as exc:
-            raise TrialsError(f"--out-dir: cannot create {_q(out_dir)}: {exc.strerror}",
-                              1) from None
+            raise TrialsError(
+                f"--out-dir: cannot create {_q(out_dir)}: {exc.strerror}", 1
+            ) from None
         _write_atomic(out_dir, "trials.jsonl", jsonl)
         _write_atomic(out_dir, "commands.txt", commands)
         sys.stdout.write(f"{jsonl.count(chr(10))}\n")

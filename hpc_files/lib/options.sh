@@ -165,6 +165,8 @@ looks_like_option() {
 # accumulates, any other refuses a second, different value.
 set_setting() {
   local name=$1 value=$2 spelling=$3 current
+  # An empty value would silently become the default; nobody means that.
+  [[ -n "$value" ]] || usage_error "$spelling expects a value, got an empty string"
   if [[ -n "${REPEATABLE_SETTING[$name]:-}" ]]; then
     eval "opt_${name}+=(\"\$value\")"
     OPT_GIVEN[$name]=1
@@ -188,6 +190,11 @@ parse_options() {
     case "$arg" in
       --)
         (($# > 0)) || usage_error "'--' must be followed by a command"
+        for value in "$@"; do
+          # commands.txt holds one experiment per line.
+          [[ "$value" != *$'\n'* ]] ||
+            usage_error "a word after '--' contains a newline; put such a command in a --configs file or a script"
+        done
         opt_command=("$@")
         OPT_GIVEN[command]=1
         return 0
@@ -208,7 +215,8 @@ parse_options() {
         fi
         name=${OPTION_SETTING[$arg]:-}
         [[ -n "$name" ]] || usage_error "unknown option '$arg' (see --help)"
-        if (($# == 0)) || looks_like_option "$1"; then
+        # --sbatch-arg passes sbatch options, which all start with '-'.
+        if (($# == 0)) || { [[ "$name" != sbatch_arg ]] && looks_like_option "$1"; }; then
           usage_error "$arg expects a value"
         fi
         set_setting "$name" "$1" "$arg"

@@ -63,7 +63,9 @@ parse_slurm_time() {
     return 0
   fi
   h=$(to_decimal "$h") m=$(to_decimal "$m") s=$(to_decimal "$s")
+  # With a day count the hours are hours of a day; alone, minutes may exceed 59.
   ((s < 60 && (m < 60 || (days == 0 && h == 0)))) || return 0
+  [[ "$value" != *-* ]] || ((h < 24)) || return 0
   printf '%s' $((((days * 24 + h) * 60 + m) * 60 + s))
 }
 
@@ -113,8 +115,8 @@ validate_settings() {
   opt_max_requeues=$(to_decimal "$opt_max_requeues")
 
   validate_gpu_type
-  validate_kind_layout
   validate_experiment_source
+  validate_kind_layout
   validate_optional_settings
 }
 
@@ -154,6 +156,8 @@ validate_experiment_source() {
   [[ -n "${opt_sweep:-}" ]] && sources=$((sources + 1))
   ((${#opt_command[@]} > 0)) && sources=$((sources + 1))
   ((sources <= 1)) || usage_error "choose one of -w/--wandb-sweepid, --sweep and '-- COMMAND'"
+  ((sources == 0)) || [[ -z "${OPT_GIVEN[configs]:-}" ]] ||
+    usage_error "-C/--configs names the experiments, and so do -w/--wandb-sweepid, --sweep and '-- COMMAND'; give only one"
 
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
     [[ "$opt_wandb_sweep" =~ ^[A-Za-z0-9_-]+(/[A-Za-z0-9_.-]+/[A-Za-z0-9_-]+)?$ ]] ||
@@ -215,6 +219,7 @@ validate_optional_settings() {
       usage_error "--dependency expects a SLURM dependency such as afterok:123 or singleton, got '$opt_dependency'"
   fi
   if [[ -n "${opt_modules:-}" ]]; then
+    [[ "$opt_modules" != *$'\n'* ]] || usage_error "--modules must not contain a newline (separate module names with spaces)"
     for module in $opt_modules; do
       [[ "$module" =~ ^[A-Za-z0-9_./+-]+$ ]] || usage_error "--modules accepts module names (letters, digits, '_', '.', '/', '+', '-'), got '$module'"
     done
@@ -245,5 +250,8 @@ validate_optional_settings() {
   for word in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
     [[ "$word" == -* ]] || usage_error "--sbatch-arg expects an sbatch option starting with '-', got '$word'"
     [[ "$word" != *$'\n'* ]] || usage_error "--sbatch-arg must not contain a newline"
+    # The #SBATCH line quotes the value in double quotes, which cannot nest.
+    [[ "$word" != *'"'* && "$word" != *\\* ]] ||
+      usage_error "--sbatch-arg must not contain '\"' or '\\' (sbatch does not unescape #SBATCH lines), got '$word'"
   done
 }

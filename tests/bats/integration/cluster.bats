@@ -61,3 +61,34 @@ submit_probe() {
   assert_success
   assert_output --regexp '^127\.'
 }
+
+@test "munge stopped: status reports it, and an idempotent 'up' brings it back without touching the other daemons" {
+  local cluster="$REPO_ROOT/local_cluster/cluster.sh" munge_pid ctld_pid
+  munge_pid=$(<"$REPO_ROOT/.cluster/munge/munged.pid")
+  ctld_pid=$(<"$REPO_ROOT/.cluster/run/slurmctld.pid")
+  kill "$munge_pid"
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$munge_pid" 2>/dev/null; do
+    ((SECONDS < deadline)) || fail "munged did not stop"
+    sleep 0.1
+  done
+  run "$cluster" status
+  assert_failure 1
+  assert_line --regexp '^munged +stopped$'
+  run "$cluster" up
+  assert_success
+  run "$cluster" status
+  assert_success
+  assert_equal "$(<"$REPO_ROOT/.cluster/run/slurmctld.pid")" "$ctld_pid"
+  run sbatch --parsable --wrap true
+  assert_success
+}
+
+@test "--stage-out copies a results folder from the node-local folder back to scratch at the end" {
+  cluster_test_setup
+  submit -p notmpdir -n 1 -g 1 -W none -t 5 -e stageout --stage-out results -- \
+    bash -c 'mkdir -p "$SLURM_TMPDIR/results" && echo "from $SLURMD_NODENAME" >"$SLURM_TMPDIR/results/out.txt"'
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" COMPLETED
+  assert_file_contains "$SCRATCH/$project/stageout/results/out.txt" '^from node1$'
+}

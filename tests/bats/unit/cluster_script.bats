@@ -39,3 +39,12 @@ load '../test_helper'
   assert_failure 1
   assert_regex "$stderr" "port $port \(slurmctld\) is in use by another program"
 }
+
+@test "cluster.sh up as a non-root user says so in one line" {
+  command -v setpriv >/dev/null || skip "setpriv is not installed"
+  run --separate-stderr setpriv --reuid=65534 --regid=65534 --clear-groups \
+    env HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "${#stderr_lines[@]}" 1
+  assert_regex "$stderr" "^cluster.sh: error: the local cluster runs its daemons as root"
+}

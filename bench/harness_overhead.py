@@ -1,0 +1,416 @@
+"""Harness overhead: one DDP training run as a plain loop, via hpc_harness, via Lightning.
+
+Configurations (same model, data, optimizer, batch; 2 processes, gloo, CPU, OMP_NUM_THREADS=1,
+each started with ``python -m torch.distributed.run --standalone --nproc-per-node=2``):
+
+    raw             bench/raw_ddp.py: DistributedSampler + DDP + SGD, nothing else (the anchor)
+    harness         hpc_harness.trainer.Trainer with TrainConfig defaults: progress lines and
+                    metrics.csv every 50 steps, checkpoint every 100 steps (keep 3), signal
+                    check every 10 steps, final checkpoint + last.pt
+    harness_nockpt  the same with checkpoint_every=0 (only the final checkpoint): isolates the
+                    cost of periodic checkpoints
+    harness_quiet   no periodic work at all (no checkpoints, progress lines or signal checks)
+    lightning       lightning.Trainer, DDP, progress bar, logger and checkpointing off
+
+Runs are interleaved (raw harness harness_nockpt lightning, raw ...) after one discarded
+warm-up round. Reported: steady-state steps/s (first epoch excluded, measured on rank 0 from the
+wall-clock time at the end of every step), whole-process wall time (launch to exit), launch to
+first step, and the per-step time distribution (where periodic work shows up as spikes).
+
+    .venv/bin/python bench/harness_overhead.py [--reps 5] [--epochs 5] [--out section.md]
+    .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data
+
+The ``--worker harness|lightning`` mode is what torch.distributed.run starts; not for people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchstats import Series, md_table
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+CONFIGS = ("raw", "harness", "harness_nockpt", "harness_quiet", "lightning")
+NEVER = 10**9  # a step interval that never comes
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_harness(args: argparse.Namespace) -> None:
+    from raw_ddp import BATCH, make_dataset, make_model, make_optimizer, write_result
+    from torch.utils.data import DataLoader
+
+    from hpc_harness import dist as hdist
+    from hpc_harness.trainer import TrainConfig, Trainer
+
+    class ClockedTrainer(Trainer):
+        """Records the wall-clock time at the end of every optimizer step (rank 0 reads it)."""
+
+        clock: list[float] = []
+
+        def _run_batch(self, batch):  # noqa: ANN001, ANN202
+            super()._run_batch(batch)
+            self.clock.append(time.time())
+
+    ctx = hdist.setup(gpus=None, verbose=False)
+    model = make_model()
+    loader = DataLoader(make_dataset(args.samples), batch_size=BATCH, shuffle=True)
+    defaults = TrainConfig()
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        seed=0,
+        ckpt_dir=args.ckpt_dir,
+        checkpoint_every=(
+            defaults.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every
+        ),
+        log_every=defaults.log_every if args.log_every is None else args.log_every,
+        signal_check_every=(
+            defaults.signal_check_every
+            if args.signal_check_every is None
+            else args.signal_check_every
+        ),
+    )
+    trainer = ClockedTrainer(model, make_optimizer, loader, ctx, cfg)
+    status = trainer.train()
+    if ctx.is_main:
+        write_result(args.result, trainer.clock, trainer.steps_per_epoch, status=status)
+    hdist.cleanup()
+
+
+def worker_lightning(args: argparse.Namespace) -> None:
+    import lightning as L
+    import torch.nn.functional as F
+    from raw_ddp import BATCH, make_dataset, make_model, make_optimizer, write_result
+    from torch.utils.data import DataLoader
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model()
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return make_optimizer(self.parameters())
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+
+        def on_train_batch_end(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            self.t.append(time.time())
+
+    clock = Clock()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=args.epochs,
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+        default_root_dir=args.ckpt_dir,
+    )
+    loader = DataLoader(make_dataset(args.samples), batch_size=BATCH, shuffle=True)
+    trainer.fit(Module(), loader)
+    if trainer.global_rank == 0:
+        write_result(args.result, clock.t, trainer.num_training_batches)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def launch_argv(config: str, epochs: int, samples: int, result: str, ckpt_dir: str) -> list[str]:
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    sizes = ["--epochs", str(epochs), "--samples", str(samples), "--result", result]
+    if config == "raw":
+        return run + [str(BENCH_DIR / "raw_ddp.py")] + sizes
+    me = [str(BENCH_DIR / "harness_overhead.py"), "--ckpt-dir", ckpt_dir]
+    if config == "harness":
+        return run + me + ["--worker", "harness"] + sizes
+    if config == "harness_nockpt":
+        return run + me + ["--worker", "harness", "--checkpoint-every", "0"] + sizes
+    if config == "harness_quiet":
+        quiet = ["--checkpoint-every", "0", "--log-every", "0", "--signal-check-every", str(NEVER)]
+        return run + me + ["--worker", "harness"] + quiet + sizes
+    if config == "lightning":
+        return run + me + ["--worker", "lightning"] + sizes
+    raise ValueError(config)
+
+
+def display_command(config: str) -> str:
+    tail = {
+        "raw": "bench/raw_ddp.py",
+        "harness": "bench/harness_overhead.py --worker harness",
+        "harness_nockpt": "bench/harness_overhead.py --worker harness --checkpoint-every 0",
+        "harness_quiet": "bench/harness_overhead.py --worker harness --checkpoint-every 0 "
+        "--log-every 0 --signal-check-every 1000000000",
+        "lightning": "bench/harness_overhead.py --worker lightning",
+    }[config]
+    return f"torchrun --standalone --nproc-per-node=2 {tail}"
+
+
+def run_once(config: str, epochs: int, samples: int, workdir: Path) -> dict[str, float]:
+    """One whole training process; returns its measures."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{config}.", dir=workdir))
+    result = run_dir / "result.json"
+    argv = launch_argv(config, epochs, samples, str(result), str(run_dir / "ckpt"))
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
+        HPC_WANDB="disabled",
+        WANDB_MODE="disabled",
+        PYTHONWARNINGS="ignore",
+    )
+    for var in [v for v in env if v.startswith(("SLURM_", "HPC_REQUEUE"))]:
+        del env[var]  # a plain torchrun launch, even when run inside a SLURM job
+    log = run_dir / "log.txt"
+    t0 = time.time()
+    with open(log, "w") as f:
+        rc = subprocess.run(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=run_dir
+        ).returncode
+    wall = time.time() - t0
+    if rc != 0 or not result.exists():
+        sys.stderr.write(log.read_text()[-4000:])
+        raise RuntimeError(f"{config}: exit {rc}, see {log}")
+    data = json.loads(result.read_text())
+    steps = data["steps"]
+    n = len(steps)
+    spe = int(data["steps_per_epoch"])
+    k = spe if 0 < spe < n else n // 2  # first epoch excluded (half the run when only one)
+    steady = steps[k - 1 :]
+    diffs = [b - a for a, b in zip(steady, steady[1:])]
+    diffs_sorted = sorted(diffs)
+    # What ran between step g's optimizer update and step g+1's: classify each step time by
+    # the global step g it follows (harness: signal check when g % 10 == 0, progress line
+    # when g % 50 == 0, checkpoint when g % 100 == 0; every loop: a new epoch when g % spe).
+    classes: dict[str, list[float]] = {k: [] for k in STEP_CLASSES}
+    for j, d in enumerate(diffs):
+        g = k + j  # global step (1-based) whose post-step work precedes this step time
+        classes[step_class(g, spe)].append(d)
+    cls = {f"cls_{name}_ms": statistics.fmean(v) * 1000 for name, v in classes.items() if v}
+    return {
+        **cls,
+        "steps": n,
+        "steady_steps": len(diffs),
+        "steps_per_s": len(diffs) / (steady[-1] - steady[0]),
+        "wall_s": wall,
+        "first_step_s": steps[0] - t0,
+        "step_median_ms": statistics.median(diffs) * 1000,
+        "step_p99_ms": diffs_sorted[min(len(diffs) - 1, int(0.99 * len(diffs)))] * 1000,
+        "step_max_ms": diffs_sorted[-1] * 1000,
+        "step_mean_ms": statistics.fmean(diffs) * 1000,
+        "after_last_step_s": t0 + wall - steps[-1],
+    }
+
+
+STEP_CLASSES = ("plain", "g10", "g50", "g100", "epoch")
+
+
+def step_class(g: int, steps_per_epoch: int) -> str:
+    """Which periodic work the harness does after global step ``g`` (see run_once)."""
+    if steps_per_epoch and g % steps_per_epoch == 0:
+        return "epoch"
+    if g % 100 == 0:
+        return "g100"
+    if g % 50 == 0:
+        return "g50"
+    if g % 10 == 0:
+        return "g10"
+    return "plain"
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def render(results: dict[str, list[dict[str, float]]], meta: dict[str, object]) -> str:
+    def series(metric: str) -> list[Series]:
+        return [Series(c, display_command(c), [r[metric] for r in results[c]]) for c in results]
+
+    out = ["## 1. Harness overhead (DDP, 2 processes, gloo, CPU)\n\n"]
+    out.append(
+        f"MLP 64-256-256-10, {meta['samples']} random samples (seed 0), batch 64 per process, "
+        f"SGD lr 0.01, {meta['epochs']} epochs = {meta['steps']} steps per process, "
+        "`OMP_NUM_THREADS=1`, launched with `python -m torch.distributed.run --standalone "
+        f"--nproc-per-node=2`. {meta['reps']} interleaved reps after "
+        f"{'one discarded warm-up round' if meta['warmup'] else 'no warm-up (smoke)'}; "
+        f"load before/after: {meta['load_before']} / {meta['load_after']}.\n\n"
+    )
+    out.append(
+        "`harness` = `hpc_harness.trainer.Trainer` with `TrainConfig` defaults (progress line + "
+        "metrics.csv every 50 steps, checkpoint every 100 steps, signal check every 10 steps); "
+        "`harness_nockpt` = same with `checkpoint_every=0`; `harness_quiet` = no periodic work at "
+        "all (no checkpoints, no progress lines, no signal checks: the bare loop); "
+        "`lightning` = `lightning.Trainer` "
+        "(`strategy='ddp'`) with progress bar, logger and checkpointing off.\n"
+    )
+    out.append("\n**Steady-state steps/s** (first epoch excluded; higher is better)\n\n")
+    out.append(md_table(series("steps_per_s"), "raw", "steps/s", extra_anchors=["lightning"]))
+    out.append("\n**Whole-process wall time** (launch to exit of torchrun)\n\n")
+    out.append(md_table(series("wall_s"), "raw", "s"))
+    out.append("\n**Launch to end of the first step**\n\n")
+    out.append(md_table(series("first_step_s"), "raw", "s"))
+    out.append("\n**Per-step time in the steady state** (medians over reps)\n\n")
+    out.append("| config | median step | mean step | p99 step | max step | mean - median |\n")
+    out.append("| --- | --- | --- | --- | --- | --- |\n")
+    for c, rs in results.items():
+
+        def med(metric: str, rs: list[dict[str, float]] = rs) -> float:
+            return statistics.median(r[metric] for r in rs)
+
+        out.append(
+            f"| `{c}` | {med('step_median_ms'):.3f} ms | {med('step_mean_ms'):.3f} ms | "
+            f"{med('step_p99_ms'):.2f} ms | {med('step_max_ms'):.2f} ms | "
+            f"{med('step_mean_ms') - med('step_median_ms'):.3f} ms |\n"
+        )
+    out.append(
+        "\n**Where the time goes**: mean step time by what ran after the previous step "
+        "(global step g). The harness checks the stop flag (one all-reduce + `.item()`) after "
+        "g % 10 == 0, also writes a progress line + metrics.csv after g % 50 == 0, and also "
+        "checkpoints after g % 100 == 0 (`harness` only); raw and Lightning do nothing there, "
+        "so their columns show the noise floor. Excess = class mean - plain mean; the last "
+        "column is the extra time per 100 steps vs raw implied by these means "
+        "(90 plain + 8 g10 + 1 g50 + 1 g100 steps); 'periodic work' = 8 g10 + g50 + g100 "
+        "excesses, and 'ratio if only that' = 100 plain / (100 plain + periodic): the "
+        "steps/s ratio vs a loop with the same plain step, free of the process-to-process "
+        "noise in the plain step itself (raw's row is the noise floor of this estimate).\n\n"
+    )
+    out.append(
+        "| config | plain step | g%10 excess | g%50 excess | g%100 excess | epoch-start excess "
+        "| per 100 steps vs raw | periodic work per 100 steps | ratio if only that |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+
+    def cost100(rs: list[dict[str, float]]) -> float:
+        def m(name: str) -> float:
+            return statistics.median(r.get(f"cls_{name}_ms", float("nan")) for r in rs)
+
+        return 90 * m("plain") + 8 * m("g10") + m("g50") + m("g100")
+
+    raw100 = cost100(results["raw"]) if "raw" in results else float("nan")
+    for c, rs in results.items():
+
+        def cm(name: str, rs: list[dict[str, float]] = rs) -> float:
+            return statistics.median(r.get(f"cls_{name}_ms", float("nan")) for r in rs)
+
+        plain = cm("plain")
+        periodic = 8 * (cm("g10") - plain) + (cm("g50") - plain) + (cm("g100") - plain)
+        out.append(
+            f"| `{c}` | {plain:.3f} ms | {cm('g10') - plain:+.3f} ms | {cm('g50') - plain:+.3f} ms "
+            f"| {cm('g100') - plain:+.3f} ms | {cm('epoch') - plain:+.3f} ms "
+            f"| {cost100(rs) - raw100:+.1f} ms | {periodic:+.1f} ms "
+            f"| {100 * plain / (100 * plain + periodic):.3f}x |\n"
+        )
+    if meta["failures"]:
+        out.append(
+            f"\nFailed runs (retried, not counted): {len(meta['failures'])}: "
+            + "; ".join(str(f) for f in meta["failures"])  # type: ignore[union-attr]
+            + "\n"
+        )
+    return "".join(out)
+
+
+def driver(args: argparse.Namespace) -> int:
+    reps, epochs, samples, warmup = args.reps, args.epochs, args.samples, not args.no_warmup
+    if args.smoke:
+        reps, epochs, samples, warmup = 1, 2, 2000, False
+    configs = [c for c in args.configs.split(",") if c]
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
+    load_before = loadavg()
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead.") as tmp:
+        work = Path(tmp)
+        rounds = ([-1] if warmup else []) + list(range(reps))
+        for rep in rounds:
+            # A B C on even rounds, C B A on odd ones: no config always follows the same one.
+            for c in configs if rep % 2 == 0 else configs[::-1]:
+                for _attempt in range(3):
+                    try:
+                        r = run_once(c, epochs, samples, work)
+                        break
+                    except RuntimeError as exc:
+                        failures.append(f"{c} ({exc})")
+                        print(f"harness_overhead: {exc}; retrying", file=sys.stderr, flush=True)
+                else:
+                    raise RuntimeError(f"{c} failed 3 times in a row")
+                label = "warm-up" if rep < 0 else f"rep {rep}"
+                print(
+                    f"harness_overhead: {label} {c}: {r['steps_per_s']:.1f} steps/s, "
+                    f"wall {r['wall_s']:.2f} s, first step {r['first_step_s']:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if rep >= 0:
+                    results[c].append(r)
+    steps = {int(r["steps"]) for rs in results.values() for r in rs}
+    if len(steps) != 1:
+        raise RuntimeError(f"configurations ran different step counts: {sorted(steps)}")
+    meta = {
+        "samples": samples,
+        "epochs": epochs,
+        "steps": steps.pop(),
+        "reps": reps,
+        "warmup": warmup,
+        "load_before": load_before,
+        "load_after": loadavg(),
+        "failures": failures,
+    }
+    text = render(results, meta)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(text)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="1 rep, 2 epochs of 2000 samples")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--samples", type=int, default=20_000)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--out", default=None, help="write the Markdown section here")
+    p.add_argument("--json", default=None, help="write every measure here")
+    # worker mode (started by torch.distributed.run)
+    p.add_argument("--worker", choices=("harness", "lightning"), default=None)
+    p.add_argument("--result", default=None)
+    p.add_argument("--ckpt-dir", default="checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--log-every", type=int, default=None)
+    p.add_argument("--signal-check-every", type=int, default=None)
+    args = p.parse_args()
+    if args.worker == "harness":
+        worker_harness(args)
+        return 0
+    if args.worker == "lightning":
+        worker_lightning(args)
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

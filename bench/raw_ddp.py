@@ -1,0 +1,98 @@
+"""The anchor of the harness-overhead benchmark: a plain hand-written DDP loop.
+
+Nothing but DistributedSampler + DDP + SGD: no logging, no checkpoints, no signal checks.
+It also defines the workload every configuration of ``bench/harness_overhead.py`` shares
+(the model, the data and the per-step clock), so the three loops differ only in the loop.
+
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node=2 \\
+        bench/raw_ddp.py --epochs 5 --samples 20000 --result /tmp/raw.json
+
+Rank 0 writes ``--result``: JSON with the wall-clock time (``time.time()``) at the end of every
+optimizer step (``steps``), when the process started (``t_start``) and how many steps make an
+epoch (``steps_per_epoch``); the driver turns these into steady-state steps/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+T_START = time.time()  # as early as possible: process start, for launch-to-first-step
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+BATCH = 64
+LR = 0.01
+SEED = 0
+
+
+def make_model() -> nn.Module:
+    """MLP 64 -> 256 -> 256 -> 10, identical initial weights on every rank (seeded)."""
+    torch.manual_seed(SEED)
+    return nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
+
+
+def make_dataset(samples: int) -> TensorDataset:
+    """``samples`` random 64-feature vectors with labels 0-9 from a fixed seed."""
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(samples, 64, generator=g)
+    y = torch.randint(0, 10, (samples,), generator=g)
+    return TensorDataset(x, y)
+
+
+def make_optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001
+    return torch.optim.SGD(params, lr=LR)
+
+
+def common_args(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--samples", type=int, default=20_000)
+    p.add_argument("--result", default=None, help="rank 0 writes its step clock here (JSON)")
+    return p
+
+
+def write_result(path: str | None, steps: list[float], steps_per_epoch: int, **extra) -> None:
+    if not path:
+        return
+    payload = {"t_start": T_START, "steps": steps, "steps_per_epoch": steps_per_epoch, **extra}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    args = common_args("Plain DDP loop (the anchor).").parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = nn.parallel.DistributedDataParallel(make_model())
+    data = make_dataset(args.samples)
+    sampler = DistributedSampler(data, shuffle=True, seed=SEED)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    optimizer = make_optimizer(model.parameters())
+    clock: list[float] = []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            clock.append(time.time())
+    if rank == 0:
+        write_result(args.result, clock, len(loader))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

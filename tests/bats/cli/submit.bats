@@ -1,0 +1,279 @@
+#!/usr/bin/env bats
+# Submitting with a stubbed sbatch: the submission folder, what sbatch gets
+# (and does not get: secrets), failures that leave nothing behind, and the data
+# tarball cache. No cluster needed.
+
+load '../test_helper'
+load 'cli_helper'
+
+setup() {
+  cli_setup
+  stub_sbatch_recording
+}
+
+# submit_ok ARG...: job_submitter.sh ARG... succeeds; sets output/stderr.
+submit_ok() {
+  run --separate-stderr timeout 60 "$SUBMITTER" "$@" </dev/null
+  ((status == 0)) || fail "job_submitter.sh $* exited $status: $stderr"
+}
+
+# the_submission EXP: the one submission folder of EXP (sets sub).
+the_submission() {
+  local dirs
+  dirs=$(submission_dirs "$1")
+  [[ -n "$dirs" && "$dirs" != *$'\n'* ]] || fail "expected one submission folder for '$1', found: '$dirs'"
+  sub=$dirs
+}
+
+@test "a submission writes its folder, calls sbatch once and reports the job" {
+  submit_ok -e subm -C "$THREE_LINES" --venv "$FAKE_VENV"
+  the_submission subm
+  [[ "${sub##*/}" =~ ^[0-9]{8}-[0-9]{6}-[A-Za-z0-9]{4}$ ]] || fail "submission folder name: ${sub##*/}"
+  local f
+  for f in job.sbatch commands.txt trials.jsonl command.txt git.txt job_id experiment_configurations.txt \
+    node/batch.sh node/launch.sh node/runtime_venv.sh node/runtime_singularity.sh; do
+    assert_file_exists "$sub/$f"
+  done
+  assert_equal "$(stat -c %a "$sub")" 700
+  assert_equal "$(cat "$sub/job_id")" 4242
+  assert_equal "$(wc -l <"$sub/commands.txt")" 3
+  assert_equal "$(wc -l <"$sub/trials.jsonl")" 3
+  assert_equal "$(sed -n 3p "$sub/commands.txt")" 'python train.py --lr 0.001 --name "two words"'
+  cmp "$THREE_LINES" "$sub/experiment_configurations.txt"
+  grep -q '^commit: ' "$sub/git.txt"
+  assert_dir_exists "$SCRATCH/$PROJECT/hpc_outputs"
+  assert_dir_exists "$SCRATCH/$PROJECT/subm/checkpoints"
+  # stdout: the job id and where its logs go.
+  assert_line --index 0 "Submitted job 4242 (3 trial(s), 1 node(s) x 1 GPU(s), -W lightning)"
+  assert_line --index 1 "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_subm_4242_<task>.out"
+  assert_line --index 2 "  submission: $sub"
+  # sbatch: once, '--parsable job.sbatch', from the submission folder.
+  assert_equal "$(cat "$SBATCH_LOG")" "--parsable
+job.sbatch
+--"
+  assert_equal "$(cat "$SBATCH_LOG.where")" "$sub
+$sub"
+}
+
+@test "the submitted script is the --dry-run script" {
+  submit_ok -e same -C "$ONE_LINE" -n 2 -g 2 -W torchrun --venv "$FAKE_VENV"
+  the_submission same
+  dry -e same -C "$ONE_LINE" -n 2 -g 2 -W torchrun --venv "$FAKE_VENV"
+  assert_equal "$(cat "$sub/job.sbatch")" "$output"
+  assert_line "#SBATCH --output=\"$SCRATCH/$PROJECT/hpc_outputs/%x_%j.out\""
+}
+
+@test "command.txt holds the exact command, quoted" {
+  submit_ok -e cmd --venv "$FAKE_VENV" -- python train.py 'two words' "it's"
+  the_submission cmd
+  assert_equal "$(cat "$sub/command.txt")" "$SUBMITTER -e cmd --venv $FAKE_VENV -- python train.py 'two words' 'it'\\''s'"
+  assert_equal "$(cat "$sub/commands.txt")" "python train.py 'two words' 'it'\\''s'"
+}
+
+@test "the wandb key file is never copied, passed or printed" {
+  local key="wandb-fake-key-7f3a9c1e5b2d4f60"
+  printf 'WANDB_API_KEY=%s\n' "$key" >"$HOME/wandb_credentials.txt"
+  chmod 600 "$HOME/wandb_credentials.txt"
+  submit_ok -e secret -C "$ONE_LINE"
+  the_submission secret
+  ! grep -rqF -- "$key" "$SCRATCH" || fail "the key is under SCRATCH: $(grep -rlF -- "$key" "$SCRATCH")"
+  ! grep -qF -- "$key" "$SBATCH_LOG" "$SBATCH_LOG.where" || fail "the key is in sbatch's argv"
+  ! grep -qF -- "$key" "$SBATCH_LOG.env" || fail "the key is in sbatch's environment"
+  [[ "$output$stderr" != *"$key"* ]] || fail "the key was printed"
+  # A wandb sweep too.
+  submit_ok -e secret2 -w abc123 --sweep-count 2
+  ! grep -rqF -- "$key" "$SCRATCH" "$SBATCH_LOG" "$SBATCH_LOG.env" || fail "the key leaked in a wandb sweep submission"
+  [[ "$output$stderr" != *"$key"* ]] || fail "the key was printed"
+}
+
+@test "a wandb key file others can read is refused before anything is written" {
+  printf 'WANDB_API_KEY=x\n' >"$HOME/wandb_credentials.txt"
+  chmod 644 "$HOME/wandb_credentials.txt"
+  run --separate-stderr "$SUBMITTER" -e secret -C "$ONE_LINE" </dev/null
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: $HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600 '$HOME/wandb_credentials.txt'"
+  assert_file_not_exists "$SBATCH_LOG"
+  assert_equal "$(find "$SCRATCH" -mindepth 1 | wc -l)" 0
+}
+
+@test "a hostile configs line is carried verbatim and nothing in it runs" {
+  local configs="$BATS_TEST_TMPDIR/hostile configs.txt" line
+  line="python train.py --name \"\$(touch $BATS_TEST_TMPDIR/pwned)\" --x 'a;b' --y \"c,d\""
+  printf '%s\n' "$line" >"$configs"
+  submit_ok -e hostile -C "$configs"
+  the_submission hostile
+  assert_equal "$(cat "$sub/commands.txt")" "$line"
+  assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+  run grep -c 'pwned' "$sub/job.sbatch"
+  assert_output 0
+}
+
+@test "a hostile command after -- is quoted and nothing in it runs" {
+  submit_ok -e hostile -- python train.py "\$(touch $BATS_TEST_TMPDIR/pwned)" '`touch x`' 'a;b' 'c,d' "it's" '$HOME'
+  the_submission hostile
+  assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+  # commands.txt read back by the shell gives the words given.
+  local -a words
+  eval "words=($(cat "$sub/commands.txt"))"
+  assert_equal "${#words[@]}" 8
+  assert_equal "${words[2]}" "\$(touch $BATS_TEST_TMPDIR/pwned)"
+  assert_equal "${words[3]}" '`touch x`'
+  assert_equal "${words[6]}" "it's"
+  assert_equal "${words[7]}" '$HOME'
+  assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+}
+
+@test "a command after -- with a newline in a word is refused naming '--'" {
+  run --separate-stderr "$SUBMITTER" -e newline -- python train.py $'new\nline' </dev/null
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: a word after '--' contains a newline; put such a command in a --configs file or a script"
+  assert_file_not_exists "$SBATCH_LOG"
+}
+
+@test "sbatch failing: exit 1, one line with sbatch's message, the submission folder removed" {
+  SBATCH_FAIL=$'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\nsecond line'
+  export SBATCH_FAIL
+  run --separate-stderr "$SUBMITTER" -e failing -C "$ONE_LINE" </dev/null
+  assert_failure 1
+  assert_equal "$output" ""
+  assert_equal "$stderr" "job_submitter.sh: error: sbatch refused the job: sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified second line"
+  assert_file_exists "$SBATCH_LOG"
+  assert_equal "$(submission_dirs failing)" ""
+}
+
+@test "sbatch printing no job id: exit 1" {
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  printf '#!/usr/bin/env bash\necho "Submitted batch job"\n' >"$bin/sbatch"
+  run --separate-stderr "$SUBMITTER" -e noid -C "$ONE_LINE" </dev/null
+  assert_failure 1
+  assert_equal "$stderr" "job_submitter.sh: error: sbatch printed no job id: Submitted batch job"
+  # (The folder is kept: sbatch exited 0, so a job may be queued that reads it.)
+}
+
+@test "sbatch --parsable with a cluster name: the job id is the part before ';'" {
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  printf '#!/usr/bin/env bash\necho "4243;cedar"\n' >"$bin/sbatch"
+  submit_ok -e clus -C "$ONE_LINE"
+  the_submission clus
+  assert_equal "$(cat "$sub/job_id")" 4243
+  assert_line --index 0 --partial "Submitted job 4243 "
+}
+
+@test "works from another directory: the project root comes from the script's location" {
+  local configs="$BATS_TEST_TMPDIR/c.txt"
+  cp "$ONE_LINE" "$configs"
+  cd /
+  submit_ok -e elsewhere -C "$configs"
+  the_submission elsewhere
+  assert_line "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_elsewhere_4242.out"
+  grep -qx "export source_dir=$REPO_ROOT" "$sub/job.sbatch" || grep -qxF "export source_dir='$REPO_ROOT'" "$sub/job.sbatch" ||
+    fail "source_dir is not the repository: $(grep source_dir "$sub/job.sbatch")"
+}
+
+@test "two submissions in the same second get two folders" {
+  submit_ok -e twice -C "$ONE_LINE"
+  submit_ok -e twice -C "$ONE_LINE"
+  assert_equal "$(submission_dirs twice | wc -l)" 2
+  assert_equal "$(grep -c '^--$' "$SBATCH_LOG")" 2
+}
+
+# --- data tarball ------------------------------------------------------------
+
+# make_data: two small folders under $SCRATCH/$PROJECT.
+make_data() {
+  mkdir -p "$SCRATCH/$PROJECT/ds one/sub" "$SCRATCH/$PROJECT/labels"
+  printf 'a\n' >"$SCRATCH/$PROJECT/ds one/a.txt"
+  printf 'b\n' >"$SCRATCH/$PROJECT/ds one/sub/b.txt"
+  printf 'l\n' >"$SCRATCH/$PROJECT/labels/l.csv"
+  cache="$SCRATCH/$PROJECT/.hpc_data_cache"
+}
+
+# tarballs: the data tarballs in the cache, one a line.
+tarballs() {
+  find "$cache" -maxdepth 1 -type f -name 'data-*.tar*' ! -name '*.manifest' ! -name '*.meta' ! -name '*.lock' | LC_ALL=C sort
+}
+
+@test "data: two folders become one tarball with a manifest and a meta file" {
+  make_data
+  submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
+  local tarball
+  tarball=$(tarballs)
+  [[ -n "$tarball" && "$tarball" != *$'\n'* ]] || fail "expected one tarball, found: $tarball"
+  assert_file_exists "$tarball.manifest"
+  assert_file_exists "$tarball.meta"
+  assert_regex "$stderr" "data: building ${tarball##*/} from 2 path\(s\)"
+  run tar -tf "$tarball"
+  assert_line "ds one/a.txt"
+  assert_line "ds one/sub/b.txt"
+  assert_line "labels/l.csv"
+  assert_equal "$(sed -n 's/^tarball_bytes=//p' "$tarball.meta")" "$(stat -c %s "$tarball")"
+  # content_bytes: the sizes in the manifest (files and folders), at least the 6 bytes of the files.
+  (($(sed -n 's/^content_bytes=//p' "$tarball.meta") >= 6)) || fail "content_bytes too small: $(cat "$tarball.meta")"
+  the_submission data
+  grep -qF "export HPC_DATA_TARBALL=$(HPC_PROG=x bash -c 'source "$1/lib/common.sh"; shell_quote "$2"' _ "$REPO_ROOT/hpc_files" "$tarball")" "$sub/job.sbatch" ||
+    fail "job.sbatch does not name the tarball: $(grep HPC_DATA_TARBALL "$sub/job.sbatch")"
+}
+
+@test "data: a second submission reuses the tarball" {
+  make_data
+  submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
+  local tarball first
+  tarball=$(tarballs)
+  first=$(stat -c '%i %Y' "$tarball")
+  submit_ok -e data -C "$ONE_LINE" -d labels -d 'ds one'
+  assert_regex "$stderr" "data: reusing ${tarball##*/} \(manifest unchanged\)"
+  assert_equal "$(tarballs)" "$tarball"
+  assert_equal "$(stat -c '%i %Y' "$tarball")" "$first"
+}
+
+@test "data: a changed file rebuilds the tarball" {
+  make_data
+  submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
+  local tarball first
+  tarball=$(tarballs)
+  first=$(cat "$tarball.manifest")
+  printf 'changed\n' >"$SCRATCH/$PROJECT/labels/l.csv"
+  touch -d '+1 min' "$SCRATCH/$PROJECT/labels/l.csv"
+  submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
+  assert_regex "$stderr" "data: building ${tarball##*/}"
+  [[ "$(cat "$tarball.manifest")" != "$first" ]] || fail "the manifest did not change"
+  assert_equal "$(tar -xOf "$tarball" labels/l.csv)" changed
+  assert_equal "$(tarballs)" "$tarball"
+}
+
+@test "data: tar failing -> exit 1, no tarball left, nothing submitted" {
+  make_data
+  mkdir -p "$BATS_TEST_TMPDIR/fake-tar"
+  printf '#!/usr/bin/env bash\necho "tar: simulated failure" >&2\nexit 1\n' >"$BATS_TEST_TMPDIR/fake-tar/tar"
+  chmod +x "$BATS_TEST_TMPDIR/fake-tar/tar"
+  PATH="$BATS_TEST_TMPDIR/fake-tar:$PATH" run --separate-stderr "$SUBMITTER" -e data -C "$ONE_LINE" -d 'ds one' labels </dev/null
+  assert_failure 1
+  assert_equal "$output" ""
+  assert_equal "${stderr_lines[-1]}" "job_submitter.sh: error: tar failed (exit 1) building the data tarball; nothing was submitted"
+  assert_equal "$(tarballs)" ""
+  assert_equal "$(find "$cache" -name '*.manifest*' -o -name '*.meta*' -o -name '*.tmp*')" ""
+  assert_file_not_exists "$SBATCH_LOG"
+  assert_equal "$(submission_dirs data)" ""
+}
+
+@test "data: five concurrent submissions build exactly one tarball and all succeed" {
+  make_data
+  local i pids=() failed=0 builds
+  for i in 1 2 3 4 5; do
+    timeout 120 "$SUBMITTER" -e data -C "$ONE_LINE" -d 'ds one' labels \
+      >"$BATS_TEST_TMPDIR/out.$i" 2>"$BATS_TEST_TMPDIR/err.$i" </dev/null &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[i]}" || failed=$((failed + 1))
+  done
+  ((failed == 0)) || fail "$failed submission(s) failed: $(cat "$BATS_TEST_TMPDIR"/err.*)"
+  builds=$(cat "$BATS_TEST_TMPDIR"/err.* | grep -c 'data: building') || true
+  assert_equal "$builds" 1
+  assert_equal "$(cat "$BATS_TEST_TMPDIR"/err.* | grep -c 'data: reusing')" 4
+  assert_equal "$(tarballs | wc -l)" 1
+  assert_equal "$(find "$cache" -name '*.tmp*' | wc -l)" 0
+  assert_equal "$(grep -c '^--$' "$SBATCH_LOG")" 5
+  assert_equal "$(submission_dirs data | wc -l)" 5
+  tar -tf "$(tarballs)" >/dev/null
+}

@@ -1,0 +1,538 @@
+#!/usr/bin/env bats
+# job_submitter.sh refuses bad input before it writes or submits anything:
+# exit 2, one line 'job_submitter.sh: error: ...' naming the problem, nothing
+# on stdout, no sbatch call, no file under SCRATCH (see `refuse` in cli_helper).
+
+load '../test_helper'
+load 'cli_helper'
+
+setup() {
+  cli_setup
+}
+
+# --- GPUs, CPUs, nodes -------------------------------------------------------
+
+@test "gpus: not a number" {
+  refuse "--gpus expects a whole number, got 'two'" -- -C "$ONE_LINE" -g two
+}
+
+@test "gpus: negative" {
+  refuse "--gpus expects a whole number, got '-1'" -- -C "$ONE_LINE" -g -1
+}
+
+@test "gpus: a fraction" {
+  refuse "--gpus expects a whole number, got '1.5'" -- -C "$ONE_LINE" --gpus=1.5
+}
+
+@test "gpus: empty" {
+  refuse "-g expects a value, got an empty string" -- -C "$ONE_LINE" -g ''
+}
+
+@test "gpus: more than any node has (built-in limit 64)" {
+  refuse "--gpus must be at most 64, got '65'" -- -C "$ONE_LINE" -g 65
+}
+
+@test "gpus: more than the site's nodes have" {
+  refuse "--gpus must be at most 4, got '5'" -- -C "$ONE_LINE" --site cedar -g 5
+}
+
+@test "gpus: a number too long to be one" {
+  refuse "--gpus is out of range, got '99999999999999999999'" -- -C "$ONE_LINE" -g 99999999999999999999
+}
+
+@test "gpus: zero with -W lightning (the default kind)" {
+  refuse "-W lightning starts one task per GPU, so --gpus 0 means no tasks" -- -C "$ONE_LINE" -g 0
+}
+
+@test "cpus: not a number" {
+  refuse "--cpus expects a whole number, got 'many'" -- -C "$ONE_LINE" -c many
+}
+
+@test "cpus: zero" {
+  refuse "--cpus must be at least 1, got '0'" -- -C "$ONE_LINE" --cpu 0
+}
+
+@test "cpus: negative" {
+  refuse "--cpus expects a whole number, got '-4'" -- -C "$ONE_LINE" --cpus=-4
+}
+
+@test "cpus: too many" {
+  refuse "--cpus must be at most 1024, got '1025'" -- -C "$ONE_LINE" -c 1025
+}
+
+@test "cpus: empty" {
+  refuse "-c expects a value, got an empty string" -- -C "$ONE_LINE" -c ''
+}
+
+@test "nodes: not a number" {
+  refuse "--num-nodes expects a whole number, got 'x2'" -- -C "$ONE_LINE" -n x2
+}
+
+@test "nodes: zero" {
+  refuse "--num-nodes must be at least 1, got '0'" -- -C "$ONE_LINE" -N 0
+}
+
+@test "nodes: negative" {
+  refuse "--num-nodes expects a whole number, got '-2'" -- -C "$ONE_LINE" --nodes=-2
+}
+
+@test "nodes: more than the site has" {
+  refuse "--num-nodes must be at most 2, got '3'" -- -C "$ONE_LINE" --site local -n 3
+}
+
+@test "nodes: empty" {
+  refuse "-n expects a value, got an empty string" -- -C "$ONE_LINE" -n ''
+}
+
+@test "an empty value is refused for every option that takes one" {
+  local spelling accepted=()
+  # shellcheck source=../../../hpc_files/lib/options.sh
+  source "$REPO_ROOT/hpc_files/lib/options.sh"
+  for spelling in "${!OPTION_SETTING[@]}"; do
+    [[ "$spelling" == --* ]] || continue
+    run --separate-stderr timeout 20 "$SUBMITTER" --dry-run -C "$ONE_LINE" "$spelling=" </dev/null
+    ((status == 2)) || accepted+=("$spelling=")
+  done
+  ((${#accepted[@]} == 0)) || fail "accepted an empty value: ${accepted[*]}"
+}
+
+# --- kind and layout ---------------------------------------------------------
+
+@test "kind: unknown -W" {
+  refuse "--which-distributed expects one of: lightning torchrun script none; got 'deepspeed'" -- -C "$ONE_LINE" -W deepspeed
+}
+
+@test "kind: -W none on two nodes" {
+  refuse "-W none runs one process on one node, got --num-nodes 2" -- -C "$ONE_LINE" -W none -n 2
+}
+
+@test "kind: --pass-local-rank with -W lightning" {
+  refuse "--pass-local-rank only applies to -W torchrun/script" -- -C "$ONE_LINE" --pass-local-rank -W lightning
+}
+
+@test "layout: more CPUs per node than the site's nodes have" {
+  refuse "this layout needs 16 CPUs per node (4 tasks x 4 CPUs) but site 'local' nodes have 8" -- -C "$ONE_LINE" --site local -g 4 -c 4
+}
+
+# --- time, memory, signal lead -----------------------------------------------
+
+@test "time: four fields" {
+  refuse "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '1:2:3:4'" -- -C "$ONE_LINE" -t 1:2:3:4
+}
+
+@test "time: words" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" --time abc
+}
+
+@test "time: 60 seconds" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" --time=10:60
+}
+
+@test "time: 60 minutes in H:M:S" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1:60:00
+}
+
+@test "time: a day and a dangling dash" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1-
+}
+
+@test "time: D-HH with hours above 23" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 00-25:00:00
+}
+
+@test "time: zero" {
+  refuse "--time must be longer than zero, got '00:00:00'" -- -C "$ONE_LINE" -t 00:00:00
+}
+
+@test "time: zero minutes" {
+  refuse "--time must be longer than zero, got '0'" -- -C "$ONE_LINE" -t 0
+}
+
+@test "memory: unknown unit" {
+  refuse "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '10X'" -- -C "$ONE_LINE" -m 10X
+}
+
+@test "memory: negative" {
+  refuse "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '-1G'" -- -C "$ONE_LINE" --mem-per-gpu -1G
+}
+
+@test "memory: zero" {
+  refuse "--mem-per-gpu must be more than zero, got '0'" -- -C "$ONE_LINE" -m 0
+}
+
+@test "memory: a fraction" {
+  refuse "--mem-per-gpu expects a size" -- -C "$ONE_LINE" --mem-per-gpu=1.5G
+}
+
+@test "signal lead: as long as the wall time" {
+  refuse "--signal-lead (3600 s) must be shorter than --time (60 = 3600 s)" -- -C "$ONE_LINE" -t 60 --signal-lead 3600
+}
+
+@test "signal lead: zero" {
+  refuse "--signal-lead must be at least 1, got '0'" -- -C "$ONE_LINE" --signal-lead 0
+}
+
+@test "max requeues: not a number" {
+  refuse "--max-requeues expects a whole number, got 'lots'" -- -C "$ONE_LINE" --max-requeues lots
+}
+
+# --- GPU type ----------------------------------------------------------------
+
+@test "gpu type: not offered by the site" {
+  refuse "--gpu-type 'a100' is not offered by site 'cedar' (offered: p100,p100l,v100l)" -- -C "$ONE_LINE" --site cedar -G a100
+}
+
+@test "gpu type: with no GPUs" {
+  refuse "--gpu-type 'v100l' needs --gpus of at least 1" -- -C "$ONE_LINE" -W torchrun -g 0 --gpu-type v100l
+}
+
+@test "gpu type: not a name" {
+  refuse "--gpu-type accepts letters, digits" -- -C "$ONE_LINE" -G 'v100;ls'
+}
+
+# --- experiment name ---------------------------------------------------------
+
+@test "exp name: a command substitution" {
+  refuse "--exp-name accepts letters, digits, '.', '_' and '-' (not first), got '\$(touch $BATS_TEST_TMPDIR/pwned)'" -- \
+    -C "$ONE_LINE" -e "\$(touch $BATS_TEST_TMPDIR/pwned)"
+  assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+}
+
+@test "exp name: a space" {
+  refuse "got 'two words'" -- -C "$ONE_LINE" -e 'two words'
+}
+
+@test "exp name: single and double quotes" {
+  refuse "--exp-name accepts letters, digits" -- -C "$ONE_LINE" --exp-name "it's \"x\""
+}
+
+@test "exp name: a comma" {
+  refuse "got 'a,b'" -- -C "$ONE_LINE" -e a,b
+}
+
+@test "exp name: a newline stays one line in the message" {
+  refuse "got 'a\\nb'" -- -C "$ONE_LINE" -e $'a\nb'
+}
+
+@test "exp name: a leading dash" {
+  refuse "--exp-name accepts letters, digits, '.', '_' and '-' (not first), got '-lead'" -- -C "$ONE_LINE" --exp-name=-lead
+}
+
+@test "exp name: a leading dot" {
+  refuse "got '.hidden'" -- -C "$ONE_LINE" -e .hidden
+}
+
+@test "exp name: a slash" {
+  refuse "got 'a/../b'" -- -C "$ONE_LINE" -e a/../b
+}
+
+@test "exp name: longer than 100 characters" {
+  refuse "--exp-name is longer than 100 characters" -- -C "$ONE_LINE" -e "$(printf 'x%.0s' {1..101})"
+}
+
+@test "exp name: bytes that are not UTF-8" {
+  refuse "--exp-name accepts letters, digits" -- -C "$ONE_LINE" -e $'run\xff\xfe'
+}
+
+# --- parsing -----------------------------------------------------------------
+
+@test "parsing: unknown long option" {
+  refuse "unknown option '--gpu' (see --help)" -- -C "$ONE_LINE" --gpu 2
+}
+
+@test "parsing: unknown short option" {
+  refuse "unknown option '-z' (see --help)" -- -C "$ONE_LINE" -z
+}
+
+@test "parsing: unknown option with =value" {
+  refuse "unknown option '--colour' (see --help)" -- -C "$ONE_LINE" --colour=red
+}
+
+@test "parsing: a stray word ends (the seed looped forever) with an error" {
+  refuse "unexpected argument 'foo' (options start with '-'; put a command after '--')" -- -C "$ONE_LINE" foo
+}
+
+@test "parsing: a missing value at the end" {
+  refuse "-g expects a value" -- -C "$ONE_LINE" -g
+}
+
+@test "parsing: a value that looks like an option" {
+  refuse "-g expects a value" -- -C "$ONE_LINE" -g --cpus 2
+}
+
+@test "parsing: the same option twice with different values" {
+  refuse "--gpus given twice with different values ('2' and '3')" -- -C "$ONE_LINE" -g 2 --gpus 3
+}
+
+@test "parsing: two spellings of nodes with different values" {
+  refuse "given twice with different values ('1' and '2')" -- -C "$ONE_LINE" --num_nodes=1 -N 2
+}
+
+@test "parsing: a flag given a value" {
+  refuse "--dry-run takes no value (got '--dry-run=1')" -- -C "$ONE_LINE" --dry-run=1
+}
+
+@test "parsing: '--' with no command" {
+  refuse "'--' must be followed by a command" -- -C "$ONE_LINE" --
+}
+
+@test "parsing: short option glued to its value" {
+  refuse "unknown option '-g2' (see --help)" -- -C "$ONE_LINE" -g2
+}
+
+# --- experiment sources ------------------------------------------------------
+
+@test "configs: missing file" {
+  refuse "--configs file '$BATS_TEST_TMPDIR/nope.txt' does not exist" -- -C "$BATS_TEST_TMPDIR/nope.txt"
+}
+
+@test "configs: a folder" {
+  refuse "--configs file '$BATS_TEST_TMPDIR' does not exist" -- -C "$BATS_TEST_TMPDIR"
+}
+
+@test "wandb: a sweep id with a space" {
+  refuse "--wandb-sweepid expects ID or ENTITY/PROJECT/ID (letters, digits, '_', '-'), got 'abc 123'" -- -w 'abc 123' --sweep-count 2
+}
+
+@test "wandb: a sweep id with a shell metacharacter" {
+  refuse "--wandb-sweepid expects ID or ENTITY/PROJECT/ID" -- --wandb-sweepid='abc;ls' --sweep-count 2
+}
+
+@test "wandb: on two nodes" {
+  refuse "--num-nodes 2" -- -w abc123 --sweep-count 2 -n 2
+}
+
+@test "wandb: on two nodes, the message names the wandb sweep" {
+  refuse "a wandb sweep runs one agent per array task on one node" -- -w abc123 --sweep-count 2 -n 2
+}
+
+@test "wandb: with an explicit -W" {
+  refuse "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W torchrun" -- -w abc123 --sweep-count 2 -W torchrun
+}
+
+@test "wandb: no --sweep-count when stdin is not a terminal" {
+  refuse "--sweep-count is required with --wandb-sweepid when not run from a terminal" -- -w abc123
+}
+
+@test "wandb: --sweep-count 0" {
+  refuse "--sweep-count must be at least 1, got '0'" -- -w abc123 --sweep-count 0
+}
+
+@test "wandb: --sweep-count without -w" {
+  refuse "--sweep-count only applies with -w/--wandb-sweepid (for --sweep, use --trials)" -- -C "$ONE_LINE" --sweep-count 3
+}
+
+@test "wandb: --seeds with a wandb sweep" {
+  refuse "--seeds does not apply to a wandb sweep" -- -w abc123 --sweep-count 2 --seeds 2
+}
+
+@test "wandb: together with --sweep" {
+  refuse "choose one of -w/--wandb-sweepid, --sweep and '-- COMMAND'" -- -w abc123 --sweep-count 2 --sweep "$REPO_ROOT/sweeper.yml"
+}
+
+@test "sweep: together with a command" {
+  refuse "choose one of -w/--wandb-sweepid, --sweep and '-- COMMAND'" -- --sweep "$REPO_ROOT/sweeper.yml" -- python train.py
+}
+
+@test "sweep: --trials without --sweep" {
+  refuse "--trials only applies with --sweep" -- -C "$ONE_LINE" --trials 3
+}
+
+@test "sweep: --sweep-seed without --sweep" {
+  refuse "--sweep-seed only applies with --sweep" -- -C "$ONE_LINE" --sweep-seed 3
+}
+
+@test "sweep: missing file" {
+  refuse "--sweep file '$BATS_TEST_TMPDIR/nope.yml' does not exist" -- --sweep "$BATS_TEST_TMPDIR/nope.yml"
+}
+
+@test "sweep: --trials 0" {
+  refuse "--trials must be at least 1, got '0'" -- --sweep "$REPO_ROOT/sweeper.yml" --trials 0
+}
+
+@test "seeds: zero" {
+  refuse "--seeds must be at least 1, got '0'" -- -C "$ONE_LINE" --seeds 0
+}
+
+@test "array throttle: zero" {
+  refuse "--array-throttle must be at least 1, got '0'" -- -C "$ONE_LINE" --array-throttle 0
+}
+
+# --- other settings ----------------------------------------------------------
+
+@test "dependency: not a SLURM dependency" {
+  refuse "--dependency expects a SLURM dependency such as afterok:123 or singleton, got 'after ok:12'" -- -C "$ONE_LINE" --dependency 'after ok:12'
+}
+
+@test "dependency: a job id that is not a number" {
+  refuse "--dependency expects a SLURM dependency" -- -C "$ONE_LINE" --dependency=afterok:abc
+}
+
+@test "modules: a word with a shell metacharacter" {
+  refuse "--modules accepts module names (letters, digits, '_', '.', '/', '+', '-'), got '\$(reboot)'" -- -C "$ONE_LINE" --modules 'cuda/12 $(reboot)'
+}
+
+@test "modules: a newline" {
+  refuse "--modules" -- -C "$ONE_LINE" --modules $'cuda/12\ntouch x'
+}
+
+@test "account: a space" {
+  refuse "--account accepts letters, digits, '.', '_', '-', got 'my account'" -- -C "$ONE_LINE" -a 'my account'
+}
+
+@test "partition: a semicolon" {
+  refuse "--partition accepts letters, digits" -- -C "$ONE_LINE" -p 'gpu;ls'
+}
+
+@test "compress: unknown program" {
+  refuse "--compress expects one of: none zstd pigz; got 'bzip2'" -- -C "$ONE_LINE" --compress bzip2
+}
+
+@test "compress: the program is not installed" {
+  ! command -v pigz >/dev/null || skip "pigz is installed on this machine"
+  refuse "--compress pigz needs 'pigz' on this machine and on the nodes" -- -C "$ONE_LINE" --compress pigz
+}
+
+@test "stage out: '..'" {
+  refuse "--stage-out expects a folder relative to \$SLURM_TMPDIR (no '..'), got 'out/../..'" -- -C "$ONE_LINE" --stage-out out/../..
+}
+
+@test "stage out: absolute" {
+  refuse "--stage-out expects a folder relative to \$SLURM_TMPDIR" -- -C "$ONE_LINE" --stage-out=/etc
+}
+
+@test "venv: a folder without bin/python" {
+  mkdir -p "$BATS_TEST_TMPDIR/empty venv"
+  refuse "--venv '$BATS_TEST_TMPDIR/empty venv' has no bin/python" -- -C "$ONE_LINE" --venv "$BATS_TEST_TMPDIR/empty venv"
+}
+
+@test "setup venv: missing requirements file" {
+  refuse "--setup-venv expects a readable requirements file, got 'nope.txt'" -- -C "$ONE_LINE" --setup-venv nope.txt
+}
+
+@test "setup venv: with a container" {
+  printf 'numpy\n' >"$BATS_TEST_TMPDIR/req.txt"
+  refuse "--setup-venv builds a virtualenv; it does not apply with -s (a container)" -- -C "$ONE_LINE" --setup-venv "$BATS_TEST_TMPDIR/req.txt" -s "$DUMMY_SIF"
+}
+
+@test "container: missing image" {
+  refuse "--singularity-container '$BATS_TEST_TMPDIR/nope.sif' does not exist" -- -C "$ONE_LINE" -s "$BATS_TEST_TMPDIR/nope.sif"
+}
+
+@test "sbatch arg: not an option" {
+  refuse "--sbatch-arg expects an sbatch option starting with '-', got 'exclusive'" -- -C "$ONE_LINE" --sbatch-arg exclusive
+}
+
+@test "sbatch arg: a newline" {
+  refuse "--sbatch-arg must not contain a newline" -- -C "$ONE_LINE" --sbatch-arg=$'--comment=a\n#SBATCH --x'
+}
+
+@test "sbatch arg: a value with double quotes and spaces" {
+  refuse "--sbatch-arg" -- -C "$ONE_LINE" --sbatch-arg='--comment=a "b" c'
+}
+
+# --- site profiles -----------------------------------------------------------
+
+@test "site: unknown name" {
+  refuse "site profile 'nowhere' not found (looked for $REPO_ROOT/hpc_files/sites/nowhere.conf; shipped: cedar, generic, local, plai)" -- -C "$ONE_LINE" --site nowhere
+}
+
+@test "site: HPC_SITE names an unknown profile" {
+  HPC_SITE=nowhere refuse "site profile 'nowhere' not found" -- -C "$ONE_LINE"
+}
+
+@test "site: a profile file with an unknown key names the file and line" {
+  local file="$BATS_TEST_TMPDIR/my site/bad.conf"
+  mkdir -p "${file%/*}"
+  printf '# a site\npartition = gpu\ngpus_per_node = 4\n' >"$file"
+  refuse "$file:3: unknown key 'gpus_per_node' (known: " -- -C "$ONE_LINE" --site "$file"
+}
+
+@test "site: a profile line without '='" {
+  local file="$BATS_TEST_TMPDIR/my site/bad.conf"
+  mkdir -p "${file%/*}"
+  printf '\npartition gpu\n' >"$file"
+  refuse "$file:2: expected 'key = value', got 'partition gpu'" -- -C "$ONE_LINE" --site "$file"
+}
+
+@test "site: a profile value the options refuse" {
+  local file="$BATS_TEST_TMPDIR/my site/bad.conf"
+  mkdir -p "${file%/*}"
+  printf 'account = a b\n' >"$file"
+  refuse "--account accepts letters, digits, '.', '_', '-', got 'a b'" -- -C "$ONE_LINE" --site "$file"
+}
+
+# --- SCRATCH and data --------------------------------------------------------
+
+@test "scratch: SCRATCH unset" {
+  unset SCRATCH
+  refuse "SCRATCH is not set; export SCRATCH=/path/to/your/scratch" -- -C "$ONE_LINE"
+}
+
+@test "scratch: SCRATCH empty" {
+  SCRATCH='' refuse "SCRATCH is not set" -- -C "$ONE_LINE"
+}
+
+@test "scratch: SCRATCH relative" {
+  cd "$BATS_TEST_TMPDIR"
+  SCRATCH=relative/scratch refuse "SCRATCH must be an absolute path, got 'relative/scratch'" -- -C "$ONE_LINE"
+  assert_file_not_exists "$BATS_TEST_TMPDIR/relative"
+}
+
+@test "data: an absolute path" {
+  mkdir -p "$SCRATCH/$PROJECT/ds"
+  refuse "--data paths are relative to \$SCRATCH/$PROJECT, got the absolute path '$SCRATCH/$PROJECT/ds'" -- -C "$ONE_LINE" -d "$SCRATCH/$PROJECT/ds"
+}
+
+@test "data: '..'" {
+  mkdir -p "$SCRATCH/$PROJECT/ds"
+  refuse "--data path 'ds/../../x' must not contain '..'" -- -C "$ONE_LINE" -d ds/../../x
+}
+
+@test "data: a path that does not exist" {
+  mkdir -p "$SCRATCH/$PROJECT"
+  refuse "--data path 'missing' does not exist in $SCRATCH/$PROJECT" -- -C "$ONE_LINE" -d missing
+}
+
+@test "data: the project's scratch folder does not exist" {
+  refuse "--data paths are relative to $SCRATCH/$PROJECT, which does not exist" -- -C "$ONE_LINE" -d ds
+}
+
+@test "data: a symlink that points outside scratch" {
+  mkdir -p "$SCRATCH/$PROJECT" "$BATS_TEST_TMPDIR/outside"
+  ln -s "$BATS_TEST_TMPDIR/outside" "$SCRATCH/$PROJECT/link"
+  refuse "--data path 'link' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d link
+}
+
+@test "data: a second path after one flag that does not exist" {
+  mkdir -p "$SCRATCH/$PROJECT/a"
+  refuse "--data path 'b' does not exist" -- -C "$ONE_LINE" -d a b
+}
+
+@test "data: -d with no path" {
+  refuse "-d expects a value" -- -C "$ONE_LINE" -d -g 1
+}
+
+# --- credentials -------------------------------------------------------------
+
+@test "credentials: a wandb key file others can read" {
+  printf 'WANDB_API_KEY=fake\n' >"$HOME/wandb_credentials.txt"
+  chmod 644 "$HOME/wandb_credentials.txt"
+  refuse "$HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600" -- -C "$ONE_LINE"
+}
+
+@test "configs: -C together with a command after '--'" {
+  refuse "-C/--configs names the experiments, and so do -w/--wandb-sweepid, --sweep and '-- COMMAND'; give only one" -- -C "$ONE_LINE" -- python train.py
+}
+
+@test "configs: -C together with a wandb sweep" {
+  refuse "-C/--configs names the experiments" -- -C "$ONE_LINE" -w abc123 --sweep-count 2
+}
+
+@test "sbatch arg: a backslash" {
+  refuse "--sbatch-arg must not contain" -- -C "$ONE_LINE" --sbatch-arg='--comment=a\b'
+}
+
+@test "time: D-HH:MM with hours above 23" {
+  refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1-24:00
+}

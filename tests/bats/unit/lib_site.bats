@@ -1,0 +1,145 @@
+#!/usr/bin/env bats
+# hpc_files/lib/site.sh: site profiles, and how they meet the command line.
+# The libraries declare global tables (declare -A), so each check runs in a
+# fresh bash that sources them at top level, as job_submitter.sh does.
+
+load '../test_helper'
+
+setup() {
+  unset HPC_SITE HPC_SITES_DIR
+  export HOME="$BATS_TEST_TMPDIR/home"
+  export SITE_FILE="$BATS_TEST_TMPDIR/a site/test.conf"
+  mkdir -p "${SITE_FILE%/*}" "$HOME"
+}
+
+# in_libs CODE: run CODE (with set -euo pipefail) after sourcing common,
+# options and site.
+in_libs() {
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/options.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    eval "$2"' _ "$REPO_ROOT/hpc_files" "$1"
+}
+
+# site LINE...: write the test profile.
+site() {
+  printf '%s\n' "$@" >"$SITE_FILE"
+}
+
+@test "scalars, comments, blank lines and spaces around '='" {
+  site '# comment' '' '  account   =  def-x  ' 'partition=gpu' 'max_gpus_per_node = 4' '   # indented comment'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    printf "%s\n" "$opt_account" "$opt_partition" "$site_max_gpus_per_node" "$site_name"'
+  assert_success
+  assert_equal "$output" "def-x
+gpu
+4
+$SITE_FILE"
+}
+
+@test "repeatable keys accumulate in order; values keep '=' and a literal \$" {
+  site 'env = A=1' 'sbatch = --constraint=ib' 'env = B=x=y' 'command = export X="$HOME"' 'sbatch = --exclusive' 'command = echo two'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    printf "env:%s\n" "${site_env[@]}"; printf "sbatch:%s\n" "${site_sbatch[@]}"; printf "command:%s\n" "${site_command[@]}"'
+  assert_success
+  assert_equal "$output" 'env:A=1
+env:B=x=y
+sbatch:--constraint=ib
+sbatch:--exclusive
+command:export X="$HOME"
+command:echo two'
+}
+
+@test "a scalar key given twice keeps the last value" {
+  site 'partition = a' 'partition = b'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$opt_partition"'
+  assert_success
+  assert_output b
+}
+
+@test "a last line without a newline is read" {
+  printf 'partition = last' >"$SITE_FILE"
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$opt_partition"'
+  assert_success
+  assert_output last
+}
+
+@test "command-line values win over the site's" {
+  site 'account = site-acct' 'partition = site-part' 'modules = site/1' 'array_throttle = 7'
+  in_libs 'parse_options --site "$SITE_FILE" -a mine -p other --modules mod/2 --array-throttle 3; load_site
+    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$opt_array_throttle"'
+  assert_success
+  assert_equal "$output" "mine
+other
+mod/2
+3"
+}
+
+@test "site values fill what the command line left open" {
+  site 'account = site-acct' 'partition = site-part' 'modules = site/1' 'array_throttle = 7'
+  in_libs 'parse_options --site "$SITE_FILE" -a mine; load_site
+    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$opt_array_throttle"'
+  assert_success
+  assert_equal "$output" "mine
+site-part
+site/1
+7"
+}
+
+@test "defaults for tmpdir mode and base" {
+  site 'account = x'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s %s" "$site_provides_tmpdir" "$site_tmpdir_base"'
+  assert_success
+  assert_output "auto /tmp"
+}
+
+@test "a name means hpc_files/sites/NAME.conf; HPC_SITE when --site is not given" {
+  HPC_SITE=local in_libs 'parse_options; load_site; printf "%s %s" "$site_file" "$opt_partition"'
+  assert_success
+  assert_output "$REPO_ROOT/hpc_files/sites/local.conf tmpdir"
+}
+
+@test "--site wins over HPC_SITE" {
+  HPC_SITE=local in_libs 'parse_options --site cedar; load_site; printf "%s %s" "$site_name" "$site_max_gpus_per_node"'
+  assert_success
+  assert_output "cedar 4"
+}
+
+@test "the default site is generic" {
+  in_libs 'parse_options; load_site; printf "%s" "$site_name"'
+  assert_success
+  assert_output generic
+}
+
+@test "a personal profile in HPC_SITES_DIR wins over a shipped one of the same name" {
+  mkdir -p "$BATS_TEST_TMPDIR/mine"
+  printf 'partition = personal\n' >"$BATS_TEST_TMPDIR/mine/local.conf"
+  HPC_SITES_DIR="$BATS_TEST_TMPDIR/mine" in_libs 'parse_options --site local; load_site; printf "%s" "$opt_partition"'
+  assert_success
+  assert_output personal
+}
+
+@test "an unknown key names the file, the line and the known keys" {
+  site 'account = x' 'acount = y'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site'
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: $SITE_FILE:2: unknown key 'acount' (known: account array_throttle command container_runtime env gpu_types max_cpus_per_node max_gpus_per_node max_nodes modules partition provides_tmpdir sbatch tmpdir_base )"
+}
+
+@test "a line without '=' names the file and line" {
+  site 'account x'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site'
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: $SITE_FILE:1: expected 'key = value', got 'account x'"
+}
+
+@test "every shipped profile loads" {
+  local f
+  for f in "$REPO_ROOT"/hpc_files/sites/*.conf; do
+    SITE_FILE=$f in_libs 'parse_options --site "$SITE_FILE"; load_site'
+    assert_success
+    assert_equal "$stderr" ""
+  done
+}
