@@ -42,10 +42,27 @@ install_system() {
     die "apt-get install $missing failed"
 }
 
-# The venv is rebuilt only when pyproject.toml changed (digest stamp).
+# dependency_digest: a digest of what pip installs from pyproject.toml (the
+# dependency lists and the torch pin), so editing tool settings there (pytest,
+# ruff) does not rebuild the venv.
+dependency_digest() {
+  python3 - "$REPO_ROOT/pyproject.toml" "$TORCH_PIN" <<'PY' | sha256sum | cut -d' ' -f1
+import json, sys
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: the whole file then
+    print(sys.argv[2], open(sys.argv[1]).read())
+    sys.exit(0)
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(json.dumps([sys.argv[2], project.get("dependencies"),
+                  project.get("optional-dependencies")], sort_keys=True))
+PY
+}
+
+# The venv is rebuilt only when its dependencies changed (digest stamp).
 install_venv() {
   local stamp="$VENV/.hpc-stamp" digest
-  digest=$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)
+  digest=$(dependency_digest)
   if [[ -f "$stamp" && "$(<"$stamp")" == "$digest" ]] && "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     echo "$PROG: .venv up to date"
     return 0
