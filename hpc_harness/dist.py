@@ -35,9 +35,10 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -381,18 +382,24 @@ def setup(
             )
     if verbose:
         if info.is_main:
-            print(
+            say(
                 f"hpc_harness: world_size={info.world_size} rank={info.rank} "
                 f"local_rank={info.local_rank} node_rank={info.node_rank} backend={backend} "
-                f"device={device} launcher={info.launcher}",
-                flush=True,
+                f"device={device} launcher={info.launcher}"
             )
-        print(
+        say(
             f"hpc_harness: rank {info.rank}/{info.world_size} local_rank {info.local_rank} "
-            f"host {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} started",
-            flush=True,
+            f"host {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} started"
         )
     return DistContext(info=info, backend=backend, device=device, devices=devices)
+
+
+def say(line: str, file: TextIO | None = None) -> None:
+    """Print one line with one write(): with PYTHONUNBUFFERED, print() writes the text and the
+    newline separately, and the lines of ranks sharing a pipe interleave mid-line."""
+    out = file or sys.stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 def barrier() -> None:

@@ -89,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-dir", default=None, help=f"default: {default_data_dir()}")
     g.add_argument("--ckpt-dir", default=None, help=f"default: {default_ckpt_dir()}")
     g.add_argument("--run-dir", default=None, help="metrics.csv and wandb; default: --ckpt-dir")
-    g.add_argument("--checkpoint-every", type=int, default=100, help="steps; 0 = signal/end only")
+    g.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0 = not by steps")
+    g.add_argument(
+        "--checkpoint-every-s",
+        type=float,
+        default=600.0,
+        help="seconds of training; 0 = not by time (both 0: only at a signal and the end)",
+    )
     g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
     g.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
     g = p.add_argument_group("logging")
@@ -157,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             ckpt_dir=ckpt_dir,
             checkpoint_every=args.checkpoint_every,
+            checkpoint_every_s=args.checkpoint_every_s,
             keep_last=args.keep_last,
             resume=not args.no_resume,
             strategy=args.strategy,
@@ -188,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         status = trainer.train()
         if ctx.is_main and status != "requeue" and trainer.metrics:
-            print(f"hpc_harness: final test accuracy {trainer.metrics['test_acc']:.4f}", flush=True)
+            dist.say(f"hpc_harness: final test accuracy {trainer.metrics['test_acc']:.4f}")
+        # Leave together: a rank tearing down gloo while a peer still talks to it makes the
+        # peer abort (SIGABRT) at exit.
+        dist.barrier()
         return exit_code(status)
     finally:
         dist.cleanup()

@@ -7,7 +7,7 @@ Plug in your own model and data::
     from hpc_harness.signals import exit_code
 
     ctx = dist.setup(gpus=None)                       # ranks, backend, device, process group
-    cfg = TrainConfig(epochs=10, ckpt_dir="ckpts", checkpoint_every=100, seed=0)
+    cfg = TrainConfig(epochs=10, ckpt_dir="ckpts", seed=0)  # checkpoint every 10 minutes
     trainer = Trainer(model, lambda params: torch.optim.AdamW(params, lr=1e-3),
                       DataLoader(train_set, batch_size=32, shuffle=True), ctx, cfg,
                       eval_data=test_set)
@@ -18,16 +18,21 @@ What it does for you:
   :class:`~hpc_harness.data.ResumableSampler` into the DataLoader (sharded by rank, order
   fixed by (seed, epoch)), calling ``set_epoch`` every epoch;
 - autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
-- checkpoints every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the end,
-  atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
+- checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
+  0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
+  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
   scheduler, scaler, epoch and position in it, and every rank's RNG states are restored;
-- SIGUSR1/SIGTERM set a flag; every ``signal_check_every`` steps the ranks agree on it and
-  then save, write the requeue marker, and return ``"requeue"`` (exit code 42);
+- SIGUSR1/SIGTERM set a flag; every ``signal_check_every`` steps the ranks agree on it (and
+  on whether a timed checkpoint is due) and then save, write the requeue marker, and return
+  ``"requeue"`` (exit code 42);
 - rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
 
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
-``log_every`` steps, and the stop flag is all-reduced only every ``signal_check_every`` steps.
+``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
+asynchronously every ``signal_check_every`` steps: the reduction started at one check is read
+at the next, so training never waits for it and every rank acts at the same step. A signal is
+therefore acted on within ``2 * signal_check_every`` steps.
 Override ``_compute_loss`` for batches that are not ``(inputs, targets)``.
 """
 
@@ -48,6 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from hpc_harness import checkpoint as ckpt
+from hpc_harness import dist as hdist
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
@@ -64,7 +70,9 @@ class TrainConfig:
     seed: int = 0
     # checkpoints
     ckpt_dir: str = "checkpoints"
-    checkpoint_every: int = 100  # steps; 0 = only at a signal, max_steps and the end
+    checkpoint_every: int = 0  # steps; 0 = not by step count
+    checkpoint_every_s: float = 600.0  # seconds of training (rank 0's clock); 0 = not by time
+    # (with both 0: only at a signal, max_steps and the end)
     keep_last: int = 3
     resume: bool = True
     # distribution and precision
@@ -141,7 +149,10 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None
         # preallocated per-step buffers
         self._loss_sum = torch.zeros((), device=self.device)
-        self._flag = torch.zeros(1, device=self.device)
+        # control flags all-reduced with MAX: [stop requested, timed checkpoint due]
+        self._flags = torch.zeros(2, device=self.device)
+        self._flags_work: Any = None  # the in-flight async all-reduce of _flags
+        self._last_ckpt_time = time.monotonic()
         self._non_blocking = self.device.type == "cuda"
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
@@ -150,7 +161,7 @@ class Trainer:
 
     def _print(self, *args: Any) -> None:
         if self.is_main:
-            print(*args, flush=True)
+            hdist.say(" ".join(str(a) for a in args))
 
     def _to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
@@ -163,13 +174,40 @@ class Trainer:
             return {k: self._to_device(v) for k, v in batch.items()}
         return batch
 
-    def _stop_requested(self) -> bool:
-        """All ranks agree whether any of them got a signal (one tiny all-reduce)."""
+    def _local_flags(self) -> tuple[bool, bool]:
+        interval = self.cfg.checkpoint_every_s
+        ckpt_due = (
+            self.is_main and interval > 0 and (time.monotonic() - self._last_ckpt_time >= interval)
+        )
+        return self.stop.is_set, ckpt_due
+
+    def _control_check(self) -> tuple[bool, bool]:
+        """(stop, checkpoint due), the same on every rank. Collective: call on every rank.
+
+        One process: read directly. Several: return what the all-reduce started at the
+        previous check gave (nothing on the first), then start the next one, so the step
+        loop never blocks on it.
+        """
         if not (self.world_size > 1 and dist.is_initialized()):
-            return self.stop.is_set
-        self._flag.fill_(1.0 if self.stop.is_set else 0.0)
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        return bool(self._flag.item())
+            return self._local_flags()
+        result = (False, False)
+        if self._flags_work is not None:
+            self._flags_work.wait()
+            self._flags_work = None
+            stop, due = self._flags.tolist()
+            result = (stop > 0, due > 0)
+        if not result[0]:
+            stop, due = self._local_flags()
+            self._flags[0] = float(stop)
+            self._flags[1] = float(due)
+            self._flags_work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
+        return result
+
+    def _drain_control(self) -> None:
+        """Finish an in-flight flag all-reduce (every rank has one at the same point)."""
+        if self._flags_work is not None:
+            self._flags_work.wait()
+            self._flags_work = None
 
     # ------------------------------------------------------------------ steps
 
@@ -233,8 +271,11 @@ class Trainer:
             if cfg.log_every and step % cfg.log_every == 0:
                 t_last, steps_last = self._log_progress(epoch, t_last, steps_last)
             ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-            if (step % cfg.signal_check_every == 0 or ckpt_due) and self._stop_requested():
-                return "requeue"
+            if step % cfg.signal_check_every == 0:
+                stop, timed_due = self._control_check()
+                if stop:
+                    return "requeue"
+                ckpt_due = ckpt_due or timed_due
             if ckpt_due:
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
@@ -338,6 +379,7 @@ class Trainer:
     def _save_checkpoint(self) -> str:
         """Save (atomically) and prune; every rank calls it; returns the path."""
         path = ckpt.checkpoint_path(self.cfg.ckpt_dir, self.global_step)
+        self._drain_control()
         state = self._state()
         if self.is_main:
             ckpt.atomic_save(state, path)
@@ -345,6 +387,7 @@ class Trainer:
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
         self.last_checkpoint = path
+        self._last_ckpt_time = time.monotonic()
         return path
 
     def _resume(self) -> bool:
@@ -409,9 +452,11 @@ class Trainer:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
             status = "finished"
             t0 = time.perf_counter()
+            self._last_ckpt_time = time.monotonic()
             start_step = self.global_step
             while self.epoch < cfg.epochs:
                 status = self._run_epoch(self.epoch)
+                self._drain_control()
                 if status == "requeue":
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:
