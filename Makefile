@@ -2,6 +2,7 @@
 #   make demo   install what is missing, start the local SLURM cluster, submit
 #               the example 2-node training job through hpc_files/job_submitter.sh
 #   make test   install what is missing, run shellcheck, ruff, bats and pytest
+#   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -13,7 +14,8 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	bats bats-unit bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden
+	bats bats-unit bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden \
+	bench bench-smoke
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -59,6 +61,14 @@ test: lint bats-unit bats-integration pytest
 # The whole reliability suite (faults, security, load); writes RELIABILITY.md.
 test-reliability: cluster-up
 	@tools/reliability_report.sh
+
+# Benchmarks (minutes; needs root for dropping the page cache): BENCHMARKS.md.
+bench: cluster-up
+	@bench/run_all.sh
+
+# Seconds: checks that every benchmark script still runs; writes nothing.
+bench-smoke: cluster-up
+	@bench/run_all.sh --smoke
 
 # Regenerate the golden batch scripts on purpose, then review the diff.
 golden: deps

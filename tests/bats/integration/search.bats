@@ -41,9 +41,10 @@ wait_array_done() {
   wait_array_done "$job_id" 6 180
   run array_states "$job_id"
   assert_output "$(printf '%s COMPLETED\n' 0 1 2 3 4 5)"
+  # wandb's grid order: parameters sorted by name, the last one varying fastest.
   local expected=(
-    "--lr=0.01 --layers=1" "--lr=0.01 --layers=2" "--lr=0.01 --layers=3"
-    "--lr=0.05 --layers=1" "--lr=0.05 --layers=2" "--lr=0.05 --layers=3"
+    "--layers=1 --lr=0.01" "--layers=1 --lr=0.05" "--layers=2 --lr=0.01"
+    "--layers=2 --lr=0.05" "--layers=3 --lr=0.01" "--layers=3 --lr=0.05"
   )
   local k
   for k in 0 1 2 3 4 5; do
