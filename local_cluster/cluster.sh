@@ -200,6 +200,22 @@ ensure_hosts_entries() {
   done
 }
 
+# detached CMD...: start a daemon without handing it this shell's open file
+# descriptors beyond stderr: a daemon that keeps a caller's pipe open (a test
+# runner's output, a $(...) capture) makes that caller wait for it forever.
+detached() {
+  (
+    local fd
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then
+        eval "exec $fd>&-"
+      fi
+    done
+    exec "$@" </dev/null >/dev/null
+  )
+}
+
 start_munge() {
   if pidfile_alive "$MUNGE_DIR/munged.pid"; then
     return 0
@@ -210,7 +226,7 @@ start_munge() {
   fi
   chmod 0400 "$MUNGE_DIR/munge.key"
   # --force: munged refuses to run as root with a root-owned log folder otherwise.
-  munged --force --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+  detached munged --force --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
     --pid-file="$MUNGE_DIR/munged.pid" --log-file="$CLUSTER_DIR/log/munged.log" \
     --seed-file="$MUNGE_DIR/munged.seed" ||
     die "munged did not start; see $CLUSTER_DIR/log/munged.log"
@@ -245,7 +261,7 @@ start_slurmctld() {
   if pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid"; then
     return 0
   fi
-  slurmctld -f "$CONF" || die "slurmctld did not start; see $CLUSTER_DIR/log/slurmctld.log"
+  detached slurmctld -f "$CONF" || die "slurmctld did not start; see $CLUSTER_DIR/log/slurmctld.log"
   wait_for slurmctld 20 scontrol ping ||
     die "slurmctld does not answer 'scontrol ping' after 20 s; see $CLUSTER_DIR/log/slurmctld.log"
 }
@@ -258,7 +274,7 @@ start_slurmds() {
       continue
     fi
     mkdir -p "$CLUSTER_DIR/spool/$name"
-    slurmd -f "$CONF" -N "$name" || die "slurmd -N $name did not start; see $CLUSTER_DIR/log/slurmd-$name.log"
+    detached slurmd -f "$CONF" -N "$name" || die "slurmd -N $name did not start; see $CLUSTER_DIR/log/slurmd-$name.log"
   done
 }
 
