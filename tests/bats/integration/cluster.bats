@@ -80,7 +80,7 @@ submit_probe() {
   run "$cluster" status
   assert_success
   assert_equal "$(<"$REPO_ROOT/.cluster/run/slurmctld.pid")" "$ctld_pid"
-  run sbatch --parsable --wrap true
+  run sbatch --parsable -o /dev/null --wrap true
   assert_success
 }
 
