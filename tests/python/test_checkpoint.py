@@ -65,7 +65,16 @@ def test_kill_9_mid_save_leaves_previous_checkpoint_usable(tmp_path) -> None:
     )
     proc = subprocess.Popen([PY, "-c", script, str(d)], env=clean_env())
     try:
-        wait_for(lambda: bool(ckpt.stale_temp_files(str(d))), 60, "a .tmp file mid-save")
+        # Kill only while a save runs AFTER a complete one: the temp file of the
+        # first (tiny) save can also be seen, and killing then leaves nothing to resume.
+        wait_for(
+            lambda: (
+                bool(ckpt.list_checkpoints(str(d)))
+                and any(".ckpt_step00000001." not in t for t in ckpt.stale_temp_files(str(d)))
+            ),
+            60,
+            "a complete checkpoint, then a .tmp file of a later save mid-write",
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
