@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Turn a configs file, a wandb-format sweep file and --seeds into one trials manifest.
 
-This is the single code path behind every array job: job_submitter.sh calls it on
-the login node, and SLURM array task K runs trial K. It runs with the system
-``python3`` (3.9+) and the standard library only; PyYAML is imported only for
-``--sweep``. Nothing here executes, expands or evaluates user text.
+This is the definition behind every array job: job_submitter.sh calls it on the
+login node, and SLURM array task K runs trial K. (For a command after ``--`` and
+for configs files of plain lines, where nothing needs parsing, the submitter
+writes the same bytes itself without starting a python: ``trials_in_bash`` in
+hpc_files/lib/trials.sh, compared with this file by
+tests/bats/unit/lib_trials.bats; anything else comes here.) It runs with the
+system ``python3`` (3.9+) and the standard library only; PyYAML is imported only
+for ``--sweep``. Nothing here executes, expands or evaluates user text.
 
 Usage::
 

@@ -38,20 +38,45 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
+# Helpers that compute a string print it, or store it in the variable named by
+# an optional last argument: 'to_decimal "$x" x' costs no subshell, where
+# 'x=$(to_decimal "$x")' forks one (the submitter runs dozens of these). The
+# variable must not be one of the helper's own locals.
+
+# emit VAR VALUE: store VALUE in VAR, or print it when VAR is empty.
+emit() {
+  if [[ -n "$1" ]]; then
+    printf -v "$1" '%s' "$2"
+  else
+    printf '%s' "$2"
+  fi
+}
+
 # shell_quote WORD...: each word quoted for a shell, joined by spaces. Unlike
 # printf %q it keeps printable text readable ('a b' rather than a\ b) and is
 # stable across bash versions, which the golden files need.
 shell_quote() {
-  local word out="" sep=""
+  local quoted
+  shell_quote_to quoted "$@"
+  printf '%s' "$quoted"
+}
+
+# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR.
+shell_quote_to() {
+  local into=$1 word out="" sep="" quote="'" escaped="'\\''"
+  shift
   for word in "$@"; do
     if [[ "$word" =~ ^[A-Za-z0-9_./:=,+@%^-]+$ ]]; then
       out+="$sep$word"
     else
-      out+="$sep'${word//\'/\'\\\'\'}'"
+      # Outside double quotes and with quoted operands, this replacement
+      # means the same on bash 4.2 as on 4.3+ (where a double-quoted one differs).
+      word=${word//"$quote"/"$escaped"}
+      out+="$sep'$word'"
     fi
     sep=" "
   done
-  printf '%s' "$out"
+  printf -v "$into" '%s' "$out"
 }
 
 # is_uint VALUE: a whole number (no sign, no spaces, not empty).
@@ -59,11 +84,10 @@ is_uint() {
   [[ "$1" =~ ^[0-9]+$ ]]
 }
 
-# to_decimal VALUE: strip leading zeros so $((...)) never reads octal.
+# to_decimal VALUE [VAR]: strip leading zeros so $((...)) never reads octal.
 to_decimal() {
-  local value=$1
-  value="${value#"${value%%[!0]*}"}"
-  printf '%s' "${value:-0}"
+  local digits=${1#"${1%%[!0]*}"}
+  emit "${2:-}" "${digits:-0}"
 }
 
 # Temporary files removed when job_submitter.sh exits, whatever the outcome.

@@ -13,26 +13,96 @@
 # validate_data_paths: every -d path is relative, stays inside $scratch_dir
 # (symlinks included) and exists. Sets plan_data_paths (sorted, unique).
 validate_data_paths() {
-  local path real_scratch real
+  local path problem="" symlink=""
   plan_data_paths=()
   ((${#opt_data[@]} > 0)) || return 0
-  real_scratch=$(cd "$scratch_dir" 2>/dev/null && pwd -P) ||
-    usage_error "--data paths are relative to $scratch_dir, which does not exist"
+  # First what shows without a process. With no problem and no symbolic
+  # link on the way, every path is inside $scratch_dir as written ('..' is
+  # refused): nothing needs resolving.
   for path in "${opt_data[@]}"; do
-    [[ -n "$path" ]] || usage_error "--data expects a path, got ''"
-    [[ "$path" != /* ]] || usage_error "--data paths are relative to \$SCRATCH/$project_name, got the absolute path '$path'"
-    [[ "$path" != *$'\n'* && "$path" != *$'\t'* ]] || usage_error "--data paths must not contain newlines or tabs"
-    [[ "/$path/" != */../* ]] || usage_error "--data path '$path' must not contain '..'"
-    [[ "$path" != -* ]] || usage_error "--data path '$path' must not start with '-'"
-    [[ -e "$scratch_dir/$path" ]] || usage_error "--data path '$path' does not exist in $scratch_dir"
-    real=$(realpath -e -- "$scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
+    data_path_problem "$path" problem
+    [[ -z "$problem" ]] || break
+    ! has_symlink "$scratch_dir/$path" || symlink=1
+  done
+  [[ -z "$problem" && -z "$symlink" ]] || data_paths_resolve_inside "$problem"
+  for path in "${opt_data[@]}"; do
+    path=${path%/}
+    plan_data_paths+=("${path#./}")
+  done
+  # One path needs no sort process.
+  ((${#plan_data_paths[@]} == 1)) ||
+    mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
+}
+
+# data_paths_resolve_inside [PROBLEM]: every -d path, symbolic links
+# followed, is inside $scratch_dir; otherwise exits 2 naming the first path
+# (in order) with a problem. When no path has a PROBLEM that shows without a
+# process, one realpath resolves the scratch folder and all paths; otherwise,
+# or when that fails, each path is checked and resolved in turn.
+data_paths_resolve_inside() {
+  local path problem real real_scratch reals=() i=0
+  if [[ -z "$1" && -d "$scratch_dir" && -x "$scratch_dir" ]]; then
+    for path in "${opt_data[@]}"; do
+      reals+=("$scratch_dir/$path")
+    done
+    mapfile -t reals < <(realpath -e -- "$scratch_dir" "${reals[@]}" 2>/dev/null || echo -failed-)
+    # One line per path (a resolved path could hold a newline), no failure.
+    if ((${#reals[@]} != ${#opt_data[@]} + 1)) || [[ "${reals[${#reals[@]} - 1]}" == -failed- ]]; then
+      reals=()
+    fi
+  fi
+  if ((${#reals[@]} > 0)); then
+    real_scratch=${reals[0]}
+  else
+    real_scratch=$(cd "$scratch_dir" 2>/dev/null && pwd -P) ||
+      usage_error "--data paths are relative to $scratch_dir, which does not exist"
+  fi
+  for path in "${opt_data[@]}"; do
+    i=$((i + 1))
+    if ((${#reals[@]} > 0)); then
+      real=${reals[i]}
+    else
+      data_path_problem "$path" problem
+      [[ -z "$problem" ]] || usage_error "$problem"
+      real=$(realpath -e -- "$scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
+    fi
     [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
       usage_error "--data path '$path' resolves outside $scratch_dir (symlink to '$real')"
-    path=${path%/}
-    path=${path#./}
-    plan_data_paths+=("$path")
   done
-  mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
+}
+
+# has_symlink PATH: some component of the absolute PATH is a symbolic link.
+has_symlink() {
+  local rest=${1#/} part prefix=""
+  while [[ -n "$rest" ]]; do
+    part=${rest%%/*}
+    rest=${rest#"$part"}
+    rest=${rest#/}
+    [[ -n "$part" ]] || continue
+    prefix+=/$part
+    [[ ! -L "$prefix" ]] || return 0
+  done
+  return 1
+}
+
+# data_path_problem PATH VAR: what is wrong with one -d path, as far as that
+# shows without running a process, in VAR (empty when nothing is).
+data_path_problem() {
+  local path=$1 message=""
+  if [[ -z "$path" ]]; then
+    message="--data expects a path, got ''"
+  elif [[ "$path" == /* ]]; then
+    message="--data paths are relative to \$SCRATCH/$project_name, got the absolute path '$path'"
+  elif [[ "$path" == *$'\n'* || "$path" == *$'\t'* ]]; then
+    message="--data paths must not contain newlines or tabs"
+  elif [[ "/$path/" == */../* ]]; then
+    message="--data path '$path' must not contain '..'"
+  elif [[ "$path" == -* ]]; then
+    message="--data path '$path' must not start with '-'"
+  elif [[ ! -e "$scratch_dir/$path" ]]; then
+    message="--data path '$path' does not exist in $scratch_dir"
+  fi
+  printf -v "$2" '%s' "$message"
 }
 
 # plan_data: the tarball's name, a pure function of the path list and the
@@ -41,7 +111,8 @@ plan_data() {
   local digest suffix=""
   plan_data_tarball=""
   ((${#plan_data_paths[@]} > 0)) || return 0
-  digest=$(printf '%s\0' "${plan_data_paths[@]}" | sha256sum | cut -c1-16)
+  digest=$(sha256sum < <(printf '%s\0' "${plan_data_paths[@]}"))
+  digest=${digest:0:16}
   case "$opt_compress" in
     zstd) suffix=".zst" ;;
     pigz) suffix=".gz" ;;
@@ -56,20 +127,24 @@ data_manifest() {
 }
 
 # stage_data_tarball: build or reuse the tarball. Prints what it did on stderr.
+# The manifest streams from find into cmp and is never held in a variable:
+# bash takes ~1 s per million files to copy and compare strings that large.
 stage_data_tarball() {
-  local manifest lock_fd tmp_tar tmp_manifest tar_status bytes
+  local status lock_fd tmp_tar tmp_manifest tar_status bytes
   [[ -n "$plan_data_tarball" ]] || return 0
-  mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
-  manifest=$(data_manifest) || die "cannot list the --data paths in $scratch_dir"
-  if data_cache_matches "$manifest"; then
+  [[ -d "$plan_data_cache" ]] || mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
+  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
+  ((status[0] == 0)) || die "cannot list the --data paths in $scratch_dir"
+  if ((status[1] == 0)); then
     info "data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
     return 0
   fi
   # One builder at a time per tarball; the others wait, then find it fresh.
   exec {lock_fd}>"$plan_data_tarball.lock" || die "cannot open $plan_data_tarball.lock"
   flock -w 3600 "$lock_fd" || die "timed out waiting for another submission building ${plan_data_tarball##*/}"
-  manifest=$(data_manifest) || die "cannot list the --data paths in $scratch_dir"
-  if data_cache_matches "$manifest"; then
+  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
+  ((status[0] == 0)) || die "cannot list the --data paths in $scratch_dir"
+  if ((status[1] == 0)); then
     exec {lock_fd}>&-
     info "data: reusing ${plan_data_tarball##*/} (built by a concurrent submission)"
     return 0
@@ -79,14 +154,16 @@ stage_data_tarball() {
   tmp_manifest=$(mktemp "$plan_data_tarball.manifest.XXXXXX") || die "mktemp failed in $plan_data_cache"
   register_cleanup "$tmp_tar"
   register_cleanup "$tmp_manifest"
+  # The manifest is taken before tar: a file changed while tar reads it
+  # makes the next submission rebuild.
+  data_manifest >"$tmp_manifest" || die "cannot list the --data paths in $scratch_dir"
   tar_status=0
   case "$opt_compress" in
     none) tar -C "$scratch_dir" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
     *) tar -C "$scratch_dir" --use-compress-program="$opt_compress" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
   esac
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
-  bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' <<<"$manifest")
-  printf '%s\n' "$manifest" >"$tmp_manifest" || die "cannot write the data manifest"
+  bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||
     die "cannot write $plan_data_tarball.meta"
   # Tarball first, manifest last: a manifest only ever describes a complete tarball.
@@ -97,13 +174,20 @@ stage_data_tarball() {
   info "data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
 }
 
-# data_cache_matches MANIFEST: the cached tarball is complete and describes
-# exactly these files.
+# data_cache_matches: the cached tarball is complete and its manifest is
+# exactly the one on stdin (data_manifest's output). Reads stdin to the end
+# either way, so the writer never meets a closed pipe.
 data_cache_matches() {
-  local manifest=$1 size recorded
-  [[ -f "$plan_data_tarball" && -f "$plan_data_tarball.manifest" && -f "$plan_data_tarball.meta" ]] || return 1
-  [[ "$(<"$plan_data_tarball.manifest")" == "$manifest" ]] || return 1
+  local size recorded="" sep="" line
+  if [[ ! -f "$plan_data_tarball" || ! -f "$plan_data_tarball.manifest" || ! -f "$plan_data_tarball.meta" ]] ||
+    ! cmp -s - "$plan_data_tarball.manifest"; then
+    cat >/dev/null
+    return 1
+  fi
   size=$(stat -c %s "$plan_data_tarball")
-  recorded=$(sed -n 's/^tarball_bytes=//p' "$plan_data_tarball.meta")
-  [[ "$size" == "$recorded" ]]
+  # The tarball_bytes= value(s), as $(sed -n 's/^tarball_bytes=//p') gives them.
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    [[ "$line" != tarball_bytes=* ]] || recorded+="$sep${line#tarball_bytes=}" sep=$'\n'
+  done <"$plan_data_tarball.meta"
+  [[ "$size" == "${recorded%"${recorded##*[!$'\n']}"}" ]]
 }

@@ -14,7 +14,12 @@
 # project_paths: where the project and its scratch folders are. The project
 # root is the folder holding hpc_files/, whatever the current directory.
 project_paths() {
-  source_dir=$(cd "$HPC_FILES_DIR/.." && pwd)
+  source_dir=${HPC_FILES_DIR%/*}
+  case "$HPC_FILES_DIR/" in
+    # Not shaped as 'cd DIR && pwd' prints a folder: let cd work it out.
+    [!/]* | / | *//* | */./* | */../*) source_dir=$(cd "$HPC_FILES_DIR/.." && pwd) ;;
+  esac
+  : "${source_dir:=/}"
   project_name=${source_dir##*/}
 }
 
@@ -24,15 +29,15 @@ scratch_paths() {
   plan_exp_dir="$scratch_dir/$opt_exp_name"
 }
 
-# format_memory MB: the shortest exact SLURM size (20480 -> 20G).
+# format_memory MB [VAR]: the shortest exact SLURM size (20480 -> 20G).
 format_memory() {
   local mb=$1
   if ((mb % 1048576 == 0)); then
-    printf '%sT' $((mb / 1048576))
+    emit "${2:-}" "$((mb / 1048576))T"
   elif ((mb % 1024 == 0)); then
-    printf '%sG' $((mb / 1024))
+    emit "${2:-}" "$((mb / 1024))G"
   else
-    printf '%sM' "$mb"
+    emit "${2:-}" "${mb}M"
   fi
 }
 
@@ -61,7 +66,7 @@ plan_layout() {
   if ((opt_gpus > 0)); then
     plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$opt_gpus"
   fi
-  plan_mem=$(format_memory $((plan_mem_per_gpu_mb * gpus_or_one)))
+  format_memory $((plan_mem_per_gpu_mb * gpus_or_one)) plan_mem
   plan_job_name="${project_name}_${opt_exp_name}"
 }
 

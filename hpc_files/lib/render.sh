@@ -19,24 +19,35 @@ sbatch_line() {
 
 # export_line NAME VALUE: an export with the value quoted literally.
 export_line() {
-  printf 'export %s=%s\n' "$1" "$(shell_quote "$2")"
+  local quoted
+  shell_quote_to quoted "$2"
+  printf 'export %s=%s\n' "$1" "$quoted"
+}
+
+# print_text: its standard input (a here-document) on stdout, as cat would,
+# without starting a process.
+print_text() {
+  local text
+  IFS= read -r -d '' text || true
+  printf '%s' "$text"
 }
 
 render_header() {
-  local kind_text
+  local kind_text array_note=""
   case "$opt_kind" in
     lightning) kind_text="lightning: one task per GPU, all started by one srun" ;;
     torchrun) kind_text="torchrun: one task per node, each starting $plan_procs_per_node process(es)" ;;
     none) kind_text="none: one process, no distributed launcher" ;;
   esac
-  cat <<EOF
+  [[ -z "$plan_array_spec" ]] || array_note=' (array task K runs line K+1 of commands.txt)'
+  print_text <<EOF
 #!/bin/bash
 # Rendered by hpc_files/job_submitter.sh $HPC_VERSION; do not edit: re-run the
 # submitter (its exact command is in command.txt beside this file).
 #
 # Layout: $plan_nodes node(s) x $plan_tasks_per_node task(s) x $plan_cpus_per_task CPU(s); world size $plan_world_size.
 # Kind: $kind_text.
-# Trials: $plan_trial_count$( [[ -z "$plan_array_spec" ]] || printf ' (array task K runs line K+1 of commands.txt)').
+# Trials: $plan_trial_count$array_note.
 EOF
 }
 
@@ -73,7 +84,7 @@ render_sbatch_lines() {
 
 render_environment() {
   local entry
-  cat <<'EOF'
+  print_text <<'EOF'
 
 set -uo pipefail
 # srun does not inherit --cpus-per-task since SLURM 22.05.
@@ -122,7 +133,7 @@ EOF
 }
 
 render_launch() {
-  cat <<'EOF'
+  print_text <<'EOF'
 
 # Stage data, launch, forward signals, requeue: node/batch.sh, copied into the
 # submission folder when this job was submitted, so editing the project later

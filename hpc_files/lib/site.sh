@@ -33,15 +33,15 @@ site_env=()
 site_sbatch=()
 site_command=()
 
-# resolve_site_file NAME|PATH: where the profile lives.
+# resolve_site_file NAME|PATH [VAR]: where the profile lives.
 resolve_site_file() {
   local name=$1
   if [[ "$name" == */* || "$name" == *.conf ]]; then
-    printf '%s' "$name"
+    emit "${2:-}" "$name"
   elif [[ -f "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf" ]]; then
-    printf '%s' "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf"
+    emit "${2:-}" "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf"
   else
-    printf '%s' "$HPC_FILES_DIR/sites/$name.conf"
+    emit "${2:-}" "$HPC_FILES_DIR/sites/$name.conf"
   fi
 }
 
@@ -51,7 +51,7 @@ load_site() {
   local line key value number=0
   site_name=${opt_site:-${HPC_SITE:-$DEFAULT_SITE}}
   [[ -n "$site_name" ]] || usage_error "--site expects a name or a file, got ''"
-  site_file=$(resolve_site_file "$site_name")
+  resolve_site_file "$site_name" site_file
   [[ -f "$site_file" ]] ||
     usage_error "site profile '$site_name' not found (looked for $site_file; shipped: $(list_shipped_sites))"
   [[ -r "$site_file" ]] || usage_error "site profile $site_file is not readable"

@@ -35,15 +35,39 @@ plan_runtime_settings() {
 
 # make_submission_dir: $scratch_dir/$exp_name/<stamp>-XXXX, private.
 make_submission_dir() {
-  mkdir -p "$plan_log_dir" "$plan_exp_dir/checkpoints" ||
-    die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
-  submission_dir=$(mktemp -d "$plan_exp_dir/$(date +%Y%m%d-%H%M%S)-XXXX") ||
+  local stamp attempt suffix
+  if [[ ! -d "$plan_log_dir" || ! -d "$plan_exp_dir/checkpoints" ]]; then
+    mkdir -p "$plan_log_dir" "$plan_exp_dir/checkpoints" ||
+      die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
+  fi
+  printf -v stamp '%(%Y%m%d-%H%M%S)T' -1
+  # What mktemp -d does (a random name, mode 0700, never an existing folder),
+  # in one mkdir process; mktemp itself when mkdir fails for another reason.
+  for attempt in 1 2 3; do
+    random_name suffix 4
+    if mkdir -m 0700 -- "$plan_exp_dir/$stamp-$suffix" 2>/dev/null; then
+      submission_dir="$plan_exp_dir/$stamp-$suffix"
+      return 0
+    fi
+    [[ -e "$plan_exp_dir/$stamp-$suffix" ]] || break
+  done
+  submission_dir=$(mktemp -d "$plan_exp_dir/$stamp-XXXX") ||
     die "cannot create a submission folder in $plan_exp_dir"
   chmod 0700 "$submission_dir"
 }
 
+# random_name VAR LENGTH: LENGTH random letters and digits (as mktemp's X's).
+random_name() {
+  local chars=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 random=""
+  while ((${#random} < $2)); do
+    random+=${chars:RANDOM % 62:1}
+  done
+  printf -v "$1" '%s' "$random"
+}
+
 # Until sbatch accepts the job, the submission folder is ours to remove.
 remove_unsubmitted_dir() {
+  wait_for_git_state
   if [[ -n "${submission_dir:-}" && -z "${job_id:-}" && -d "$submission_dir" ]]; then
     rm -rf -- "${submission_dir:?}"
   fi
@@ -52,26 +76,52 @@ remove_unsubmitted_dir() {
 # fill_submission_dir ARGV...: everything the queued job will read.
 fill_submission_dir() {
   local dir=$submission_dir
+  record_git_state "$dir/git.txt"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
-  cp -p "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
+  copy_text "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
     die "cannot copy the venv runtime into $dir/node"
-  cp -p "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
+  copy_text "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
     die "cannot copy the container runtime into $dir/node"
   if [[ -n "${opt_sweep:-}" ]]; then
     cp -p "$opt_sweep" "$dir/sweep.yml" || die "cannot copy $opt_sweep"
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  write_trials "$dir" >"$dir/.count" || exit $?
-  rm -f "$dir/.count"
+  write_trials "$dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
+}
+
+# copy_text SRC DST: DST gets SRC's bytes without a cp process (the runtime
+# layers are sourced, so a fresh mode and mtime do not matter); cp -p when
+# read cannot do it (a missing or unreadable file, a NUL byte).
+copy_text() {
+  local text
+  if [[ -f "$1" && -r "$1" ]] && ! IFS= read -r -d '' text <"$1"; then
+    printf '%s' "$text" >"$2"
+  else
+    cp -p "$1" "$2"
+  fi
+}
+
+# record_git_state FILE: the project's commit and 'git status' into FILE, in
+# the background (two git processes; the submission goes on meanwhile).
+# wait_for_git_state waits for it: before sbatch, and before an unsubmitted
+# folder is removed. A project outside git gets 'not a git repository'.
+record_git_state() {
   {
     printf 'commit: %s\n' "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo 'not a git repository')"
     printf 'status:\n'
-    git -C "$source_dir" status --porcelain 2>/dev/null
-  } >"$dir/git.txt"
+    git -C "$source_dir" status --porcelain 2>/dev/null || true
+  } >"$1" &
+  git_state_pid=$!
+}
+
+wait_for_git_state() {
+  [[ -n "${git_state_pid:-}" ]] || return 0
+  wait "$git_state_pid" || true
+  git_state_pid=""
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,
@@ -105,6 +155,7 @@ submit_setup_job() {
 # submit_job: sbatch, from the submission folder; sets job_id.
 submit_job() {
   local output sbatch_args=(--parsable)
+  wait_for_git_state
   if [[ -n "${setup_job_id:-}" ]]; then
     # On the command line, it overrides the script's --dependency line: keep both.
     # A failed setup cancels the training job rather than leaving it pending forever.
@@ -119,7 +170,7 @@ submit_job() {
 }
 
 report_submission() {
-  local log=${plan_log_file//%x/$plan_job_name}
+  local log=${plan_log_file//%x/$plan_job_name} quoted_log
   if [[ -n "$plan_array_spec" ]]; then
     log=${log//%A/$job_id}
     log=${log//%a/<task>}
@@ -130,7 +181,8 @@ report_submission() {
     "$job_id" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
   printf '  log:        %s\n' "$log"
   printf '  submission: %s\n' "$submission_dir"
-  printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$(shell_quote "$log")"
+  shell_quote_to quoted_log "$log"
+  printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$quoted_log"
 }
 
 # job_states JOB: 'STATE EXITCODE' for the job (one line per array task).

@@ -11,7 +11,7 @@ require_uint() {
   local option=$1 value=$2 min=$3 max=${4:-}
   is_uint "$value" || usage_error "$option expects a whole number, got '$value'"
   ((${#value} <= 9)) || usage_error "$option is out of range, got '$value'"
-  value=$(to_decimal "$value")
+  to_decimal "$value" value
   ((value >= min)) || usage_error "$option must be at least $min, got '$value'"
   if [[ -n "$max" ]] && ((value > max)); then
     usage_error "$option must be at most $max, got '$value'"
@@ -37,12 +37,13 @@ require_name() {
     usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
 }
 
-# parse_slurm_time VALUE: seconds, or nothing when VALUE is not a SLURM time.
-# Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+# parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM
+# time. Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 parse_slurm_time() {
+  emit "${2:-}" ""
   local value=$1 days=0 h=0 m=0 s=0 rest
   if [[ "$value" =~ ^([0-9]{1,4})-(.*)$ ]]; then
-    days=$(to_decimal "${BASH_REMATCH[1]}")
+    to_decimal "${BASH_REMATCH[1]}" days
     rest=${BASH_REMATCH[2]}
     if [[ "$rest" =~ ^([0-9]{1,2})$ ]]; then
       h=${BASH_REMATCH[1]}
@@ -62,24 +63,27 @@ parse_slurm_time() {
   else
     return 0
   fi
-  h=$(to_decimal "$h") m=$(to_decimal "$m") s=$(to_decimal "$s")
+  to_decimal "$h" h
+  to_decimal "$m" m
+  to_decimal "$s" s
   # With a day count the hours are hours of a day; alone, minutes may exceed 59.
   ((s < 60 && (m < 60 || (days == 0 && h == 0)))) || return 0
   [[ "$value" != *-* ]] || ((h < 24)) || return 0
-  printf '%s' $((((days * 24 + h) * 60 + m) * 60 + s))
+  emit "${2:-}" $((((days * 24 + h) * 60 + m) * 60 + s))
 }
 
-# parse_memory_mb VALUE: MiB, or nothing when VALUE is not a SLURM size.
+# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size.
 parse_memory_mb() {
+  emit "${2:-}" ""
   local value=$1 number unit
   [[ "$value" =~ ^([0-9]{1,9})([KMGT]?)$ ]] || return 0
-  number=$(to_decimal "${BASH_REMATCH[1]}")
+  to_decimal "${BASH_REMATCH[1]}" number
   unit=${BASH_REMATCH[2]:-M}
   case "$unit" in
-    K) printf '%s' $(((number + 1023) / 1024)) ;;
-    M) printf '%s' "$number" ;;
-    G) printf '%s' $((number * 1024)) ;;
-    T) printf '%s' $((number * 1024 * 1024)) ;;
+    K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
+    M) emit "${2:-}" "$number" ;;
+    G) emit "${2:-}" $((number * 1024)) ;;
+    T) emit "${2:-}" $((number * 1024 * 1024)) ;;
   esac
 }
 
@@ -89,30 +93,30 @@ validate_settings() {
   [[ "$SCRATCH" != *$'\n'* ]] || usage_error "SCRATCH must not contain a newline"
 
   require_uint --gpus "$opt_gpus" 0 "${site_max_gpus_per_node:-64}"
-  opt_gpus=$(to_decimal "$opt_gpus")
+  to_decimal "$opt_gpus" opt_gpus
   require_uint --cpus "$opt_cpus" 1 1024
-  opt_cpus=$(to_decimal "$opt_cpus")
+  to_decimal "$opt_cpus" opt_cpus
   require_uint --num-nodes "$opt_nodes" 1 "${site_max_nodes:-4096}"
-  opt_nodes=$(to_decimal "$opt_nodes")
+  to_decimal "$opt_nodes" opt_nodes
   [[ "$opt_kind" != script ]] || opt_kind=torchrun
   require_one_of --which-distributed "$opt_kind" lightning torchrun script none
   require_name --exp-name "$opt_exp_name"
 
-  plan_time_seconds=$(parse_slurm_time "$opt_time")
+  parse_slurm_time "$opt_time" plan_time_seconds
   [[ -n "$plan_time_seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
   ((plan_time_seconds > 0)) || usage_error "--time must be longer than zero, got '$opt_time'"
-  plan_mem_per_gpu_mb=$(parse_memory_mb "$opt_mem_per_gpu")
+  parse_memory_mb "$opt_mem_per_gpu" plan_mem_per_gpu_mb
   [[ -n "$plan_mem_per_gpu_mb" ]] ||
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((plan_mem_per_gpu_mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
 
   require_uint --signal-lead "$opt_signal_lead" 1 65535
-  opt_signal_lead=$(to_decimal "$opt_signal_lead")
+  to_decimal "$opt_signal_lead" opt_signal_lead
   ((opt_signal_lead < plan_time_seconds)) ||
     usage_error "--signal-lead ($opt_signal_lead s) must be shorter than --time ($opt_time = $plan_time_seconds s)"
   require_uint --max-requeues "$opt_max_requeues" 0 1000
-  opt_max_requeues=$(to_decimal "$opt_max_requeues")
+  to_decimal "$opt_max_requeues" opt_max_requeues
 
   validate_gpu_type
   validate_experiment_source
@@ -171,7 +175,7 @@ validate_experiment_source() {
         usage_error "no --sweep-count given"
     fi
     require_uint --sweep-count "$opt_sweep_count" 1 100000
-    opt_sweep_count=$(to_decimal "$opt_sweep_count")
+    to_decimal "$opt_sweep_count" opt_sweep_count
   elif [[ -n "${opt_sweep_count:-}" ]]; then
     usage_error "--sweep-count only applies with -w/--wandb-sweepid (for --sweep, use --trials)"
   fi
@@ -212,7 +216,7 @@ validate_optional_settings() {
   fi
   if [[ -n "${opt_array_throttle:-}" ]]; then
     require_uint --array-throttle "$opt_array_throttle" 1 100000
-    opt_array_throttle=$(to_decimal "$opt_array_throttle")
+    to_decimal "$opt_array_throttle" opt_array_throttle
   fi
   if [[ -n "${opt_dependency:-}" ]]; then
     [[ "$opt_dependency" =~ ^[a-z_]+(:[0-9_+*]+)*([,?][a-z_]+(:[0-9_+*]+)*)*$ ]] ||

@@ -170,6 +170,35 @@ $sub"
     fail "source_dir is not the repository: $(grep source_dir "$sub/job.sbatch")"
 }
 
+@test "relative and ./ invocations find the same project root" {
+  local script
+  for script in "$REPO_ROOT/hpc_files/job_submitter.sh" hpc_files/job_submitter.sh ./hpc_files/job_submitter.sh \
+    hpc_files/../hpc_files//job_submitter.sh; do
+    cd "$REPO_ROOT"
+    run --separate-stderr bash "$script" --dry-run -C "$ONE_LINE" </dev/null
+    assert_success
+    [[ "$output" == *$'\n'"export source_dir=$REPO_ROOT"$'\n'* || "$output" == *$'\n'"export source_dir='$REPO_ROOT'"$'\n'* ]] ||
+      fail "$script: source_dir is not the repository: $(grep source_dir <<<"$output")"
+  done
+  cd "$REPO_ROOT/hpc_files"
+  run --separate-stderr bash job_submitter.sh --dry-run -C "$ONE_LINE" </dev/null
+  assert_success
+  [[ "$output" == *$'\n'"export source_dir=$REPO_ROOT"$'\n'* || "$output" == *$'\n'"export source_dir='$REPO_ROOT'"$'\n'* ]] ||
+    fail "job_submitter.sh from hpc_files/: source_dir is not the repository"
+}
+
+@test "a project outside git submits; git.txt says so" {
+  local project="$BATS_TEST_TMPDIR/nogit/proj" dir
+  mkdir -p "$project"
+  cp -r "$REPO_ROOT/hpc_files" "$REPO_ROOT/virtual_env_hpc_files" "$REPO_ROOT/singularity_hpc_files" "$project/"
+  run --separate-stderr env GIT_CEILING_DIRECTORIES="$BATS_TEST_TMPDIR" \
+    "$project/hpc_files/job_submitter.sh" -e nogit -g 0 -W none -- true </dev/null
+  assert_success
+  dir=$(find "$SCRATCH/proj/nogit" -mindepth 1 -maxdepth 1 -type d ! -name checkpoints)
+  assert_equal "$(cat "$dir/git.txt")" "commit: not a git repository
+status:"
+}
+
 @test "two submissions in the same second get two folders" {
   submit_ok -e twice -C "$ONE_LINE"
   submit_ok -e twice -C "$ONE_LINE"

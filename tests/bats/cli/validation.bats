@@ -504,6 +504,28 @@ setup() {
   refuse "--data path 'link' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d link
 }
 
+@test "data: the first problem in path order is the one reported" {
+  # A link outside scratch, then a missing path: the link is named, as when
+  # each path is checked in turn.
+  mkdir -p "$SCRATCH/$PROJECT/inside" "$BATS_TEST_TMPDIR/outside"
+  ln -s "$BATS_TEST_TMPDIR/outside" "$SCRATCH/$PROJECT/link"
+  refuse "--data path 'link' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d link missing
+  refuse "--data path 'missing' does not exist in $SCRATCH/$PROJECT" -- -C "$ONE_LINE" -d inside missing link
+  refuse "--data path './link/' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d inside ./link/
+}
+
+@test "data: symlinks that stay inside scratch, and a scratch folder behind a symlink, are accepted" {
+  mkdir -p "$SCRATCH/$PROJECT/real/ds" "$BATS_TEST_TMPDIR/elsewhere"
+  ln -s real/ds "$SCRATCH/$PROJECT/alias"
+  dry -C "$ONE_LINE" -d alias real/ds/
+  assert_output --partial "export HPC_DATA_TARBALL="
+  # The same layout reached through a symlinked SCRATCH.
+  mv "$SCRATCH" "$BATS_TEST_TMPDIR/elsewhere/scratch"
+  ln -s "$BATS_TEST_TMPDIR/elsewhere/scratch" "$SCRATCH"
+  dry -C "$ONE_LINE" -d alias real/ds/
+  assert_output --partial "export HPC_DATA_TARBALL="
+}
+
 @test "data: a second path after one flag that does not exist" {
   mkdir -p "$SCRATCH/$PROJECT/a"
   refuse "--data path 'b' does not exist" -- -C "$ONE_LINE" -d a b
