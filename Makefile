@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh Debian/Ubuntu machine (as root):
 #   make demo   install what is missing, start the local SLURM cluster, submit
 #               the example 2-node training job through hpc_files/job_submitter.sh
-#   make test   install what is missing, run shellcheck, ruff, bats and pytest
+#   make test   install what is missing, run shellcheck, ruff, bats, pytest and
+#               the benchmarks' smoke run
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -56,7 +57,8 @@ bats-integration: cluster-up
 pytest: cluster-up
 	@$(PY) -m pytest -q
 
-test: lint bats-unit bats-integration pytest
+# The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
+test: lint bats-unit bats-integration pytest bench-smoke
 
 # The whole reliability suite (faults, security, load); writes RELIABILITY.md.
 test-reliability: cluster-up
