@@ -53,8 +53,14 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def atomic_save(obj: Any, path: str) -> None:
-    """torch.save to a temp file in the same folder, fsync, os.replace, fsync the folder."""
+def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
+    """torch.save to a temp file in the same folder, fsync, os.replace, fsync the folder.
+
+    ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
+    before the rename, so a test can kill the process mid-save at a known moment.
+    """
+    import time
+
     import torch
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -65,6 +71,8 @@ def atomic_save(obj: Any, path: str) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if pause_before_rename > 0:
+            time.sleep(pause_before_rename)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

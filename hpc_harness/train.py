@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fail-at-step", type=int, default=None, help="raise after this step")
     g.add_argument("--fail-rank", type=int, default=0, help="rank that raises (--fail-at-step)")
     g.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
+    g.add_argument(
+        "--pause-in-save-at-step",
+        type=int,
+        default=None,
+        help="hold the checkpoint of this step as a temp file for 120 s before its rename "
+        "(to kill a rank mid-write)",
+    )
     return p
 
 
@@ -176,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fail_at_step=args.fail_at_step,
             fail_rank=args.fail_rank,
             step_sleep=args.step_sleep,
+            pause_in_save_at_step=args.pause_in_save_at_step,
         )
         steps_total = args.epochs * -(-len(train_set) // (args.batch_size * ctx.world_size))
         try:

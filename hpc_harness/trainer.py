@@ -92,6 +92,7 @@ class TrainConfig:
     fail_at_step: int | None = None
     fail_rank: int = 0
     step_sleep: float = 0.0
+    pause_in_save_at_step: int | None = None  # hold that checkpoint's temp file 120 s
 
 
 def seed_everything(seed: int) -> None:
@@ -382,7 +383,8 @@ class Trainer:
         self._drain_control()
         state = self._state()
         if self.is_main:
-            ckpt.atomic_save(state, path)
+            pause = 120.0 if self.global_step == self.cfg.pause_in_save_at_step else 0.0
+            ckpt.atomic_save(state, path, pause_before_rename=pause)
             ckpt.prune(self.cfg.ckpt_dir, self.cfg.keep_last)
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()

@@ -17,10 +17,6 @@ setup() {
   train=(python -m hpc_harness.train --data-dir "$data" --seed 3 --checkpoint-every 10 --signal-check-every 1)
 }
 
-
-
-
-
 # final_weights_equal A B: the two last.pt files hold bitwise-equal weights.
 final_weights_equal() {
   "$REPO_ROOT/.venv/bin/python" -c '
@@ -61,6 +57,39 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   assert_job_state "$job_id" FAILED
   run job_log "$job_id"
   assert_output --partial 'already requeued 0 time(s) (--max-requeues 0); not requeueing. Resubmit to continue from the checkpoint.'
+}
+
+@test "rank 0 killed with SIGKILL while it writes a checkpoint (mid-epoch): the job FAILS; the next run names the partial file, resumes from the previous complete checkpoint and ends bitwise equal to an uninterrupted run" {
+  # About 23 steps per epoch at 2 x 1 processes: step 30 is mid-epoch 1.
+  local args=("${train[@]}" --epochs 2) ck="$BATS_TEST_TMPDIR/crash" deadline tmp="" pid
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e straight -- "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/straight"
+  local straight=$job_id
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e crash -- "${args[@]}" --ckpt-dir "$ck" --pause-in-save-at-step 30
+  # The checkpoint of step 30 is held as a complete temp file before its
+  # rename (a testing aid): kill the process writing it (its pid ends the name).
+  deadline=$((SECONDS + 180))
+  until tmp=$(compgen -G "$ck/.ckpt_step00000030.pt.tmp.*"); do
+    ((SECONDS < deadline)) || fail "no temp file of the step-30 checkpoint in 180 s: $(job_log "$job_id" 2>&1 | tail -n 15)"
+    sleep 0.2
+  done
+  pid=${tmp##*.}
+  kill -9 "$pid"
+  wait_job_done "$job_id" 120
+  assert_job_state "$job_id" FAILED
+  assert_file_exists "$ck/ckpt_step00000020.pt"
+  assert_file_not_exists "$ck/ckpt_step00000030.pt"
+  assert_file_exists "$tmp"
+
+  submit -n 2 -g 1 -c 1 -W torchrun -t 10 -e crash -- "${args[@]}" --ckpt-dir "$ck"
+  wait_job_done "$job_id" 180
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_output --partial "ignoring incomplete checkpoint $tmp (a save was interrupted)"
+  assert_output --partial "resumed from $ck/ckpt_step00000020.pt (global step 20"
+  wait_job_done "$straight" 180
+  assert_job_state "$straight" COMPLETED
+  final_weights_equal "$BATS_TEST_TMPDIR/straight/last.pt" "$ck/last.pt" ||
+    fail "final weights differ from the uninterrupted run after resuming past a killed save"
 }
 
 @test "preemption by the urgent partition: SIGTERM, checkpoint within the grace time, requeue, resume from that checkpoint" {
