@@ -7,7 +7,7 @@ each started with ``python -m torch.distributed.run --standalone --nproc-per-nod
     harness         hpc_harness.trainer.Trainer with TrainConfig defaults: progress lines and
                     metrics.csv every 50 steps, a checkpoint every 600 s of training (none
                     in this short run), control flags (signal, timed checkpoint) all-reduced
-                    asynchronously every 10 steps, final checkpoint + last.pt
+                    asynchronously about every 0.5 s (adaptive), final checkpoint + last.pt
     harness_ckpt100 the same plus a checkpoint every 100 steps (keep 3): the cost of frequent
                     step-based checkpoints
     harness_quiet   no periodic work at all (no checkpoints, progress lines or signal checks)
@@ -201,8 +201,9 @@ def run_once(config: str, epochs: int, samples: int, workdir: Path) -> dict[str,
     diffs = [b - a for a, b in zip(steady, steady[1:])]
     diffs_sorted = sorted(diffs)
     # What ran between step g's optimizer update and step g+1's: classify each step time by
-    # the global step g it follows (harness: signal check when g % 10 == 0, progress line
-    # when g % 50 == 0, checkpoint when g % 100 == 0; every loop: a new epoch when g % spe).
+    # the global step g it follows (a fixed-interval harness: signal check when g % 10 == 0,
+    # progress line when g % 50 == 0, checkpoint when g % 100 == 0; every loop: a new epoch
+    # when g % spe).
     classes: dict[str, list[float]] = {k: [] for k in STEP_CLASSES}
     for j, d in enumerate(diffs):
         g = k + j  # global step (1-based) whose post-step work precedes this step time
@@ -262,7 +263,8 @@ def render(results: dict[str, list[dict[str, float]]], meta: dict[str, object]) 
     out.append(
         "`harness` = `hpc_harness.trainer.Trainer` with `TrainConfig` defaults (progress line + "
         "metrics.csv every 50 steps, a checkpoint every 600 s of training (none in this short run) "
-        "plus the final one, control flags all-reduced asynchronously every 10 steps); "
+        "plus the final one, control flags all-reduced asynchronously about every 0.5 s, "
+        "the interval in steps adapted to the step time: every ~100 steps here); "
         "`harness_ckpt100` = same plus a checkpoint every 100 steps; `harness_quiet` = no "
         "periodic work at "
         "all (no checkpoints, no progress lines, no signal checks: the bare loop); "
@@ -290,10 +292,12 @@ def render(results: dict[str, list[dict[str, float]]], meta: dict[str, object]) 
         )
     out.append(
         "\n**Where the time goes**: mean step time by what ran after the previous step "
-        "(global step g). The harness checks the stop flag (one all-reduce + `.item()`) after "
-        "g % 10 == 0, also writes a progress line + metrics.csv after g % 50 == 0, and also "
-        "checkpoints after g % 100 == 0 (`harness` only); raw and Lightning do nothing there, "
-        "so their columns show the noise floor. Excess = class mean - plain mean; the last "
+        "(global step g). A harness with `--signal-check-every 10` checks the stop flag (one "
+        "all-reduce + `.item()`) after g % 10 == 0; with the default adaptive interval its checks "
+        "fall at other steps, in 'plain'. It also writes a progress line + metrics.csv after "
+        "g % 50 == 0, and also checkpoints after g % 100 == 0 (`harness_ckpt100` only); raw and "
+        "Lightning do nothing there, so their columns show the noise floor. Excess = class "
+        "mean - plain mean; the last "
         "column is the extra time per 100 steps vs raw implied by these means "
         "(90 plain + 8 g10 + 1 g50 + 1 g100 steps); 'periodic work' = 8 g10 + g50 + g100 "
         "excesses, and 'ratio if only that' = 100 plain / (100 plain + periodic): the "

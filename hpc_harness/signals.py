@@ -2,7 +2,7 @@
 
 SLURM sends SIGUSR1 shortly before the wall time (``#SBATCH --signal=B:USR1@lead``, forwarded
 to the step by the batch script) and SIGTERM on preemption. The handlers here only set a flag.
-The trainer looks at the flag at step boundaries (every ``signal_check_every`` steps); when
+The trainer looks at the flag at step boundaries (about every ``signal_check_s`` seconds); when
 distributed, ranks agree with an asynchronous all-reduce (MAX), read at the next check, so that
 all of them stop at the same step. Then they save a checkpoint, wait at a barrier, rank 0 writes the
 requeue marker, and every rank exits with ``REQUEUE_EXIT_CODE``.

@@ -106,7 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: $HPC_WANDB, else auto (online if an API key is configured, else off)",
     )
-    g.add_argument("--signal-check-every", type=int, default=10, help="steps between flag checks")
+    g.add_argument(
+        "--signal-check-every",
+        type=int,
+        default=0,
+        help="steps between stop-flag checks (0: adaptive, about every --signal-check-seconds)",
+    )
+    g.add_argument(
+        "--signal-check-seconds",
+        type=float,
+        default=0.5,
+        help="adaptive: seconds between stop-flag checks (a signal is acted on within ~2x this)",
+    )
     g = p.add_argument_group("testing aids")
     g.add_argument("--fail-at-step", type=int, default=None, help="raise after this step")
     g.add_argument("--fail-rank", type=int, default=0, help="rank that raises (--fail-at-step)")
@@ -134,7 +145,14 @@ def make_model(layers: int, hidden: int, n_in: int = 64, n_out: int = 10):  # ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.signal_check_every < 0:
+        parser.error(
+            f"--signal-check-every expects 0 (adaptive) or more, got {args.signal_check_every}"
+        )
+    if not args.signal_check_seconds > 0:
+        parser.error(f"--signal-check-seconds must be more than 0, got {args.signal_check_seconds}")
     import torch
     from torch.utils.data import DataLoader
 
@@ -180,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             wandb=args.wandb,
             hparams={k: v for k, v in vars(args).items() if not k.startswith(("fail", "step_"))},
             signal_check_every=args.signal_check_every,
+            signal_check_s=args.signal_check_seconds,
             fail_at_step=args.fail_at_step,
             fail_rank=args.fail_rank,
             step_sleep=args.step_sleep,

@@ -23,16 +23,21 @@ What it does for you:
   end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
   scheduler, scaler, epoch and position in it, and every rank's RNG states are restored;
-- SIGUSR1/SIGTERM set a flag; every ``signal_check_every`` steps the ranks agree on it (and
-  on whether a timed checkpoint is due) and then save, write the requeue marker, and return
-  ``"requeue"`` (exit code 42);
+- SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
+  ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
+  checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
+  code 42);
 - rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
 
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
 ``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
-asynchronously every ``signal_check_every`` steps: the reduction started at one check is read
-at the next, so training never waits for it and every rank acts at the same step. A signal is
-therefore acted on within ``2 * signal_check_every`` steps.
+asynchronously at each check: the reduction started at one check is read at the next, so
+training never waits for it and every rank acts at the same step. Checks are spaced by time,
+not by a step count, so a 5 ms step and a 10 s step both react to the wall-time signal within
+about ``2 * signal_check_s`` seconds plus one step: each rank proposes the step count that
+takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
+smallest wins), and every rank reads the same interval at the same step. A fixed
+``signal_check_every`` (steps) turns that off.
 Override ``_compute_loss`` for batches that are not ``(inputs, targets)``.
 """
 
@@ -86,8 +91,9 @@ class TrainConfig:
     wandb: str | None = "disabled"
     wandb_project: str | None = None
     hparams: dict[str, Any] = field(default_factory=dict)
-    # requeue protocol
-    signal_check_every: int = 10
+    # requeue protocol: how often the ranks agree on the stop flag
+    signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
+    signal_check_s: float = 0.5  # adaptive: seconds between checks
     # testing aids
     fail_at_step: int | None = None
     fail_rank: int = 0
@@ -150,9 +156,16 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None
         # preallocated per-step buffers
         self._loss_sum = torch.zeros((), device=self.device)
-        # control flags all-reduced with MAX: [stop requested, timed checkpoint due]
-        self._flags = torch.zeros(2, device=self.device)
+        # control flags all-reduced with MAX: [stop requested, timed checkpoint due,
+        # -(steps until the next check) proposed by this rank: the MAX is minus the smallest]
+        self._flags = torch.zeros(3, device=self.device)
         self._flags_work: Any = None  # the in-flight async all-reduce of _flags
+        self._flags_unread = False  # a finished reduction (drained) the next check must read
+        # Steps between checks (the same on every rank), steps since the last one, and when
+        # it was (this rank's clock: for the proposal of the next interval).
+        self._check_interval = max(config.signal_check_every, 1)
+        self._steps_since_check = 0
+        self._last_check_time = time.perf_counter()
         self._last_ckpt_time = time.monotonic()
         self._non_blocking = self.device.type == "cuda"
         self.last_checkpoint: str | None = None
@@ -182,33 +195,51 @@ class Trainer:
         )
         return self.stop.is_set, ckpt_due
 
+    def _proposed_interval(self) -> int:
+        """Steps that take about ``signal_check_s`` at this rank's pace since the last check."""
+        now = time.perf_counter()
+        per_step = (now - self._last_check_time) / max(self._steps_since_check, 1)
+        self._last_check_time = now
+        if self.cfg.signal_check_every > 0:
+            return self.cfg.signal_check_every
+        return int(min(max(self.cfg.signal_check_s / max(per_step, 1e-9), 1), 1000))
+
     def _control_check(self) -> tuple[bool, bool]:
         """(stop, checkpoint due), the same on every rank. Collective: call on every rank.
 
         One process: read directly. Several: return what the all-reduce started at the
         previous check gave (nothing on the first), then start the next one, so the step
-        loop never blocks on it.
+        loop never blocks on it. Sets the steps until the next check, the same on every rank.
         """
+        proposal = self._proposed_interval()
+        self._steps_since_check = 0
         if not (self.world_size > 1 and dist.is_initialized()):
+            self._check_interval = proposal
             return self._local_flags()
         result = (False, False)
-        if self._flags_work is not None:
-            self._flags_work.wait()
-            self._flags_work = None
-            stop, due = self._flags.tolist()
+        if self._flags_work is not None or self._flags_unread:
+            self._drain_control()
+            self._flags_unread = False
+            stop, due, minus_interval = self._flags.tolist()
             result = (stop > 0, due > 0)
+            self._check_interval = max(int(-minus_interval), 1)
         if not result[0]:
             stop, due = self._local_flags()
             self._flags[0] = float(stop)
             self._flags[1] = float(due)
+            self._flags[2] = float(-proposal)
             self._flags_work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
         return result
 
     def _drain_control(self) -> None:
-        """Finish an in-flight flag all-reduce (every rank has one at the same point)."""
+        """Finish an in-flight flag all-reduce (every rank has one at the same point), before
+        other collectives (evaluation, checkpoint). Its result stays for the next check: a
+        reduction drained at every epoch end must not be lost, or a stop would never be seen
+        when checks are more than half an epoch apart."""
         if self._flags_work is not None:
             self._flags_work.wait()
             self._flags_work = None
+            self._flags_unread = True
 
     # ------------------------------------------------------------------ steps
 
@@ -272,7 +303,8 @@ class Trainer:
             if cfg.log_every and step % cfg.log_every == 0:
                 t_last, steps_last = self._log_progress(epoch, t_last, steps_last)
             ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-            if step % cfg.signal_check_every == 0:
+            self._steps_since_check += 1
+            if self._steps_since_check >= self._check_interval:
                 stop, timed_due = self._control_check()
                 if stop:
                     return "requeue"
