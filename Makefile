@@ -66,6 +66,7 @@ test-reliability: cluster-up
 
 # Benchmarks (minutes; needs root for dropping the page cache): BENCHMARKS.md.
 bench: cluster-up
+	@tools/install_deps.sh bench
 	@bench/run_all.sh
 
 # Seconds: checks that every benchmark script still runs; writes nothing.

@@ -3,7 +3,8 @@
 # there: Debian packages (SLURM, munge, bats, shellcheck) and the project
 # virtualenv at .venv (torch==2.13.0 first, so pip never pulls a CUDA build).
 #
-# Usage: tools/install_deps.sh [system|venv|all]   (default: all)
+# Usage: tools/install_deps.sh [system|venv|all|bench]   (default: all)
+#   bench: all, plus what only the benchmarks use (squashfs-tools, squashfuse, fuse3)
 # Non-interactive (CI=true, no stdin); root is needed only for apt-get.
 set -euo pipefail
 
@@ -13,22 +14,26 @@ readonly REPO_ROOT
 readonly VENV="$REPO_ROOT/.venv"
 readonly TORCH_PIN="torch==2.13.0"
 readonly APT_PACKAGES=(slurm-wlm munge bats bats-assert bats-support bats-file shellcheck iproute2 hyperfine)
+# The staging benchmark compares extraction with a mounted squashfs image.
+readonly BENCH_APT_PACKAGES=(squashfs-tools squashfuse fuse3)
 
 die() {
   echo "$PROG: error: $*" >&2
   exit 1
 }
 
+# missing_apt_packages PACKAGE...: those not installed.
 missing_apt_packages() {
   local pkg
-  for pkg in "${APT_PACKAGES[@]}"; do
+  for pkg in "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || echo "$pkg"
   done
 }
 
+# install_system PACKAGE...: apt-get install those missing.
 install_system() {
   local missing
-  missing=$(missing_apt_packages | tr '\n' ' ')
+  missing=$(missing_apt_packages "$@" | tr '\n' ' ')
   if [[ -z "${missing// /}" ]]; then
     echo "$PROG: system packages present"
     return 0
@@ -78,14 +83,18 @@ install_venv() {
 
 main() {
   case "${1:-all}" in
-    system) install_system ;;
+    system) install_system "${APT_PACKAGES[@]}" ;;
     venv) install_venv ;;
     all)
-      install_system
+      install_system "${APT_PACKAGES[@]}"
+      install_venv
+      ;;
+    bench)
+      install_system "${APT_PACKAGES[@]}" "${BENCH_APT_PACKAGES[@]}"
       install_venv
       ;;
     *)
-      echo "$PROG: error: expected system, venv or all; got '$1'" >&2
+      echo "$PROG: error: expected system, venv, all or bench; got '$1'" >&2
       exit 2
       ;;
   esac
