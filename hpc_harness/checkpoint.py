@@ -3,7 +3,8 @@
 Files are ``<ckpt_dir>/ckpt_step<global step, 8 digits>.pt``. Each is written to a temporary
 file in the same folder (``.ckpt_step....pt.tmp.<pid>``), flushed and fsync'ed, then renamed
 with ``os.replace`` (atomic on POSIX), and the folder is fsync'ed. A process killed mid-save
-leaves only a temporary file, never a half checkpoint under the final name. On resume the
+leaves only a temporary file, never a half checkpoint under the final name; the next save that
+completes past that step removes it (``prune``). On resume the
 newest checkpoint that loads wins; a corrupt or partial newest is skipped with a warning.
 
 Checkpoint dict keys (``FORMAT_VERSION`` 1): model, optimizer, scheduler, scaler, epoch,
@@ -22,6 +23,7 @@ from typing import Any
 
 FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^ckpt_step(\d+)\.pt$")
+_TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.pt\.tmp\.\d+$")
 
 
 def checkpoint_path(ckpt_dir: str, global_step: int) -> str:
@@ -82,10 +84,19 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
 
 
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:
-    """Delete all but the newest ``keep_last`` checkpoints (0 or less keeps all)."""
-    if keep_last <= 0:
-        return []
-    old = list_checkpoints(ckpt_dir)[:-keep_last]
+    """Delete all but the newest ``keep_last`` checkpoints (0 or less keeps all), and the
+    temporary files of interrupted saves of steps up to the newest complete checkpoint.
+
+    Called by the one writer right after a save: a run's saves follow one another, so a
+    temporary file of an earlier (or the same) step belongs to a save that was killed.
+    """
+    complete = list_checkpoints(ckpt_dir)
+    old = complete[:-keep_last] if keep_last > 0 else []
+    newest = int(_NAME_RE.match(os.path.basename(complete[-1])).group(1)) if complete else -1
+    for tmp in stale_temp_files(ckpt_dir):
+        m = _TEMP_RE.match(os.path.basename(tmp))
+        if m and int(m.group(1)) <= newest:
+            old.append(tmp)
     for p in old:
         try:
             os.unlink(p)

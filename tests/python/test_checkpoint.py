@@ -104,3 +104,21 @@ def test_rng_capture_and_restore_round_trip() -> None:
     got = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], got[0])
     assert np.array_equal(expected[1], got[1]) and expected[2] == got[2]
+
+
+def test_prune_removes_temp_files_of_killed_saves_once_a_later_save_completes(tmp_path) -> None:
+    d = str(tmp_path)
+    ckpt.atomic_save(_state(10), ckpt.checkpoint_path(d, 10))
+    for step, pid in ((20, 111), (30, 222)):  # what two saves killed mid-write leave behind
+        with open(os.path.join(d, f".ckpt_step{step:08d}.pt.tmp.{pid}"), "wb") as f:
+            f.write(b"partial")
+    ckpt.prune(d, keep_last=0)
+    assert len(ckpt.stale_temp_files(d)) == 2, "no save past those steps yet: keep them"
+    ckpt.atomic_save(_state(20), ckpt.checkpoint_path(d, 20))
+    removed = ckpt.prune(d, keep_last=3)
+    assert removed == [os.path.join(d, ".ckpt_step00000020.pt.tmp.111")]
+    assert ckpt.stale_temp_files(d) == [os.path.join(d, ".ckpt_step00000030.pt.tmp.222")]
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(d)] == [
+        "ckpt_step00000010.pt",
+        "ckpt_step00000020.pt",
+    ]

@@ -90,6 +90,8 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   assert_job_state "$straight" COMPLETED
   final_weights_equal "$BATS_TEST_TMPDIR/straight/last.pt" "$ck/last.pt" ||
     fail "final weights differ from the uninterrupted run after resuming past a killed save"
+  # The save of step 30 that completed this time removed the dead temp file.
+  assert_file_not_exists "$tmp"
 }
 
 @test "preemption by the urgent partition: SIGTERM, checkpoint within the grace time, requeue, resume from that checkpoint" {
