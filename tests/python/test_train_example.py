@@ -74,6 +74,26 @@ def test_help_lists_every_option(capsys) -> None:
             assert opt in text
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--signal-check-every", "-1"],
+            "--signal-check-every expects 0 (adaptive) or more, got -1",
+        ),
+        (["--signal-check-seconds", "0"], "--signal-check-seconds must be more than 0, got 0.0"),
+        (["--signal-check-seconds", "-2"], "--signal-check-seconds must be more than 0, got -2.0"),
+        (["--signal-check-seconds", "nan"], "--signal-check-seconds must be more than 0, got nan"),
+        (["--pause-in-save-at-step", "x"], "--pause-in-save-at-step: invalid int value: 'x'"),
+    ],
+)
+def test_bad_check_options_exit_2_before_training(args, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_default_dirs_follow_the_job_environment(tmp_path) -> None:
     staged = tmp_path / "tmpdir" / "datasets" / "digits"
     env = {"SLURM_TMPDIR": str(tmp_path / "tmpdir"), "scratch_dir": "/s", "exp_name": "e"}
