@@ -4,7 +4,8 @@
 # virtualenv at .venv (torch==2.13.0 first, so pip never pulls a CUDA build).
 #
 # Usage: tools/install_deps.sh [system|venv|all|bench]   (default: all)
-#   bench: all, plus what only the benchmarks use (squashfs-tools, squashfuse, fuse3)
+#   bench: what only the benchmarks use, on top of all (squashfs-tools,
+#          squashfuse, fuse3); make bench runs all first (through cluster-up)
 # Non-interactive (CI=true, no stdin); root is needed only for apt-get.
 set -euo pipefail
 
@@ -89,10 +90,7 @@ main() {
       install_system "${APT_PACKAGES[@]}"
       install_venv
       ;;
-    bench)
-      install_system "${APT_PACKAGES[@]}" "${BENCH_APT_PACKAGES[@]}"
-      install_venv
-      ;;
+    bench) install_system "${BENCH_APT_PACKAGES[@]}" ;;
     *)
       echo "$PROG: error: expected system, venv, all or bench; got '$1'" >&2
       exit 2
