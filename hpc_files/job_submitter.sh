@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Submits a PyTorch training run to SLURM: parse options -> load the site
 # profile -> validate -> plan the layout -> build the data tarball -> render one
-# batch script -> sbatch (or print it with --dry-run). See --help.
+# batch script in a submission folder -> sbatch (or only write the folder with
+# --no-submit, or only print the script with --dry-run). See --help.
 #
 # Usage: bash hpc_files/job_submitter.sh [options] [-- COMMAND [ARG...]]
 # Works from any directory: the project root is the folder holding hpc_files/.
@@ -70,15 +71,20 @@ main() {
   plan_runtime_settings
   check_wandb_credentials
   if [[ -n "${opt_dry_run:-}" ]]; then
-    plan_array "$(count_trials)"
-    render_script
+    preview_submission
     return 0
   fi
   make_submission_dir
+  plan_submission_folder "$submission_dir"
   fill_submission_dir "$@"
   plan_array "$trials_count"
   render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   stage_data_tarball
+  warn_if_other_command_checkpointed
+  if [[ -n "${opt_no_submit:-}" ]]; then
+    report_unsubmitted
+    return 0
+  fi
   submit_setup_job
   submit_job
   report_submission

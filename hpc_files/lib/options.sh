@@ -59,6 +59,8 @@ declare -A OPTION_SETTING=(
 # Options without a value -> the setting they turn on.
 declare -A FLAG_SETTING=(
   [--dry-run]=dry_run
+  [--no-submit]=no_submit
+  [--no-snapshot]=no_snapshot
   [--wait]=wait
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
@@ -128,8 +130,9 @@ Data and environment:
                               as one cached tarball into \$SLURM_TMPDIR on every node
                               (repeatable; several paths may follow one flag)
   --compress none|zstd|pigz   compress the data tarball (default: $DEFAULT_COMPRESS)
-  --stage-out DIR             copy \$SLURM_TMPDIR/DIR back to \$scratch_dir/<exp>/ at
-                              the end and before a requeue
+  --stage-out DIR             copy \$SLURM_TMPDIR/DIR back to the result folder
+                              (\$scratch_dir/<exp>/DIR; array task K: <exp>/trials/K/DIR;
+                              several nodes: DIR/<node>) at the end and before a requeue
   --venv PATH                 virtualenv (or conda/uv env) to run in (default: the
                               project's .venv if present)
   --setup-venv REQUIREMENTS   first run a setup job that creates/updates the venv
@@ -145,13 +148,20 @@ Wall time and requeue:
   --max-requeues N            requeue at most N times (default: $DEFAULT_MAX_REQUEUES)
 
 Behaviour:
-  --dry-run                   print the batch script; submit and create nothing
+  --dry-run                   preview the batch script; write and submit nothing
+  --no-submit                 write the complete submission folder (script, code
+                              snapshot, data tarball) but queue nothing; the last
+                              line printed is the 'sbatch .../job.sbatch' to run,
+                              from any directory, now or later, as often as wanted
+  --no-snapshot               run the live project tree instead of the snapshot of
+                              its code taken at submission (the default)
   --wait                      follow the job until it ends; exit with its exit code
   -h, --help                  this help
   --version                   print the version
 
 Environment: SCRATCH (required), HPC_SITE, HPC_PYTHON (the python that expands
-trials and sweeps on this machine; default python3).
+trials and sweeps on this machine; default python3), HPC_SNAPSHOT_MAX_MB (the
+largest code snapshot taken, in MiB; default 200).
 HELP
 }
 

@@ -68,6 +68,9 @@ plan_layout() {
   fi
   format_memory $((plan_mem_per_gpu_mb * gpus_or_one)) plan_mem
   plan_job_name="${project_name}_${opt_exp_name}"
+  # The requeue protocol's sbatch options: the script's #SBATCH lines, and
+  # sbatch's command line too, where SBATCH_* variables cannot change them.
+  plan_requeue_args=(--open-mode=append "--signal=B:USR1@$opt_signal_lead" --requeue)
 }
 
 # plan_array TRIALS: array job when there is more than one trial.
@@ -81,5 +84,16 @@ plan_array() {
     plan_log_file="$plan_log_dir/%x_%A_%a.out"
   else
     plan_log_file="$plan_log_dir/%x_%j.out"
+  fi
+}
+
+# plan_submission_folder DIR: the folder the job runs from, and where its
+# code is: the snapshot inside it, or the live project with --no-snapshot.
+plan_submission_folder() {
+  plan_submission_dir=$1
+  if [[ -n "${opt_no_snapshot:-}" ]]; then
+    plan_code_dir=$source_dir
+  else
+    plan_code_dir="$1/code"
   fi
 }

@@ -40,8 +40,12 @@ render_header() {
     none) kind_text="none: one process, no distributed launcher" ;;
   esac
   [[ -z "$plan_array_spec" ]] || array_note=' (array task K runs line K+1 of commands.txt)'
+  printf '#!/bin/bash\n'
+  if [[ -n "${plan_preview:-}" ]]; then
+    printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'
+    printf '# folder named below does not exist; --no-submit writes it with this script.\n'
+  fi
   print_text <<EOF
-#!/bin/bash
 # Rendered by hpc_files/job_submitter.sh $HPC_VERSION; do not edit: re-run the
 # submitter (its exact command is in command.txt beside this file).
 #
@@ -63,12 +67,12 @@ render_sbatch_lines() {
   [[ -z "$plan_gres" ]] || sbatch_line "--gres=$plan_gres"
   sbatch_line "--mem=$plan_mem"
   sbatch_line "--time=$opt_time"
-  printf '# One log per job (array: per task), appended to across requeues.\n'
+  printf '# One log per job (array: per task), appended to across requeues; USR1 to\n'
+  printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
   sbatch_line "--output=$plan_log_file"
-  sbatch_line "--open-mode=append"
-  printf '# USR1 to this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
-  sbatch_line "--signal=B:USR1@$opt_signal_lead"
-  sbatch_line "--requeue"
+  for arg in "${plan_requeue_args[@]}"; do
+    sbatch_line "$arg"
+  done
   if [[ -n "$plan_array_spec" ]]; then
     printf '# One array task per trial.\n'
     sbatch_line "--array=$plan_array_spec"
@@ -83,7 +87,7 @@ render_sbatch_lines() {
 }
 
 render_environment() {
-  local entry
+  local entry quoted
   print_text <<'EOF'
 
 set -uo pipefail
@@ -92,10 +96,19 @@ export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
 # The project and its folders, for the node scripts and the program.
 EOF
-  export_line source_dir "$source_dir"
+  export_line source_dir "$plan_code_dir"
   export_line project_name "$project_name"
   export_line scratch_dir "$scratch_dir"
   export_line exp_name "$opt_exp_name"
+  if [[ "$plan_code_dir" != "$source_dir" ]]; then
+    printf '# The code as submitted (a snapshot of the project; git.txt says which\n'
+    printf '# commit): the program runs there, and imports from the project find it first.\n'
+    shell_quote_to quoted "$plan_code_dir"
+    # shellcheck disable=SC2016 # the job expands its own PYTHONPATH
+    printf 'export PYTHONPATH=%s"${PYTHONPATH:+:$PYTHONPATH}"\n' "$quoted"
+  fi
+  printf '# This script'"'"'s submission folder: node scripts, commands, runs.\n'
+  export_line HPC_SUBMISSION_DIR "$plan_submission_dir"
   printf '\n# Toolkit settings, read by node/*.sh.\n'
   export_line HPC_KIND "$opt_kind"
   export_line HPC_NODES "$plan_nodes"
@@ -136,9 +149,12 @@ render_launch() {
   print_text <<'EOF'
 
 # Stage data, launch, forward signals, requeue: node/batch.sh, copied into the
-# submission folder when this job was submitted, so editing the project later
-# changes nothing queued. exec keeps this shell's pid, which SLURM signals.
-: "${HPC_SUBMISSION_DIR:?is set by job_submitter.sh; to resubmit by hand: HPC_SUBMISSION_DIR=<submission folder> sbatch job.sbatch}"
+# submission folder when it was written, so editing the project later changes
+# nothing queued. exec keeps this shell's pid, which SLURM signals.
+if [[ ! -f "$HPC_SUBMISSION_DIR/node/batch.sh" ]]; then
+  echo "hpc: error: no submission folder at $HPC_SUBMISSION_DIR (a --dry-run preview has none; job_submitter.sh --no-submit writes one)" >&2
+  exit 1
+fi
 exec bash "$HPC_SUBMISSION_DIR/node/batch.sh"
 EOF
 }

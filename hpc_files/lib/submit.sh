@@ -65,23 +65,38 @@ random_name() {
   printf -v "$1" '%s' "$random"
 }
 
-# Until sbatch accepts the job, the submission folder is ours to remove.
+# Until sbatch accepts the job (or --no-submit has written it whole), the
+# submission folder is ours to remove.
 remove_unsubmitted_dir() {
-  wait_for_git_state
-  if [[ -n "${submission_dir:-}" && -z "${job_id:-}" && -d "$submission_dir" ]]; then
+  if [[ -n "${submission_dir:-}" && -z "${job_id:-}" && -z "${submission_complete:-}" && -d "$submission_dir" ]]; then
     rm -rf -- "${submission_dir:?}"
   fi
+}
+
+# preview_submission: --dry-run. The batch script as a submission would
+# write it, with the trials expanded (and refused) exactly as then, in a
+# temporary folder; nothing else is written.
+preview_submission() {
+  local dir
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-preview.XXXXXX") || die "mktemp failed"
+  register_cleanup "$dir"
+  write_trials "$dir"
+  plan_preview=1
+  plan_submission_folder "$plan_exp_dir/<YYYYmmdd-HHMMSS-XXXX>"
+  plan_array "$trials_count"
+  render_script
 }
 
 # fill_submission_dir ARGV...: everything the queued job will read.
 fill_submission_dir() {
   local dir=$submission_dir
   record_git_state "$dir/git.txt"
+  [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$plan_code_dir"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
-  copy_text "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
+  cp -p "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
     die "cannot copy the venv runtime into $dir/node"
-  copy_text "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
+  cp -p "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
     die "cannot copy the container runtime into $dir/node"
   if [[ -n "${opt_sweep:-}" ]]; then
     cp -p "$opt_sweep" "$dir/sweep.yml" || die "cannot copy $opt_sweep"
@@ -93,35 +108,85 @@ fill_submission_dir() {
   printf '\n' >>"$dir/command.txt"
 }
 
-# copy_text SRC DST: DST gets SRC's bytes without a cp process (the runtime
-# layers are sourced, so a fresh mode and mtime do not matter); cp -p when
-# read cannot do it (a missing or unreadable file, a NUL byte).
-copy_text() {
-  local text
-  if [[ -f "$1" && -r "$1" ]] && ! IFS= read -r -d '' text <"$1"; then
-    printf '%s' "$text" >"$2"
-  else
-    cp -p "$1" "$2"
-  fi
-}
-
-# record_git_state FILE: the project's commit and 'git status' into FILE, in
-# the background (two git processes; the submission goes on meanwhile).
-# wait_for_git_state waits for it: before sbatch, and before an unsubmitted
-# folder is removed. A project outside git gets 'not a git repository'.
+# record_git_state FILE: what the snapshot is: the project's commit, 'git
+# status' and 'git diff HEAD' (the uncommitted edits the snapshot holds).
+# A project outside git gets 'not a git repository'.
 record_git_state() {
   {
     printf 'commit: %s\n' "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo 'not a git repository')"
     printf 'status:\n'
     git -C "$source_dir" status --porcelain 2>/dev/null || true
-  } >"$1" &
-  git_state_pid=$!
+    printf 'diff:\n'
+    git -C "$source_dir" diff HEAD 2>/dev/null || true
+  } >"$1" || die "cannot write $1"
 }
 
-wait_for_git_state() {
-  [[ -n "${git_state_pid:-}" ]] || return 0
-  wait "$git_state_pid" || true
-  git_state_pid=""
+# Larger snapshots are refused: data or results inside the project tree
+# belong under $SCRATCH (-d stages them).
+readonly DEFAULT_SNAPSHOT_MAX_MB=200
+
+# snapshot_code DIR: the project's code as it is now (edits included), so a
+# queued job runs what was submitted. A git project: the tracked files and
+# the untracked ones git does not ignore. Otherwise the tree minus
+# version-control folders, virtualenvs, caches, result folders (wandb,
+# lightning_logs, checkpoints) and data folders (data, datasets).
+snapshot_code() {
+  local dir=$1 list file kb max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB}
+  local -a tar_source=()
+  is_uint "$max_mb" || usage_error "HPC_SNAPSHOT_MAX_MB expects a whole number of MiB, got '$max_mb'"
+  mkdir -p "$dir" || die "cannot create $dir"
+  if git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1; then
+    list=$(mktemp "${TMPDIR:-/tmp}/hpc-snapshot.XXXXXX") || die "mktemp failed"
+    register_cleanup "$list"
+    # Files deleted from the working tree are still listed: skip them.
+    while IFS= read -r -d '' file; do
+      [[ ! -e "$source_dir/$file" && ! -L "$source_dir/$file" ]] || printf '%s\0' "$file"
+    done < <(git -C "$source_dir" ls-files -z --cached --others --exclude-standard) >"$list" ||
+      die "cannot list the files of $source_dir with git"
+    kb=$(cd "$source_dir" && du -c -k --files0-from="$list" | tail -n 1) || die "cannot size the files of $source_dir"
+    tar_source=(--null --files-from="$list")
+  else
+    tar_source=(--exclude-vcs --exclude-caches-all --exclude=__pycache__ --exclude='*.pyc'
+      --exclude='.*_cache' --exclude=.ipynb_checkpoints --exclude=wandb --exclude=lightning_logs
+      --exclude=./checkpoints --exclude=./data --exclude=./datasets --exclude=./.venv --exclude=./venv
+      --exclude=./env --exclude=./.conda --exclude=./.scratch --exclude=./.cluster .)
+    kb=$(cd "$source_dir" && tar -cf - "${tar_source[@]}" | wc -c) || die "cannot size $source_dir"
+    kb=$((kb / 1024))
+  fi
+  kb=${kb%%[!0-9]*}
+  ((kb <= max_mb * 1024)) ||
+    usage_error "the project's code snapshot would be $((kb / 1024)) MiB, over the ${max_mb} MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
+  (cd "$source_dir" && tar -cf - "${tar_source[@]}") | tar -C "$dir" -xf - ||
+    die "cannot copy the project's code into $dir"
+}
+
+# report_unsubmitted: --no-submit. The folder stays; the last line on stdout
+# is the command that submits it.
+report_unsubmitted() {
+  local quoted
+  submission_complete=1
+  shell_quote_to quoted "$submission_dir/job.sbatch"
+  printf 'Wrote %s (%s trial(s), %s node(s) x %s GPU(s), -W %s); nothing was queued.\n' \
+    "$submission_dir" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
+  printf 'Submit it from any directory, now or later (again re-runs it):\n'
+  printf 'sbatch %s\n' "$quoted"
+}
+
+# warn_if_other_command_checkpointed: the experiment folder already holds
+# checkpoints, and the newest earlier submission ran other commands. The
+# harness refuses to resume a different run (exit 2 on the node); say so now.
+warn_if_other_command_checkpointed() {
+  local previous="" folder
+  # Checkpoints: $HPC_TRIAL_DIR/checkpoints, the experiment folder or trials/K.
+  [[ -n "$(find "$plan_exp_dir/checkpoints" "$plan_exp_dir/trials" -name '*.pt' -print -quit 2>/dev/null)" ]] ||
+    return 0
+  for folder in "$plan_exp_dir"/*/commands.txt; do
+    [[ "${folder%/commands.txt}" != "$submission_dir" ]] || continue
+    [[ -z "$previous" || "$folder" -nt "$previous" ]] && previous=$folder
+  done
+  [[ -n "$previous" ]] || return 0
+  cmp -s "$previous" "$submission_dir/commands.txt" && return 0
+  warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,
@@ -155,13 +220,16 @@ submit_setup_job() {
 # submit_job: sbatch, from the submission folder; sets job_id.
 submit_job() {
   local output sbatch_args=(--parsable)
-  wait_for_git_state
   if [[ -n "${setup_job_id:-}" ]]; then
     # On the command line, it overrides the script's --dependency line: keep both.
     # A failed setup cancels the training job rather than leaving it pending forever.
     sbatch_args+=(--dependency="afterok:$setup_job_id${opt_dependency:+,$opt_dependency}" --kill-on-invalid-dep=yes)
   fi
-  output=$(cd "$submission_dir" && HPC_SUBMISSION_DIR="$submission_dir" sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
+  # On the command line, the requeue protocol and the wall time beat SBATCH_*
+  # variables of this shell; the job gets this shell's environment (ALL),
+  # minus the W&B key, which the node reads from its file.
+  sbatch_args+=("${plan_requeue_args[@]}" --time="$opt_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
+  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}
   job_id=${job_id##*$'\n'}

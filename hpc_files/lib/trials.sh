@@ -181,21 +181,6 @@ list_trials() {
   "$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --list
 }
 
-# count_trials: how many trials, without writing anything (for --dry-run).
-count_trials() {
-  local count
-  if [[ -n "${opt_wandb_sweep:-}" ]]; then
-    printf '%s' "$opt_sweep_count"
-    return 0
-  fi
-  if trials_in_bash; then
-    printf '%s' "${#trials_jsonl[@]}"
-    return 0
-  fi
-  count=$(list_trials | wc -l) || exit $?
-  printf '%s' "$((count))"
-}
-
 # write_trials DIR: writes DIR/trials.jsonl and DIR/commands.txt; sets
 # trials_count. Exits as trials.py did when it refuses the experiments.
 write_trials() {

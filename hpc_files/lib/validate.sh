@@ -122,6 +122,7 @@ validate_settings() {
   validate_experiment_source
   validate_kind_layout
   validate_optional_settings
+  validate_submission_mode
 }
 
 validate_gpu_type() {
@@ -258,4 +259,15 @@ validate_optional_settings() {
     [[ "$word" != *'"'* && "$word" != *\\* ]] ||
       usage_error "--sbatch-arg must not contain '\"' or '\\' (sbatch does not unescape #SBATCH lines), got '$word'"
   done
+}
+
+# validate_submission_mode: --dry-run previews, --no-submit writes without
+# queueing; neither can be followed by what only a queued job has.
+validate_submission_mode() {
+  if [[ -n "${opt_no_submit:-}" ]]; then
+    [[ -z "${opt_dry_run:-}" ]] || usage_error "--no-submit writes the submission folder and --dry-run writes nothing; choose one"
+    [[ -z "${opt_wait:-}" ]] || usage_error "--wait follows a queued job; with --no-submit nothing is queued (run the printed sbatch line, then watch it)"
+    [[ -z "${opt_setup_venv:-}" ]] ||
+      usage_error "--setup-venv submits a setup job the training job depends on; with --no-submit build the venv first (or use --venv)"
+  fi
 }

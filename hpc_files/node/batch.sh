@@ -62,7 +62,30 @@ load_wandb_credentials() {
     return 0
   fi
   key=$(tr -d '[:space:]' <"$file")
+  # The file holds the key, or WANDB_API_KEY=<key> as in a dotenv file.
+  key=${key#WANDB_API_KEY=}
   [[ -n "$key" ]] && export WANDB_API_KEY="$key"
+}
+
+# check_job_contract: what the requeue protocol needs from sbatch, as this
+# job got it. The submitter puts it on sbatch's command line; a job.sbatch
+# submitted by hand takes whatever SBATCH_* variables that shell had.
+check_job_contract() {
+  local job
+  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || job=""
+  if [[ " $job " == *" Requeue=0 "* ]]; then
+    hpc_error "this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
+  fi
+  [[ -z "${HPC_CONTRACT_ON_COMMAND_LINE:-}" ]] || return 0
+  if [[ -n "${SBATCH_SIGNAL:-}" ]]; then
+    hpc_error "SBATCH_SIGNAL=$SBATCH_SIGNAL at submission replaced this script's --signal=B:USR1@$HPC_SIGNAL_LEAD: the job may get no warning before its wall time"
+  fi
+  if [[ -n "${SBATCH_OPEN_MODE:-}" && "$SBATCH_OPEN_MODE" != a* ]]; then
+    hpc_error "SBATCH_OPEN_MODE=$SBATCH_OPEN_MODE at submission: the log starts again at every requeue"
+  fi
+  if [[ -n "${SBATCH_TIMELIMIT:-}" ]]; then
+    hpc_log "SBATCH_TIMELIMIT=$SBATCH_TIMELIMIT at submission replaced this script's --time"
+  fi
 }
 
 decide_tmpdir() {
@@ -209,7 +232,10 @@ main() {
   trap 'on_signal USR1' USR1
   trap 'on_signal TERM' TERM
   trap on_exit EXIT
+  # Steps inherit this shell's environment, even from an sbatch --export=NONE.
+  export SLURM_EXPORT_ENV=ALL
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
+  check_job_contract
   load_wandb_credentials
   decide_tmpdir
   # One thread pool per process sized to its CPUs (torchrun would pick 1).

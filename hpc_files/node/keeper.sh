@@ -35,7 +35,10 @@ fail() {
 stage_out() {
   local target
   [[ -n "${HPC_STAGE_OUT:-}" && -n "$local_dir" && -d "$local_dir/$HPC_STAGE_OUT" ]] || return 0
-  target="${scratch_dir:?}/${exp_name:?}/$HPC_STAGE_OUT"
+  # Per result folder (array task K: its trial folder), and per node when
+  # several nodes may each have written one.
+  target="${HPC_TRIAL_DIR:?}/$HPC_STAGE_OUT"
+  ((${SLURM_JOB_NUM_NODES:-1} == 1)) || target+="/$node"
   if mkdir -p "$target" && cp -a "$local_dir/$HPC_STAGE_OUT/." "$target/"; then
     hpc_log "$node: staged out $HPC_STAGE_OUT to $target"
   else

@@ -31,7 +31,8 @@ the_submission() {
   [[ "${sub##*/}" =~ ^[0-9]{8}-[0-9]{6}-[A-Za-z0-9]{4}$ ]] || fail "submission folder name: ${sub##*/}"
   local f
   for f in job.sbatch commands.txt trials.jsonl command.txt git.txt job_id experiment_configurations.txt \
-    node/batch.sh node/launch.sh node/runtime_venv.sh node/runtime_singularity.sh; do
+    node/batch.sh node/launch.sh node/runtime_venv.sh node/runtime_singularity.sh \
+    code/hpc_files/job_submitter.sh code/tests/bats/cli/submit.bats; do
     assert_file_exists "$sub/$f"
   done
   assert_equal "$(stat -c %a "$sub")" 700
@@ -41,25 +42,37 @@ the_submission() {
   assert_equal "$(sed -n 3p "$sub/commands.txt")" 'python train.py --lr 0.001 --name "two words"'
   cmp "$THREE_LINES" "$sub/experiment_configurations.txt"
   grep -q '^commit: ' "$sub/git.txt"
+  grep -qx 'diff:' "$sub/git.txt"
+  # The job names its own folder and runs the snapshot of the project.
+  grep -qxF "export HPC_SUBMISSION_DIR='$sub'" "$sub/job.sbatch"
+  grep -qxF "export source_dir='$sub/code'" "$sub/job.sbatch"
   assert_dir_exists "$SCRATCH/$PROJECT/hpc_outputs"
   assert_dir_exists "$SCRATCH/$PROJECT/subm/checkpoints"
   # stdout: the job id and where its logs go.
   assert_line --index 0 "Submitted job 4242 (3 trial(s), 1 node(s) x 1 GPU(s), -W lightning)"
   assert_line --index 1 "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_subm_4242_<task>.out"
   assert_line --index 2 "  submission: $sub"
-  # sbatch: once, '--parsable job.sbatch', from the submission folder.
+  # sbatch: once, from the submission folder, with the requeue protocol and
+  # the wall time on its command line, where SBATCH_* variables cannot change them.
   assert_equal "$(cat "$SBATCH_LOG")" "--parsable
+--open-mode=append
+--signal=B:USR1@90
+--requeue
+--time=00-01:00:00
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1
 job.sbatch
 --"
-  assert_equal "$(cat "$SBATCH_LOG.where")" "$sub
-$sub"
+  assert_equal "$(sed -n 1p "$SBATCH_LOG.where")" "$sub"
 }
 
 @test "the submitted script is the --dry-run script" {
   submit_ok -e same -C "$ONE_LINE" -n 2 -g 2 -W torchrun --venv "$FAKE_VENV"
   the_submission same
   dry -e same -C "$ONE_LINE" -n 2 -g 2 -W torchrun --venv "$FAKE_VENV"
-  assert_equal "$(cat "$sub/job.sbatch")" "$output"
+  # The same, but for the preview's note and the folder it could not name.
+  assert_line --index 1 '# Preview (--dry-run): nothing was written or submitted, and the submission'
+  local preview=${output//"$SCRATCH/$PROJECT/same/<YYYYmmdd-HHMMSS-XXXX>"/"$sub"}
+  assert_equal "$(cat "$sub/job.sbatch")" "$(sed 2,3d <<<"$preview")"
   assert_line "#SBATCH --output=\"$SCRATCH/$PROJECT/hpc_outputs/%x_%j.out\""
 }
 
@@ -71,7 +84,9 @@ $sub"
 }
 
 @test "the wandb key file is never copied, passed or printed" {
-  local key="wandb-fake-key-7f3a9c1e5b2d4f60"
+  # Made here, so that no file of the project (and so of its snapshot) holds it.
+  local key
+  key="wandb-fake-key-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
   printf 'WANDB_API_KEY=%s\n' "$key" >"$HOME/wandb_credentials.txt"
   chmod 600 "$HOME/wandb_credentials.txt"
   submit_ok -e secret -C "$ONE_LINE"
@@ -166,8 +181,9 @@ $sub"
   submit_ok -e elsewhere -C "$configs"
   the_submission elsewhere
   assert_line "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_elsewhere_4242.out"
-  grep -qx "export source_dir=$REPO_ROOT" "$sub/job.sbatch" || grep -qxF "export source_dir='$REPO_ROOT'" "$sub/job.sbatch" ||
-    fail "source_dir is not the repository: $(grep source_dir "$sub/job.sbatch")"
+  grep -qxF "export source_dir='$sub/code'" "$sub/job.sbatch" ||
+    fail "source_dir is not the repository's snapshot: $(grep source_dir "$sub/job.sbatch")"
+  assert_file_exists "$sub/code/hpc_files/job_submitter.sh"
 }
 
 @test "relative and ./ invocations find the same project root" {
@@ -175,13 +191,13 @@ $sub"
   for script in "$REPO_ROOT/hpc_files/job_submitter.sh" hpc_files/job_submitter.sh ./hpc_files/job_submitter.sh \
     hpc_files/../hpc_files//job_submitter.sh; do
     cd "$REPO_ROOT"
-    run --separate-stderr bash "$script" --dry-run -C "$ONE_LINE" </dev/null
+    run --separate-stderr bash "$script" --dry-run --no-snapshot -C "$ONE_LINE" </dev/null
     assert_success
     [[ "$output" == *$'\n'"export source_dir=$REPO_ROOT"$'\n'* || "$output" == *$'\n'"export source_dir='$REPO_ROOT'"$'\n'* ]] ||
       fail "$script: source_dir is not the repository: $(grep source_dir <<<"$output")"
   done
   cd "$REPO_ROOT/hpc_files"
-  run --separate-stderr bash job_submitter.sh --dry-run -C "$ONE_LINE" </dev/null
+  run --separate-stderr bash job_submitter.sh --dry-run --no-snapshot -C "$ONE_LINE" </dev/null
   assert_success
   [[ "$output" == *$'\n'"export source_dir=$REPO_ROOT"$'\n'* || "$output" == *$'\n'"export source_dir='$REPO_ROOT'"$'\n'* ]] ||
     fail "job_submitter.sh from hpc_files/: source_dir is not the repository"
@@ -196,7 +212,8 @@ $sub"
   assert_success
   dir=$(find "$SCRATCH/proj/nogit" -mindepth 1 -maxdepth 1 -type d ! -name checkpoints)
   assert_equal "$(cat "$dir/git.txt")" "commit: not a git repository
-status:"
+status:
+diff:"
 }
 
 @test "two submissions in the same second get two folders" {
@@ -275,7 +292,8 @@ tarballs() {
   mkdir -p "$BATS_TEST_TMPDIR/fake-tar"
   printf '#!/usr/bin/env bash\necho "tar: simulated failure" >&2\nexit 1\n' >"$BATS_TEST_TMPDIR/fake-tar/tar"
   chmod +x "$BATS_TEST_TMPDIR/fake-tar/tar"
-  PATH="$BATS_TEST_TMPDIR/fake-tar:$PATH" run --separate-stderr "$SUBMITTER" -e data -C "$ONE_LINE" -d 'ds one' labels </dev/null
+  # --no-snapshot: the code snapshot uses tar too, and would fail first.
+  PATH="$BATS_TEST_TMPDIR/fake-tar:$PATH" run --separate-stderr "$SUBMITTER" -e data -C "$ONE_LINE" --no-snapshot -d 'ds one' labels </dev/null
   assert_failure 1
   assert_equal "$output" ""
   assert_equal "${stderr_lines[-1]}" "job_submitter.sh: error: tar failed (exit 1) building the data tarball; nothing was submitted"
