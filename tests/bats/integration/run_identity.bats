@@ -25,20 +25,21 @@ sbatch_line_job() {
 }
 
 @test "--no-submit, an edit, then the printed sbatch line from another directory, twice: both jobs run the snapshot" {
-  local project="$BATS_TEST_TMPDIR/later project" line first second log_dir
-  mkdir -p "$project"
-  cp -r "$REPO_ROOT/hpc_files" "$REPO_ROOT/virtual_env_hpc_files" "$REPO_ROOT/singularity_hpc_files" "$project/"
-  printf 'echo "code version 1 in $PWD"\n' >"$project/prog.sh"
-  git -C "$project" init -q
-  git -C "$project" add -A
-  git -C "$project" -c user.name=t -c user.email=t@t commit -q -m one
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" --site local -p notmpdir -g 0 -W none -t 5 -e later \
+  local later="$BATS_TEST_TMPDIR/later project" line first second log_dir
+  mkdir -p "$later"
+  cp -r "$REPO_ROOT/hpc_files" "$REPO_ROOT/virtual_env_hpc_files" "$REPO_ROOT/singularity_hpc_files" "$later/"
+  # shellcheck disable=SC2016 # $PWD is the job's
+  printf 'echo "code version 1 in $PWD"\n' >"$later/prog.sh"
+  git -C "$later" init -q
+  git -C "$later" add -A
+  git -C "$later" -c user.name=t -c user.email=t@t commit -q -m one
+  run --separate-stderr "$later/hpc_files/job_submitter.sh" --site local -p notmpdir -g 0 -W none -t 5 -e later \
     --no-submit -- bash prog.sh </dev/null
   assert_success
   line=${lines[-1]}
   [[ "$line" == "sbatch '"*"/job.sbatch'" ]] || fail "the last line is not an sbatch line: $line"
   # Edited after the folder was written: the job must not see this.
-  printf 'echo "code version 2"\n' >"$project/prog.sh"
+  printf 'echo "code version 2"\n' >"$later/prog.sh"
   cd /
   sbatch_line_job "$line"
   first=$job_id
