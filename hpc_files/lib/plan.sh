@@ -81,10 +81,12 @@ plan_array() {
   if ((trials > 1)) || [[ -n "${opt_wandb_sweep:-}" ]]; then
     plan_array_spec="0-$((trials - 1))"
     [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
-    plan_log_file="$plan_log_dir/%x_%A_%a.out"
+    plan_log_name=%x_%A_%a.out
   else
-    plan_log_file="$plan_log_dir/%x_%j.out"
+    plan_log_name=%x_%j.out
   fi
+  # sbatch reads '%' in --output as a pattern: '%%' is a literal one.
+  plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
 }
 
 # plan_submission_folder DIR: the folder the job runs from, and where its

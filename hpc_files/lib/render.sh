@@ -8,13 +8,17 @@
 # submission folder) is resolved on the node. Sourced; functions only.
 
 # sbatch_line ARG: one '#SBATCH' line; sbatch honours double quotes there.
+# A value with spaces is quoted, given as '--opt=a b' or as '--opt a b'.
 sbatch_line() {
-  local arg=$1
-  if [[ "$arg" == *[[:space:]]* && "$arg" == *=* ]]; then
-    printf '#SBATCH %s="%s"\n' "${arg%%=*}" "${arg#*=}"
-  else
+  local arg=$1 name
+  if [[ "$arg" != *[[:space:]]* ]]; then
     printf '#SBATCH %s\n' "$arg"
+    return 0
   fi
+  name=${arg%%[=[:space:]]*}
+  arg=${arg#"$name"}
+  arg=${arg#[=[:space:]]}
+  printf '#SBATCH %s="%s"\n' "$name" "$arg"
 }
 
 # export_line NAME VALUE: an export with the value quoted literally.

@@ -237,14 +237,20 @@ submit_job() {
   printf '%s\n' "$job_id" >"$submission_dir/job_id"
 }
 
+# log_path JOB: the log file that sbatch's --output pattern names for JOB
+# (array: '<task>' stands for the task id). Quoted replacements: bash 5.2
+# reads '&' in an unquoted one as the matched text (a project 'a&b').
+log_path() {
+  local name=${plan_log_name//%x/"$plan_job_name"}
+  name=${name//%j/"$1"}
+  name=${name//%A/"$1"}
+  name=${name//%a/<task>}
+  printf '%s/%s' "$plan_log_dir" "$name"
+}
+
 report_submission() {
-  local log=${plan_log_file//%x/$plan_job_name} quoted_log
-  if [[ -n "$plan_array_spec" ]]; then
-    log=${log//%A/$job_id}
-    log=${log//%a/<task>}
-  else
-    log=${log//%j/$job_id}
-  fi
+  local log quoted_log
+  log=$(log_path "$job_id")
   printf 'Submitted job %s (%s trial(s), %s node(s) x %s GPU(s), -W %s)\n' \
     "$job_id" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
   printf '  log:        %s\n' "$log"
@@ -253,19 +259,25 @@ report_submission() {
   printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$quoted_log"
 }
 
-# job_states JOB: 'STATE EXITCODE' for the job (one line per array task).
+# job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task),
+# read without a process per line (--wait polls a 1000-task array).
 job_states() {
   local line state exit_code
   while IFS= read -r line; do
-    state=$(sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p' <<<" $line")
-    exit_code=$(sed -n 's/.* ExitCode=\([0-9]*\):\([0-9]*\).*/\1:\2/p' <<<" $line")
-    [[ -n "$state" ]] && printf '%s %s\n' "$state" "${exit_code:-0:0}"
+    [[ " $line " =~ \ JobState=([A-Z_]+)\  ]] || continue
+    state=${BASH_REMATCH[1]}
+    exit_code=0:0
+    [[ " $line " =~ \ ExitCode=([0-9]+:[0-9]+)\  ]] && exit_code=${BASH_REMATCH[1]}
+    printf '%s %s\n' "$state" "$exit_code"
   done < <(scontrol show job -o "$1" 2>/dev/null)
 }
 
+# is_final_state STATE: the job will not run again by itself (held jobs
+# included: SPECIAL_EXIT and REQUEUE_HOLD wait for 'scontrol release').
 is_final_state() {
   case "$1" in
     COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) return 0 ;;
+    SPECIAL_EXIT | REQUEUE_HOLD) return 0 ;;
     *) return 1 ;;
   esac
 }
@@ -289,9 +301,10 @@ wait_for_job() {
     ((all_final)) && break
     sleep 2
   done
-  log=${plan_log_file//%x/$plan_job_name}
-  log=${log//%j/$job_id}
-  log=${log//%A/$job_id}
+  if [[ "$states" == *SPECIAL_EXIT* || "$states" == *REQUEUE_HOLD* ]]; then
+    warn "job $job_id is held after a requeue; it runs again only after: scontrol release $job_id"
+  fi
+  log=$(log_path "$job_id")
   if [[ -z "$plan_array_spec" && -f "$log" ]]; then
     info "last lines of $log:"
     tail -n 15 "$log" >&2

@@ -324,3 +324,16 @@ tarballs() {
   assert_equal "$(submission_dirs data | wc -l)" 5
   tar -tf "$(tarballs)" >/dev/null
 }
+
+@test "SCRATCH with '%': sbatch gets '%%' in --output, the report names the real file; '\"' or '\\' is refused" {
+  export SCRATCH="$BATS_TEST_TMPDIR/100% scratch"
+  mkdir -p "$SCRATCH"
+  SCRATCH_ROOT=$SCRATCH
+  submit_ok -e pct -C "$ONE_LINE"
+  the_submission pct
+  grep -qxF "#SBATCH --output=\"$BATS_TEST_TMPDIR/100%% scratch/$PROJECT/hpc_outputs/%x_%j.out\"" "$sub/job.sbatch"
+  assert_line --index 1 "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_pct_4242.out"
+  rm -f "$SBATCH_LOG"
+  SCRATCH="$BATS_TEST_TMPDIR/a\"b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
+  SCRATCH="$BATS_TEST_TMPDIR/a\\b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
+}

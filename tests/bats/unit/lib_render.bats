@@ -20,6 +20,9 @@ source "$HPC_FILES_DIR/lib/render.sh"
 @test "sbatch_line: a value with spaces is double-quoted" {
   run sbatch_line "--comment=two words"
   assert_output '#SBATCH --comment="two words"'
+  # Given as separate words, as on sbatch's command line ('--comment two words').
+  run sbatch_line "--comment two words"
+  assert_output '#SBATCH --comment="two words"'
 }
 
 @test "export_line quotes the value so the node reads it literally" {
