@@ -21,6 +21,8 @@ readonly DEFAULT_SIGNAL_LEAD=90
 readonly DEFAULT_MAX_REQUEUES=10
 readonly DEFAULT_SITE=generic
 readonly DEFAULT_COMPRESS=none
+readonly DEFAULT_SIGNAL=USR1
+readonly DEFAULT_TASKS_PER_NODE=1
 
 # Every spelling of an option that takes a value -> the setting it sets.
 declare -A OPTION_SETTING=(
@@ -45,6 +47,8 @@ declare -A OPTION_SETTING=(
   [--array-throttle]=array_throttle
   [--seeds]=seeds
   [--signal-lead]=signal_lead
+  [--signal]=signal
+  [--tasks-per-node]=tasks_per_node
   [--max-requeues]=max_requeues
   [--dependency]=dependency
   [--modules]=modules
@@ -61,6 +65,7 @@ declare -A FLAG_SETTING=(
   [--dry-run]=dry_run
   [--no-submit]=no_submit
   [--no-snapshot]=no_snapshot
+  [--no-signal]=no_signal
   [--wait]=wait
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
@@ -90,6 +95,8 @@ Resources:
   -n, -N, --num-nodes, --num_nodes, --nodes N
                               nodes per run (default: $DEFAULT_NODES)
   -g, --gpus G                GPUs per node; 0 = CPU-only (default: $DEFAULT_GPUS)
+  --tasks-per-node K          with --gpus 0: processes per node (Lightning tasks or
+                              torchrun workers; default: $DEFAULT_TASKS_PER_NODE)
   -c, --cpus, --cpu C         CPUs per GPU, or per task when --gpus 0 (default: $DEFAULT_CPUS)
   -m, --mem-per-gpu SIZE      memory per GPU, e.g. 10G, 512M (default: $DEFAULT_MEM_PER_GPU)
   -G, --gpu-type TYPE         GPU type in --gres (e.g. v100l); checked against the site
@@ -144,7 +151,11 @@ Data and environment:
                               (programs written for torch.distributed.launch)
 
 Wall time and requeue:
-  --signal-lead SECONDS       USR1 this long before the wall time (default: $DEFAULT_SIGNAL_LEAD)
+  --signal SIG                the wall-time signal: USR1, USR2, HUP, INT, QUIT or URG
+                              (default: $DEFAULT_SIGNAL; the program checkpoints on it)
+  --signal-lead SECONDS       send it this long before the wall time (default: $DEFAULT_SIGNAL_LEAD)
+  --no-signal                 send no wall-time signal: the program runs to the wall
+                              time (for programs that do not checkpoint on a signal)
   --max-requeues N            requeue at most N times (default: $DEFAULT_MAX_REQUEUES)
 
 Behaviour:
@@ -260,4 +271,6 @@ apply_defaults() {
   : "${opt_max_requeues:=$DEFAULT_MAX_REQUEUES}"
   : "${opt_compress:=$DEFAULT_COMPRESS}"
   : "${opt_sweep_seed:=0}"
+  : "${opt_signal:=$DEFAULT_SIGNAL}"
+  : "${opt_tasks_per_node:=$DEFAULT_TASKS_PER_NODE}"
 }

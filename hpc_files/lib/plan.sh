@@ -9,7 +9,8 @@
 #   lightning  N nodes x G tasks (one per GPU), C CPUs each; one srun starts all
 #   torchrun   N nodes x 1 task, C*G CPUs; torchrun starts G processes per node
 #   none       1 node x 1 task, C*max(G,1) CPUs; the command runs as it is
-#   G = 0      no --gres line at all; torchrun/none get one process per node
+#   G = 0      no --gres line at all; lightning and torchrun get K processes
+#              per node (--tasks-per-node, default 1), none one process
 
 # project_paths: where the project and its scratch folders are. The project
 # root is the folder holding hpc_files/, whatever the current directory.
@@ -42,18 +43,20 @@ format_memory() {
 }
 
 plan_layout() {
-  local gpus_or_one=$((opt_gpus > 0 ? opt_gpus : 1))
+  # Processes per node: one per GPU, or --tasks-per-node when CPU-only.
+  local procs=$((opt_gpus > 0 ? opt_gpus : opt_tasks_per_node))
+  [[ "$opt_kind" != none ]] || procs=$((opt_gpus > 0 ? opt_gpus : 1))
   plan_nodes=$opt_nodes
   case "$opt_kind" in
     lightning)
-      plan_tasks_per_node=$opt_gpus
+      plan_tasks_per_node=$procs
       plan_cpus_per_task=$opt_cpus
-      plan_procs_per_node=$opt_gpus
+      plan_procs_per_node=$procs
       ;;
     torchrun | none)
       plan_tasks_per_node=1
-      plan_cpus_per_task=$((opt_cpus * gpus_or_one))
-      plan_procs_per_node=$gpus_or_one
+      plan_cpus_per_task=$((opt_cpus * procs))
+      plan_procs_per_node=$procs
       ;;
   esac
   [[ "$opt_kind" != none ]] || plan_procs_per_node=1
@@ -66,11 +69,15 @@ plan_layout() {
   if ((opt_gpus > 0)); then
     plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$opt_gpus"
   fi
-  format_memory $((plan_mem_per_gpu_mb * gpus_or_one)) plan_mem
+  format_memory $((plan_mem_per_gpu_mb * procs)) plan_mem
   plan_job_name="${project_name}_${opt_exp_name}"
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
   # sbatch's command line too, where SBATCH_* variables cannot change them.
-  plan_requeue_args=(--open-mode=append "--signal=B:USR1@$opt_signal_lead" --requeue)
+  plan_signal=""
+  [[ -n "${opt_no_signal:-}" ]] || plan_signal=${opt_signal#SIG}
+  plan_requeue_args=(--open-mode=append)
+  [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$opt_signal_lead")
+  plan_requeue_args+=(--requeue)
 }
 
 # plan_array TRIALS: array job when there is more than one trial.

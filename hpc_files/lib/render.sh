@@ -71,8 +71,13 @@ render_sbatch_lines() {
   [[ -z "$plan_gres" ]] || sbatch_line "--gres=$plan_gres"
   sbatch_line "--mem=$plan_mem"
   sbatch_line "--time=$opt_time"
-  printf '# One log per job (array: per task), appended to across requeues; USR1 to\n'
-  printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
+  if [[ -n "$plan_signal" ]]; then
+    printf '# One log per job (array: per task), appended to across requeues; %s to\n' "$plan_signal"
+    printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
+  else
+    printf '# One log per job (array: per task), appended to across requeues; no\n'
+    printf '# wall-time signal (--no-signal): the program runs until the wall time.\n'
+  fi
   sbatch_line "--output=$plan_log_file"
   for arg in "${plan_requeue_args[@]}"; do
     sbatch_line "$arg"
@@ -118,6 +123,7 @@ EOF
   export_line HPC_NODES "$plan_nodes"
   export_line HPC_GPUS_PER_NODE "$opt_gpus"
   export_line HPC_PROCS_PER_NODE "$plan_procs_per_node"
+  export_line HPC_SIGNAL "$plan_signal"
   export_line HPC_SIGNAL_LEAD "$opt_signal_lead"
   export_line HPC_MAX_REQUEUES "$opt_max_requeues"
   export_line HPC_TMPDIR_MODE "$site_provides_tmpdir"

@@ -131,20 +131,19 @@ readonly DEFAULT_SNAPSHOT_MAX_MB=200
 # version-control folders, virtualenvs, caches, result folders (wandb,
 # lightning_logs, checkpoints) and data folders (data, datasets).
 snapshot_code() {
-  local dir=$1 list file kb max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB}
+  local dir=$1 list kb max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB}
   local -a tar_source=()
   is_uint "$max_mb" || usage_error "HPC_SNAPSHOT_MAX_MB expects a whole number of MiB, got '$max_mb'"
   mkdir -p "$dir" || die "cannot create $dir"
   if git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1; then
     list=$(mktemp "${TMPDIR:-/tmp}/hpc-snapshot.XXXXXX") || die "mktemp failed"
     register_cleanup "$list"
-    # Files deleted from the working tree are still listed: skip them.
-    while IFS= read -r -d '' file; do
-      [[ ! -e "$source_dir/$file" && ! -L "$source_dir/$file" ]] || printf '%s\0' "$file"
-    done < <(git -C "$source_dir" ls-files -z --cached --others --exclude-standard) >"$list" ||
+    git -C "$source_dir" ls-files -z --cached --others --exclude-standard >"$list" ||
       die "cannot list the files of $source_dir with git"
-    kb=$(cd "$source_dir" && du -c -k --files0-from="$list" | tail -n 1) || die "cannot size the files of $source_dir"
-    tar_source=(--null --files-from="$list")
+    # A listed file may be gone (deleted but still in the index, or an
+    # editor's temporary file): du and tar skip it without a word.
+    kb=$(cd "$source_dir" && { du -c -k --files0-from="$list" 2>/dev/null || true; } | tail -n 1)
+    tar_source=(--ignore-failed-read --warning=no-failed-read --null --files-from="$list")
   else
     tar_source=(--exclude-vcs --exclude-caches-all --exclude=__pycache__ --exclude='*.pyc'
       --exclude='.*_cache' --exclude=.ipynb_checkpoints --exclude=wandb --exclude=lightning_logs

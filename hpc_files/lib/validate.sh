@@ -112,6 +112,7 @@ validate_settings() {
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((plan_mem_per_gpu_mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
 
+  validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" opt_signal_lead
   ((opt_signal_lead < plan_time_seconds)) ||
@@ -124,6 +125,16 @@ validate_settings() {
   validate_kind_layout
   validate_optional_settings
   validate_submission_mode
+}
+
+# validate_signal: one signal the batch script can trap and forward (not
+# TERM: SLURM sends it for preemption and scancel), or none at all.
+validate_signal() {
+  require_one_of --signal "${opt_signal#SIG}" USR1 USR2 HUP INT QUIT URG
+  if [[ -n "${opt_no_signal:-}" ]]; then
+    [[ -z "${OPT_GIVEN[signal]:-}" && -z "${OPT_GIVEN[signal_lead]:-}" ]] ||
+      usage_error "--no-signal sends no wall-time signal; drop --signal/--signal-lead"
+  fi
 }
 
 validate_gpu_type() {
@@ -142,11 +153,12 @@ validate_kind_layout() {
       usage_error "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W $opt_kind"
     opt_kind=none
   fi
+  require_uint --tasks-per-node "$opt_tasks_per_node" 1 1024
+  to_decimal "$opt_tasks_per_node" opt_tasks_per_node
+  if [[ -n "${OPT_GIVEN[tasks_per_node]:-}" ]] && ((opt_gpus > 0)); then
+    usage_error "--tasks-per-node applies to CPU-only runs (--gpus 0); with GPUs there is one process per GPU"
+  fi
   case "$opt_kind" in
-    lightning)
-      ((opt_gpus > 0)) ||
-        usage_error "-W lightning starts one task per GPU, so --gpus 0 means no tasks; use -W torchrun (one task per node) or -W none for CPU-only runs"
-      ;;
     none)
       ((opt_nodes == 1)) || usage_error "-W none runs one process on one node, got --num-nodes $opt_nodes; use -W torchrun or -W lightning for several nodes"
       ;;

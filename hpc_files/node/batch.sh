@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The batch step: exec'd by the rendered job.sbatch, so it keeps the pid SLURM
-# signals with --signal=B:USR1@lead. In order:
+# signals with --signal=B:$HPC_SIGNAL@lead (USR1 unless --signal/--no-signal).
+# In order:
 #   1. node-local folders and data: one keeper task per node (keeper.sh) makes
 #      the mimic SLURM_TMPDIR where the site has none and extracts the data
 #      tarball once per node; training starts only when every node reported ok;
 #   2. the training step: srun of launch.sh (one task per GPU for lightning,
 #      one per node for torchrun), --kill-on-bad-exit so one failed rank ends it;
-#   3. signals: USR1 (wall time) and TERM (preemption, scancel) are forwarded
+#   3. signals: HPC_SIGNAL (wall time) and TERM (preemption, scancel) are forwarded
 #      to the step; the program checkpoints and exits;
 #   4. requeue: when the program says it checkpointed (harness marker file or
 #      exit code 42), 'scontrol requeue' this job (or array task), at most
@@ -33,6 +34,11 @@ on_signal() {
   else
     hpc_log "received SIG$sig at $(date '+%F %T') before the training step started"
   fi
+}
+
+# is_wall_time_signal: the signal seen is the one SLURM sends before the wall time.
+is_wall_time_signal() {
+  [[ -n "$signal_seen" && "$signal_seen" == "$HPC_SIGNAL" ]]
 }
 
 stop_keeper() {
@@ -78,7 +84,7 @@ check_job_contract() {
   fi
   [[ -z "${HPC_CONTRACT_ON_COMMAND_LINE:-}" ]] || return 0
   if [[ -n "${SBATCH_SIGNAL:-}" ]]; then
-    hpc_error "SBATCH_SIGNAL=$SBATCH_SIGNAL at submission replaced this script's --signal=B:USR1@$HPC_SIGNAL_LEAD: the job may get no warning before its wall time"
+    hpc_error "SBATCH_SIGNAL=$SBATCH_SIGNAL at submission replaced this script's --signal=B:$HPC_SIGNAL@$HPC_SIGNAL_LEAD: the job may get no warning before its wall time"
   fi
   if [[ -n "${SBATCH_OPEN_MODE:-}" && "$SBATCH_OPEN_MODE" != a* ]]; then
     hpc_error "SBATCH_OPEN_MODE=$SBATCH_OPEN_MODE at submission: the log starts again at every requeue"
@@ -229,7 +235,10 @@ main() {
     export HPC_TRIAL_DIR="${scratch_dir:?}/${exp_name:?}"
   fi
   mkdir -p "$HPC_TRIAL_DIR"
-  trap 'on_signal USR1' USR1
+  # Unset (a script older than --signal) means the default; empty means none.
+  HPC_SIGNAL=${HPC_SIGNAL-USR1}
+  # shellcheck disable=SC2064 # the signal's name is fixed now, on purpose
+  [[ -z "$HPC_SIGNAL" ]] || trap "on_signal $HPC_SIGNAL" "$HPC_SIGNAL"
   trap 'on_signal TERM' TERM
   trap on_exit EXIT
   # Steps inherit this shell's environment, even from an sbatch --export=NONE.
@@ -251,7 +260,7 @@ main() {
   fi
   if [[ -z "$signal_seen" ]]; then
     run_training_step
-  elif [[ "$signal_seen" == USR1 ]]; then
+  elif is_wall_time_signal; then
     hpc_log "the wall-time signal came before training started; requeueing without running"
     requeue_or_stop
   fi
@@ -263,7 +272,7 @@ main() {
     hpc_log "the program requeued the job itself (e.g. Lightning's auto-requeue); leaving it to SLURM"
     exit "$step_status"
   fi
-  if [[ "$signal_seen" == USR1 && "$step_status" != 0 ]]; then
+  if is_wall_time_signal && [[ "$step_status" != 0 ]]; then
     hpc_error "the program did not checkpoint at the wall-time signal (no marker, exit $step_status); not requeueing"
   fi
   ((step_status == 0)) || report_first_failure

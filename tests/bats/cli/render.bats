@@ -141,3 +141,27 @@ $(diff -u "$GOLDEN_DIR/$name.sbatch" "$rendered")"
     bash -n "$GOLDEN_DIR/$name.sbatch" || fail "$name.sbatch is not valid bash"
   done
 }
+
+@test "CPU-only Lightning (-g 0): one task per node by default, --tasks-per-node K tasks, no GRES" {
+  dry -W lightning -g 0 -n 2 -c 3 -C "$ONE_LINE"
+  assert_line '#SBATCH --ntasks-per-node=1'
+  assert_line '#SBATCH --cpus-per-task=3'
+  refute_line --partial '--gres'
+  dry -W lightning -g 0 -n 2 -c 3 --tasks-per-node 2 -C "$ONE_LINE"
+  assert_line '#SBATCH --ntasks-per-node=2'
+  assert_line 'export HPC_PROCS_PER_NODE=2'
+  dry -W torchrun -g 0 -n 2 -c 3 --tasks-per-node 2 -C "$ONE_LINE"
+  assert_line '#SBATCH --ntasks-per-node=1'
+  assert_line '#SBATCH --cpus-per-task=6'
+  assert_line 'export HPC_PROCS_PER_NODE=2'
+}
+
+@test "--signal USR2 asks SLURM for USR2; --no-signal asks for none; both keep --requeue" {
+  dry --signal SIGUSR2 --signal-lead 120 -C "$ONE_LINE"
+  assert_line '#SBATCH --signal=B:USR2@120'
+  assert_line 'export HPC_SIGNAL=USR2'
+  dry --no-signal -C "$ONE_LINE"
+  refute_line --partial '#SBATCH --signal'
+  assert_line "export HPC_SIGNAL=''"
+  assert_line '#SBATCH --requeue'
+}

@@ -40,8 +40,17 @@ setup() {
   refuse "--gpus is out of range, got '99999999999999999999'" -- -C "$ONE_LINE" -g 99999999999999999999
 }
 
-@test "gpus: zero with -W lightning (the default kind)" {
-  refuse "-W lightning starts one task per GPU, so --gpus 0 means no tasks" -- -C "$ONE_LINE" -g 0
+@test "--tasks-per-node: only CPU-only runs, a whole number from 1" {
+  refuse "--tasks-per-node applies to CPU-only runs (--gpus 0)" -- -C "$ONE_LINE" -g 2 --tasks-per-node 2
+  refuse "--tasks-per-node must be at least 1, got '0'" -- -C "$ONE_LINE" -g 0 --tasks-per-node 0
+  refuse "--tasks-per-node expects a whole number, got 'two'" -- -C "$ONE_LINE" -g 0 --tasks-per-node two
+}
+
+@test "--signal: a signal the batch script can trap and forward, not TERM; --no-signal takes neither --signal nor --signal-lead" {
+  refuse "--signal expects one of: USR1 USR2 HUP INT QUIT URG; got 'TERM'" -- -C "$ONE_LINE" --signal TERM
+  refuse "--signal expects one of: USR1 USR2 HUP INT QUIT URG; got 'KILL'" -- -C "$ONE_LINE" --signal SIGKILL
+  refuse "--no-signal sends no wall-time signal; drop --signal/--signal-lead" -- -C "$ONE_LINE" --no-signal --signal USR2
+  refuse "--no-signal sends no wall-time signal; drop --signal/--signal-lead" -- -C "$ONE_LINE" --no-signal --signal-lead 60
 }
 
 @test "cpus: not a number" {

@@ -19,6 +19,9 @@ setup() {
   plan_log_dir="/scratch/proj/hpc_outputs"
   opt_array_throttle=""
   opt_wandb_sweep=""
+  opt_tasks_per_node=1
+  opt_signal=USR1
+  opt_signal_lead=90
 }
 
 # layout KIND NODES GPUS CPUS: plan_layout for these settings.
