@@ -115,7 +115,7 @@ validate_settings() {
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" opt_signal_lead
-  ((opt_signal_lead < plan_time_seconds)) ||
+  [[ -n "${opt_no_signal:-}" ]] || ((opt_signal_lead < plan_time_seconds)) ||
     usage_error "--signal-lead ($opt_signal_lead s) must be shorter than --time ($opt_time = $plan_time_seconds s)"
   require_uint --max-requeues "$opt_max_requeues" 0 1000
   to_decimal "$opt_max_requeues" opt_max_requeues

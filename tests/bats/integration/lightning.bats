@@ -28,6 +28,17 @@ setup() {
   assert_line --partial 'boring: finished'
 }
 
+@test "CPU-only Lightning (-g 0 --tasks-per-node 2) on 2 nodes: 4 ranks, no GPUs asked for" {
+  submit -n 2 -g 0 --tasks-per-node 2 -c 1 -W lightning -t 10 -e boringcpu -- \
+    python "$BORING" --nodes 2 --devices 2 --epochs 1 --root "$BATS_TEST_TMPDIR/root"
+  assert_equal "$(job_field "$job_id" TresPerNode)" ""
+  wait_job_done "$job_id" 240
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_equal "$(grep -cE '^boring: rank [0-3]/4 node node[12] restart 0 training$' <<<"$output")" 4
+  assert_line --partial 'boring: finished'
+}
+
 # Lightning saves its hpc checkpoint inside the signal handler, and with DDP
 # that save waits at a barrier: a rank that is inside a gradient all-reduce
 # when the signal lands never gets there, and the job hangs (seen here in 2 of

@@ -121,6 +121,17 @@ setup() {
   assert_output ''
 }
 
+@test "--no-signal: a 1-minute job gets no USR1 where a 50 s lead would have sent it; the program runs on to its end" {
+  submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --no-signal -e nosignal -- \
+    bash -c 'trap "echo got USR1; exit 42" USR1; for i in $(seq 40); do sleep 1; done; echo ran 40 s'
+  wait_job_done "$job_id" 120
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_line 'ran 40 s'
+  refute_output --partial 'USR1'
+  assert_equal "$(grep -c '^hpc: job .* started' <<<"$output")" 1
+}
+
 @test "--max-requeues bounds the requeues: one more signal ends the job with a clear message" {
   submit -p tmpdir -n 1 -g 1 -W none -t 5 --signal-lead 60 --max-requeues 1 -e maxrq -- \
     env REQUEUE_PROBE_ALWAYS=1 "$PROGRAMS/requeue_probe.sh"
