@@ -22,7 +22,8 @@ setup() {
   # A private HOME with a wandb key the job must read without exposing it.
   export HOME="$BATS_TEST_TMPDIR/home"
   mkdir -p "$HOME"
-  secret="0123456789abcdef0123456789abcdef01234567"
+  # 40 hex digits made here, so that no project file (nor its snapshot) holds them.
+  secret=$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')
   (umask 077 && echo "$secret" >"$HOME/wandb_credentials.txt")
 }
 

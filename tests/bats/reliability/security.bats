@@ -12,7 +12,8 @@ setup() {
   cluster_test_setup
   export HOME="$BATS_TEST_TMPDIR/home"
   mkdir -p "$HOME"
-  secret="feedfacefeedfacefeedfacefeedfacefeedface"
+  # Made here, so that no project file (nor its code snapshot) holds it.
+  secret=$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')
   (umask 077 && echo "$secret" >"$HOME/wandb_credentials.txt")
   # A second secret already in the submitting environment.
   export MY_SERVICE_API_KEY="tok-$RANDOM$RANDOM-never-in-argv"
