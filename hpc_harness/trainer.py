@@ -29,6 +29,10 @@ What it does for you:
   code 42);
 - rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
 
+The logged ``train_loss`` is the mean of the per-step losses since the previous log line
+(epoch boundaries do not reset it), averaged over all ranks: every ``log_every`` steps one
+all-reduce of the summed loss, the only collective the logging adds.
+
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
 ``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
 asynchronously at each check: the reduction started at one check is read at the next, so
@@ -155,7 +159,9 @@ class Trainer:
         self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
         # preallocated per-step buffers
-        self._loss_sum = torch.zeros((), device=self.device)
+        self._loss_sum = torch.zeros((), device=self.device)  # losses since the last log line
+        self._log_step = 0  # global step of the last log line (or of the start/resume)
+        self._log_time = time.perf_counter()
         # control flags all-reduced with MAX: [stop requested, timed checkpoint due,
         # -(steps until the next check) proposed by this rank: the MAX is minus the smallest]
         self._flags = torch.zeros(3, device=self.device)
@@ -289,7 +295,6 @@ class Trainer:
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
             ckpt.restore_rng(self._pending_rng)
             self._pending_rng = None
-        t_last, steps_last = time.perf_counter(), self.global_step
         for batch in batches:
             self._run_batch(batch)
             self.step_in_epoch += 1
@@ -301,7 +306,7 @@ class Trainer:
             if cfg.step_sleep:
                 time.sleep(cfg.step_sleep)
             if cfg.log_every and step % cfg.log_every == 0:
-                t_last, steps_last = self._log_progress(epoch, t_last, steps_last)
+                self._log_progress(epoch)
             ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
             self._steps_since_check += 1
             if self._steps_since_check >= self._check_interval:
@@ -315,12 +320,20 @@ class Trainer:
                 return "max_steps"
         return "continue"
 
-    def _log_progress(self, epoch: int, t_last: float, steps_last: int) -> tuple[float, int]:
+    def _log_progress(self, epoch: int) -> None:
+        """Log the mean loss over the steps since the last log line and over all ranks.
+        Collective (one all-reduce): every rank calls it at the same steps."""
         now = time.perf_counter()
-        n = self.global_step - steps_last
-        loss = self._loss_sum.item() / max(n, 1)  # the only host sync, every log_every steps
+        n = self.global_step - self._log_step
+        total = self._loss_sum
+        if self.world_size > 1 and dist.is_initialized():
+            total = total.clone()
+            dist.all_reduce(total)
+        # the only host sync, every log_every steps
+        loss = total.item() / (max(n, 1) * self.world_size)
         self._loss_sum.zero_()
-        rate = n / max(now - t_last, 1e-9)
+        rate = n / max(now - self._log_time, 1e-9)
+        self._log_step, self._log_time = self.global_step, now
         samples = rate * self.batch_size * self.world_size
         eta = (self.total_steps - self.global_step) / max(rate, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -332,7 +345,6 @@ class Trainer:
         self.logger.log(
             self.global_step, epoch, {"train_loss": loss, "lr": lr, "samples_per_s": samples}
         )
-        return now, self.global_step
 
     # ------------------------------------------------------------------ evaluation
 
@@ -488,6 +500,7 @@ class Trainer:
             t0 = time.perf_counter()
             self._last_ckpt_time = time.monotonic()
             start_step = self.global_step
+            self._log_step, self._log_time = self.global_step, time.perf_counter()
             while self.epoch < cfg.epochs:
                 status = self._run_epoch(self.epoch)
                 self._drain_control()
