@@ -110,25 +110,64 @@ def stale_temp_files(ckpt_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.pt.tmp.*")))
 
 
+def load_file(path: str) -> dict[str, Any]:
+    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
+        raise ValueError("not a hpc_harness checkpoint (missing keys)")
+    return state
+
+
 def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
     """Load the newest checkpoint that loads; warn about and skip any that do not.
 
-    Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable.
+    Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable. One process's
+    view: in a distributed job use :func:`load_latest_shared`.
     """
-    import torch
-
     for tmp in stale_temp_files(ckpt_dir):
         log(f"hpc_harness: warning: ignoring incomplete checkpoint {tmp} (a save was interrupted)")
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-                raise ValueError("not a hpc_harness checkpoint (missing keys)")
+            state = load_file(path)
         except Exception as exc:  # corrupt, truncated, or foreign file
             log(f"hpc_harness: warning: skipping unreadable checkpoint {path}: {exc!r:.200}")
             continue
         return state, path
     return None, None
+
+
+def load_latest_shared(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_latest` for every rank of a process group: rank 0 chooses the checkpoint
+    (the newest one that loads in its view of ``ckpt_dir``) and broadcasts its path; every
+    other rank loads that same file, so all ranks resume the same step even when their
+    listings differ (a stale NFS listing). Collective when a process group exists: call it on
+    every rank. A rank that cannot read the chosen file makes every rank raise RuntimeError.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return load_latest(ckpt_dir, log)
+    rank = dist.get_rank()
+    state, path = load_latest(ckpt_dir, log) if rank == 0 else (None, None)
+    box: list[Any] = [path]
+    dist.broadcast_object_list(box, src=0)
+    path = box[0]
+    if path is None:
+        return None, None
+    error = ""
+    if rank != 0:
+        try:
+            state = load_file(path)
+        except Exception as exc:
+            error = f"rank {rank} cannot read {path}: {exc!r:.200}"
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    errors = [e for e in errors if e]
+    if errors:
+        raise RuntimeError(f"checkpoint chosen by rank 0 is not readable everywhere: {errors[0]}")
+    return state, path
 
 
 # --------------------------------------------------------------------------- RNG

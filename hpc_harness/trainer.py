@@ -437,8 +437,8 @@ class Trainer:
         return path
 
     def _resume(self) -> bool:
-        """Load the newest usable checkpoint (every rank reads it). True if resumed."""
-        state, path = ckpt.load_latest(self.cfg.ckpt_dir, log=self._print)
+        """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
+        state, path = ckpt.load_latest_shared(self.cfg.ckpt_dir, log=self._print)
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)

@@ -61,3 +61,34 @@ def test_logged_loss_is_the_mean_across_ranks(tmp_path) -> None:
     spawn_gloo(_known_losses_rank, 2, ck)
     # rank 0 logs steps 1-3 -> 2 and rank 1 -> 12: the mean is 7; steps 4-6 -> 5 and 15: 10
     assert _logged_losses(ck) == {3: 7.0, 6: 10.0}
+
+
+def _small_trainer(ctx, ckpt_dir: str, **cfg_kw) -> Trainer:
+    data = TensorDataset(
+        torch.randn(16, 3, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+    )
+    cfg = TrainConfig(epochs=2, ckpt_dir=ckpt_dir, log_every=0, checkpoint_every_s=0, **cfg_kw)
+    torch.manual_seed(0)
+    return Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),
+        ctx,
+        cfg,
+    )
+
+
+def _resume_with_a_stale_listing_on_rank_1(rank: int, world_size: int, ck: str) -> int:
+    from hpc_harness import checkpoint as ckpt
+
+    if rank == 1:  # this rank's view of the folder is stale: it lists no checkpoint
+        ckpt.list_checkpoints = lambda ckpt_dir: []
+    trainer = _small_trainer(gloo_context(rank, world_size), ck)
+    trainer._resume()
+    return trainer.global_step
+
+
+def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    assert _small_trainer(hdist.setup(verbose=False), ck, max_steps=5).train() == "max_steps"
+    assert spawn_gloo(_resume_with_a_stale_listing_on_rank_1, 2, ck) == [5, 5]
