@@ -84,6 +84,7 @@ class TrainConfig:
     # (with both 0: only at a signal, max_steps and the end)
     keep_last: int = 3
     resume: bool = True
+    fresh: bool = False  # move an earlier run's folder aside (checkpoint.move_aside) and start over
     # distribution and precision
     strategy: str = "ddp"
     precision: str = "32"
@@ -94,7 +95,7 @@ class TrainConfig:
     log_every: int = 50
     wandb: str | None = "disabled"
     wandb_project: str | None = None
-    hparams: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)  # the run's arguments (fingerprint)
     # requeue protocol: how often the ranks agree on the stop flag
     signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
     signal_check_s: float = 0.5  # adaptive: seconds between checks
@@ -176,6 +177,16 @@ class Trainer:
         self._non_blocking = self.device.type == "cuda"
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
+        self.logger: MetricsLogger | None = None
+        self.fingerprint = ckpt.fingerprint(self.run_config())
+
+    def run_config(self) -> dict[str, Any]:
+        """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
+        (checkpoint.fingerprint: minus the keys that may change across a resume) is stored in
+        every checkpoint and in ``run.json``; a resume with another one stops."""
+        config = asdict(self.cfg)
+        config.update(config.pop("hparams"))
+        return config
 
     # ------------------------------------------------------------------ helpers
 
@@ -419,6 +430,7 @@ class Trainer:
             "strategy": self.strategy.name,
             "precision": self.precision.name,
             "config": asdict(self.cfg),
+            "fingerprint": self.fingerprint,
         }
 
     def _save_checkpoint(self) -> str:
@@ -439,6 +451,18 @@ class Trainer:
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
         state, path = ckpt.load_latest_shared(self.cfg.ckpt_dir, log=self._print)
+        saved = state.get("fingerprint") if state is not None else None
+        error = None
+        if self.is_main:
+            if state is not None and saved is None:
+                self._print(
+                    f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
+                    "wrote it): resuming without checking that it belongs to this run"
+                )
+            error = ckpt.identity_error(self.cfg.ckpt_dir, self.fingerprint, saved)
+        error = self._from_rank0(error)
+        if error:
+            raise ckpt.RunMismatch(error)
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
@@ -464,6 +488,29 @@ class Trainer:
         )
         return True
 
+    def _from_rank0(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (collective when distributed)."""
+        if self.world_size > 1 and dist.is_initialized():
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
+    def _start_fresh(self) -> None:
+        """``fresh``: rank 0 moves the folder of an earlier run aside (collective)."""
+        if self.is_main:
+            aside = ckpt.move_aside(self.cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))
+            if aside:
+                self._print(f"hpc_harness: starting fresh; the earlier run's files are in {aside}")
+        hdist.barrier()
+
+    def _record_identity(self) -> None:
+        """Rank 0 writes ``run.json`` unless it already holds this run's fingerprint."""
+        if self.is_main:
+            run = ckpt.read_run_file(self.cfg.ckpt_dir)
+            if run is None or run["fingerprint"] != self.fingerprint:
+                ckpt.write_run_file(self.cfg.ckpt_dir, self.fingerprint)
+
     def _save_final(self) -> str | None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
         fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
@@ -486,15 +533,19 @@ class Trainer:
         """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
         cfg = self.cfg
         self.stop.install()
-        self.logger = MetricsLogger(
-            self.run_dir,
-            enabled=self.is_main,
-            wandb_mode=cfg.wandb,
-            config=cfg.hparams,
-            project=cfg.wandb_project,
-        )
         try:
-            if not (cfg.resume and self._resume()):
+            if cfg.fresh:
+                self._start_fresh()
+            resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
+            self._record_identity()
+            self.logger = MetricsLogger(
+                self.run_dir,
+                enabled=self.is_main,
+                wandb_mode=cfg.wandb,
+                config=cfg.hparams,
+                project=cfg.wandb_project,
+            )
+            if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
             status = "finished"
             t0 = time.perf_counter()
@@ -530,7 +581,8 @@ class Trainer:
             return status
         finally:
             self.stop.uninstall()
-            self.logger.close()
+            if self.logger is not None:
+                self.logger.close()
 
     def _requeue(self) -> str:
         """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""
