@@ -127,11 +127,28 @@ def stale_temp_files(ckpt_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.pt.tmp.*")))
 
 
+def _numpy_globals() -> list[Any]:
+    """What ``np.random.get_state()`` pickles to, for ``torch.load(weights_only=True)``."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    found: list[Any] = [_reconstruct, np.ndarray, np.dtype]
+    if hasattr(np, "dtypes"):
+        found.append(np.dtypes.UInt32DType)
+    return found
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint."""
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    # weights_only: tensors and plain python types only, so a file on shared scratch cannot
+    # run code when unpickled; numpy's RNG state (an array) is allow-listed by name.
+    with torch.serialization.safe_globals(_numpy_globals()):
+        state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
         raise ValueError("not a hpc_harness checkpoint (missing keys)")
     return state

@@ -431,6 +431,7 @@ class Trainer:
             "precision": self.precision.name,
             "config": asdict(self.cfg),
             "fingerprint": self.fingerprint,
+            "metrics": dict(self.metrics),
         }
 
     def _save_checkpoint(self) -> str:
@@ -472,6 +473,7 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.step_in_epoch = int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
+        self.metrics = dict(state.get("metrics") or {})
         rng = state.get("rng") or []
         if len(rng) == self.world_size:
             self._pending_rng = rng[self.rank]
@@ -511,6 +513,25 @@ class Trainer:
             if run is None or run["fingerprint"] != self.fingerprint:
                 ckpt.write_run_file(self.cfg.ckpt_dir, self.fingerprint)
 
+    def _already_finished(self) -> bool:
+        cfg = self.cfg
+        return self.epoch >= cfg.epochs or (
+            cfg.max_steps is not None and self.global_step >= cfg.max_steps
+        )
+
+    def _finish_again(self) -> str:
+        """The resumed checkpoint is the end of the run: keep its results, train nothing.
+        ``last.pt`` is written only if it is missing (the job died before writing it)."""
+        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        if self._from_rank0(not os.path.exists(path)):
+            self._save_final()
+        status = "finished" if self.epoch >= self.cfg.epochs else "max_steps"
+        self._print(
+            f"hpc_harness: already finished ({status}) at global step {self.global_step}: "
+            f"{self.last_checkpoint} and {path} are kept as they are"
+        )
+        return status
+
     def _save_final(self) -> str | None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
         fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
@@ -538,6 +559,8 @@ class Trainer:
                 self._start_fresh()
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
             self._record_identity()
+            if resumed and self._already_finished():
+                return self._finish_again()
             self.logger = MetricsLogger(
                 self.run_dir,
                 enabled=self.is_main,

@@ -148,3 +148,26 @@ def test_fresh_moves_the_folder_aside_but_not_for_a_requeue_of_the_same_job(
     assert not os.path.exists(folder)
     assert sorted(os.listdir(aside)) == ["ckpt_step00000004.pt", "run.json"]
     assert ckpt.move_aside(folder) is None  # nothing left to move
+
+
+class _Payload:
+    """Unpickling this runs code: what a hostile file on shared scratch could hold."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoints_load_without_running_pickled_code(tmp_path) -> None:
+    folder = str(tmp_path / "ck")
+    ckpt.atomic_save(_state(1), ckpt.checkpoint_path(folder, 1))
+    marker = tmp_path / "code-ran"
+    hostile = {**_state(2), "extra": _Payload(str(marker))}
+    ckpt.atomic_save(hostile, ckpt.checkpoint_path(folder, 2))
+    logs: list[str] = []
+    state, path = ckpt.load_latest(folder, log=logs.append)
+    assert not marker.exists(), "loading a checkpoint ran pickled code (weights_only=False)"
+    assert path == ckpt.checkpoint_path(folder, 1) and state["global_step"] == 1
+    assert "skipping unreadable checkpoint" in logs[0]

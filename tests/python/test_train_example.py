@@ -246,3 +246,26 @@ def test_world_size_may_change_across_a_resume(tmp_path, digits_dir) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resumed from" in r.stdout
+
+
+def test_rerunning_a_finished_job_keeps_its_results(tmp_path, digits_dir, capsys) -> None:
+    ck = tmp_path / "ck"
+    args = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    assert main(args) == 0
+    before = (ck / "last.pt").read_bytes()
+    ckpts = _ckpts(ck)
+    assert torch.load(ck / "last.pt", weights_only=True)["metrics"]["test_acc"] > 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert (ck / "last.pt").read_bytes() == before and _ckpts(ck) == ckpts
+
+
+def test_rerunning_a_job_that_reached_max_steps_trains_no_further(tmp_path, digits_dir, capsys):
+    ck = tmp_path / "ck"
+    args = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck), "--max-steps", "5"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert _ckpts(ck) == ["ckpt_step00000005.pt"]
