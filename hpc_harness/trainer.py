@@ -159,6 +159,7 @@ class Trainer:
         self.step_in_epoch = 0
         self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
+        self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
         # preallocated per-step buffers
         self._loss_sum = torch.zeros((), device=self.device)  # losses since the last log line
         self._log_step = 0  # global step of the last log line (or of the start/resume)
@@ -300,9 +301,7 @@ class Trainer:
             self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
             batches = iter(self.train_loader)
         else:
-            if hasattr(getattr(self.train_loader, "sampler", None), "set_epoch"):
-                self.train_loader.sampler.set_epoch(epoch)
-            batches = itertools.islice(iter(self.train_loader), start, None)
+            batches = self._user_sampler_batches(epoch, start)
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
             ckpt.restore_rng(self._pending_rng)
             self._pending_rng = None
@@ -330,6 +329,34 @@ class Trainer:
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
         return "continue"
+
+    def _user_sampler_batches(self, epoch: int, start: int) -> Any:
+        """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.
+
+        Its order (a RandomSampler's seed, the workers' seeds) is drawn from torch's global
+        RNG when the iteration starts. The RNG state at each epoch start is kept (and saved in
+        the checkpoint), so a resume mid-epoch replays that draw and skips the ``start``
+        batches already trained: the resumed epoch is the same permutation. Skipping reads
+        those batches (the default ResumableSampler does not)."""
+        sampler = getattr(self.train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        if start >= self.steps_per_epoch:
+            return iter(())
+        if start > 0 and self._pending_rng is not None:
+            epoch_rng = self._pending_rng.get("epoch_start_torch")
+            if epoch_rng is not None:
+                torch.set_rng_state(epoch_rng)
+            else:
+                self._print(
+                    "hpc_harness: warning: the checkpoint has no epoch-start RNG state (older "
+                    "hpc_harness): the rest of this epoch is not the same order"
+                )
+        self._epoch_rng = torch.get_rng_state()
+        batches = iter(self.train_loader)
+        for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
+            pass
+        return batches
 
     def _log_progress(self, epoch: int) -> None:
         """Log the mean loss over the steps since the last log line and over all ranks.
@@ -392,6 +419,8 @@ class Trainer:
 
     def _gather_rng(self) -> list[dict[str, Any]]:
         mine = ckpt.capture_rng()
+        if self._epoch_rng is not None:
+            mine["epoch_start_torch"] = self._epoch_rng
         if self.world_size > 1 and dist.is_initialized():
             out: list[Any] = [None] * self.world_size
             dist.all_gather_object(out, mine)

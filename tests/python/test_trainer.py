@@ -92,3 +92,52 @@ def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path) -> None:
     ck = str(tmp_path / "ck")
     assert _small_trainer(hdist.setup(verbose=False), ck, max_steps=5).train() == "max_steps"
     assert spawn_gloo(_resume_with_a_stale_listing_on_rank_1, 2, ck) == [5, 5]
+
+
+class RecordingTrainer(Trainer):
+    """Records the sample indices of every batch it trains on."""
+
+    seen: list[int]
+
+    def _compute_loss(self, batch):
+        inputs, idx = batch
+        self.seen.extend(idx.tolist())
+        return self.model(inputs).pow(2).mean()
+
+
+def _own_sampler_run(ck: str, seen: list[int], max_steps: int | None = None) -> str:
+    data = TensorDataset(
+        torch.randn(16, 3, generator=torch.Generator().manual_seed(1)), torch.arange(16)
+    )
+    cfg = TrainConfig(
+        epochs=2,
+        ckpt_dir=ck,
+        log_every=0,
+        checkpoint_every_s=0,
+        replace_sampler=False,
+        max_steps=max_steps,
+    )
+    torch.manual_seed(0)
+    trainer = RecordingTrainer(
+        nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 1)),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),  # the user's own RandomSampler
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    trainer.seen = seen
+    return trainer.train()
+
+
+def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path) -> None:
+    whole: list[int] = []
+    _own_sampler_run(str(tmp_path / "a"), whole)
+    pieces: list[int] = []
+    for stop in (3, 11, None):  # 8 steps per epoch: stops inside both epochs
+        _own_sampler_run(str(tmp_path / "b"), pieces, max_steps=stop)
+    for epoch in range(2):
+        assert sorted(pieces[16 * epoch : 16 * (epoch + 1)]) == list(range(16)), pieces
+    assert pieces == whole
+    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
