@@ -32,6 +32,7 @@ This module imports torch only inside functions, so the table and the parsers ar
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -41,6 +42,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from hpc_harness import MIN_TORCH
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -367,6 +370,14 @@ def setup(
         device = torch.device("cpu")
 
     if info.distributed:
+        if (
+            backend == "nccl"
+            and "device_id" not in inspect.signature(dist.init_process_group).parameters
+        ):
+            raise LaunchError(
+                f"hpc_harness needs init_process_group(device_id=...) (torch >= {MIN_TORCH}); "
+                f"this torch is {torch.__version__}: upgrade torch"
+            )
         e = os.environ
         e.setdefault("MASTER_ADDR", info.master_addr)
         e.setdefault("MASTER_PORT", str(info.master_port))

@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpc_harness import dist
     from hpc_harness.checkpoint import RunMismatch
     from hpc_harness.data import DigitsDataset, ensure_digits
+    from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
     from hpc_harness.strategy import StrategyError
     from hpc_harness.trainer import TrainConfig, Trainer
@@ -225,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ),
                 eval_data=test_set,
             )
-        except StrategyError as exc:
+        except (StrategyError, PrecisionError) as exc:
             print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
             return 2
         try:

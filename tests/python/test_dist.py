@@ -163,7 +163,11 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> dict:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("device", d))
     monkeypatch.setattr(tdist, "is_initialized", lambda: False)
-    monkeypatch.setattr(tdist, "init_process_group", lambda **kw: seen.setdefault("init", kw))
+
+    def init_process_group(*, device_id=None, **kw) -> None:
+        seen["init"] = {**kw, "device_id": device_id}
+
+    monkeypatch.setattr(tdist, "init_process_group", init_process_group)
     return seen
 
 
@@ -201,3 +205,20 @@ def test_more_local_ranks_than_gpus_is_refused(monkeypatch) -> None:
     _fake_gpus(monkeypatch, count=2)
     with pytest.raises(LaunchError, match="local rank 3 has no GPU"):
         dist.setup(env=_torchrun_env(local_rank=3, local_world=4), verbose=False)
+
+
+def test_a_torch_whose_init_process_group_lacks_device_id_is_one_clear_error(monkeypatch) -> None:
+    import torch.distributed as tdist
+
+    _fake_gpus(monkeypatch, count=2)
+
+    def old_init_process_group(
+        backend=None, init_method=None, timeout=None, world_size=-1, rank=-1
+    ):  # as on torch < 2.3: no device_id
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(tdist, "init_process_group", old_init_process_group)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(LaunchError, match=r"needs init_process_group\(device_id=\.\.\.\)"):
+        dist.setup(env=_torchrun_env(local_rank=1, local_world=2), verbose=False)

@@ -269,3 +269,14 @@ def test_rerunning_a_job_that_reached_max_steps_trains_no_further(tmp_path, digi
     assert main(args) == 0
     assert "already finished" in capsys.readouterr().out
     assert _ckpts(ck) == ["ckpt_step00000005.pt"]
+
+
+def test_fsdp_on_a_torch_without_fully_shard_is_one_clear_error(monkeypatch) -> None:
+    import torch.distributed.fsdp as fsdp
+
+    from hpc_harness import dist as hdist
+    from hpc_harness.strategy import Strategy
+
+    monkeypatch.delattr(fsdp, "fully_shard")  # as on torch < 2.6
+    with pytest.raises(StrategyError, match=r"fsdp needs torch.distributed.fsdp.fully_shard"):
+        Strategy("fsdp", hdist.setup(verbose=False))
