@@ -9,17 +9,26 @@ newest checkpoint that loads wins; a corrupt or partial newest is skipped with a
 
 Checkpoint dict keys (``FORMAT_VERSION`` 1): model, optimizer, scheduler, scaler, epoch,
 step_in_epoch, global_step, sampler ({"epoch", "start_batch", "seed"}), rng (a list with one
-entry per rank: torch, cuda, numpy, python states), world_size, extra.
+entry per rank: torch, cuda, numpy, python states), world_size, fingerprint, extra.
+
+Run identity: a checkpoint folder belongs to one run. Its ``fingerprint`` (the run's
+arguments minus :data:`RESUME_FREE_KEYS`) is stored in every checkpoint and in ``run.json``
+beside them; resuming with another fingerprint raises :class:`RunMismatch` before training
+(the example exits 2 naming the keys). :func:`move_aside` is ``--fresh``: it renames the
+folder to ``<folder>.old-<UTC time>`` and never deletes anything.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import re
 import sys
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^ckpt_step(\d+)\.pt$")
@@ -55,22 +64,23 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
-    """torch.save to a temp file in the same folder, fsync, os.replace, fsync the folder.
+def atomic_write(
+    path: str, write: Callable[[BinaryIO], Any], pause_before_rename: float = 0.0
+) -> None:
+    """Write ``path`` through ``write(file)`` into a temp file in the same folder, fsync,
+    ``os.replace``, fsync the folder: readers see the old file or the new one, never half.
 
     ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
     before the rename, so a test can kill the process mid-save at a known moment.
     """
     import time
 
-    import torch
-
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         if pause_before_rename > 0:
@@ -81,6 +91,13 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(folder)
+
+
+def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    import torch
+
+    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename)
 
 
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:
@@ -110,25 +127,211 @@ def stale_temp_files(ckpt_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.pt.tmp.*")))
 
 
+def _numpy_globals() -> list[Any]:
+    """What ``np.random.get_state()`` pickles to, for ``torch.load(weights_only=True)``."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    found: list[Any] = [_reconstruct, np.ndarray, np.dtype]
+    if hasattr(np, "dtypes"):
+        found.append(np.dtypes.UInt32DType)
+    return found
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint."""
+    import torch
+
+    # weights_only: tensors and plain python types only, so a file on shared scratch cannot
+    # run code when unpickled; numpy's RNG state (an array) is allow-listed by name.
+    with torch.serialization.safe_globals(_numpy_globals()):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
+        raise ValueError("not a hpc_harness checkpoint (missing keys)")
+    return state
+
+
 def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
     """Load the newest checkpoint that loads; warn about and skip any that do not.
 
-    Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable.
+    Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable. One process's
+    view: in a distributed job use :func:`load_latest_shared`.
     """
-    import torch
-
     for tmp in stale_temp_files(ckpt_dir):
         log(f"hpc_harness: warning: ignoring incomplete checkpoint {tmp} (a save was interrupted)")
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-                raise ValueError("not a hpc_harness checkpoint (missing keys)")
+            state = load_file(path)
         except Exception as exc:  # corrupt, truncated, or foreign file
             log(f"hpc_harness: warning: skipping unreadable checkpoint {path}: {exc!r:.200}")
             continue
         return state, path
     return None, None
+
+
+def load_latest_shared(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_latest` for every rank of a process group: rank 0 chooses the checkpoint
+    (the newest one that loads in its view of ``ckpt_dir``) and broadcasts its path; every
+    other rank loads that same file, so all ranks resume the same step even when their
+    listings differ (a stale NFS listing). Collective when a process group exists: call it on
+    every rank. A rank that cannot read the chosen file makes every rank raise RuntimeError.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return load_latest(ckpt_dir, log)
+    rank = dist.get_rank()
+    state, path = load_latest(ckpt_dir, log) if rank == 0 else (None, None)
+    box: list[Any] = [path]
+    dist.broadcast_object_list(box, src=0)
+    path = box[0]
+    if path is None:
+        return None, None
+    error = ""
+    if rank != 0:
+        try:
+            state = load_file(path)
+        except Exception as exc:
+            error = f"rank {rank} cannot read {path}: {exc!r:.200}"
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    errors = [e for e in errors if e]
+    if errors:
+        raise RuntimeError(f"checkpoint chosen by rank 0 is not readable everywhere: {errors[0]}")
+    return state, path
+
+
+# --------------------------------------------------------------------------- run identity
+
+RUN_FILE = "run.json"
+
+# Arguments that may change across a resume without making it another run (README "Resuming,
+# and starting fresh"). The world size is not an argument; it may change too.
+RESUME_FREE_KEYS = frozenset(
+    {
+        # hardware and distribution: world size, GPUs, strategy, precision
+        "gpus",
+        "strategy",
+        "precision",
+        # paths (a requeued job stages its data elsewhere)
+        "ckpt_dir",
+        "data_dir",
+        "run_dir",
+        # where this piece of the run stops (a run may be continued in pieces)
+        "max_steps",
+        # logging
+        "log_every",
+        "wandb",
+        "wandb_project",
+        # checkpoint cadence and resume switches
+        "checkpoint_every",
+        "checkpoint_every_s",
+        "keep_last",
+        "resume",
+        "no_resume",
+        "fresh",
+        # the requeue protocol's signal-check knobs
+        "signal_check_every",
+        "signal_check_s",
+        "signal_check_seconds",
+        # testing aids
+        "fail_at_step",
+        "fail_rank",
+        "step_sleep",
+        "pause_in_save_at_step",
+    }
+)
+
+
+class RunMismatch(ValueError):
+    """The checkpoints in a folder belong to a run with other arguments (message says which)."""
+
+
+def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
+    (values JSON cannot hold are compared by their ``repr``)."""
+    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
+
+
+def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"key (saved -> current)"`` for every key whose value differs (or exists in one only)."""
+    missing = "<unset>"
+    return [
+        f"{k} ({saved.get(k, missing)!r} -> {current.get(k, missing)!r})"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k, missing) != current.get(k, missing)
+    ]
+
+
+def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
+    """The folder's ``run.json``, or None when there is none (or it cannot be read)."""
+    try:
+        with open(os.path.join(ckpt_dir, RUN_FILE)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
+
+
+def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> str:
+    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically; returns
+    its path."""
+    path = os.path.join(ckpt_dir, RUN_FILE)
+    record = {
+        "fingerprint": dict(fp),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+    text = json.dumps(record, indent=1, sort_keys=True)
+    atomic_write(path, lambda f: f.write(text.encode() + b"\n"))
+    return path
+
+
+def identity_error(
+    ckpt_dir: str, fp: Mapping[str, Any], saved: Mapping[str, Any] | None
+) -> str | None:
+    """The one-line message when ``fp`` differs from ``saved`` (a checkpoint's fingerprint, or
+    ``run.json``'s when None); None when they agree or nothing was recorded."""
+    if saved is None:
+        run = read_run_file(ckpt_dir)
+        saved = run["fingerprint"] if run else None
+    if saved is None:
+        return None
+    diff = fingerprint_diff(saved, fp)
+    if not diff:
+        return None
+    return (
+        f"{ckpt_dir} holds checkpoints of another run: {', '.join(diff)} differ; use another "
+        "experiment (-e NEW, or another --ckpt-dir), or --fresh to start over (the old files "
+        "are moved aside, not deleted)"
+    )
+
+
+def move_aside(ckpt_dir: str, job_id: str | None = None) -> str | None:
+    """``--fresh``: rename ``ckpt_dir`` to ``<ckpt_dir>.old-<UTC time>`` (never deletes);
+    returns the new name, or None when there was nothing to move.
+
+    A requeued job runs its command again, ``--fresh`` included: when ``run.json`` was written
+    by this same SLURM job (``job_id``), the folder is this run's own and is left alone, so
+    the requeued job resumes instead of starting over again."""
+    folder = os.path.abspath(ckpt_dir)
+    if not os.path.isdir(folder) or not os.listdir(folder):
+        return None
+    run = read_run_file(folder)
+    if job_id and run is not None and run.get("slurm_job_id") == job_id:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = f"{folder}.old-{stamp}"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{folder}.old-{stamp}-{n}"
+    os.rename(folder, aside)
+    return aside
 
 
 # --------------------------------------------------------------------------- RNG

@@ -22,14 +22,17 @@ batch script that runs ``python train.py`` directly in an allocation of several 
 under srun, is refused with a message, instead of waiting forever for peers that never come.
 
 Backend: nccl when CUDA is available, else gloo. Device: ``cuda:<local rank>`` (mapped through
-``--gpus``) or cpu. The process group is created with a timeout (env ``HPC_DIST_TIMEOUT``,
-seconds, default 600) so a lost peer ends the job instead of hanging it until the wall time.
+``--gpus``), or ``cuda:0`` when each task sees exactly one GPU (``--gpus-per-task=1``,
+``--gpu-bind=single:1``), or cpu. The process group is created with a timeout
+(env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost peer ends the job instead of
+hanging it until the wall time.
 
 This module imports torch only inside functions, so the table and the parsers are cheap to use.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -39,6 +42,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from hpc_harness import MIN_TORCH
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -347,7 +352,11 @@ def setup(
     devices = select_devices(None if slurm_set_gpus(env) else spec, cuda_n)
     if devices:
         backend = "nccl"
-        if info.local_world_size > 1:  # one GPU per process; else this process uses them all
+        if info.local_world_size > 1 and cuda_n == 1:
+            # per-task binding (--gpus-per-task=1, --gpu-bind=single:1): this task sees
+            # only its own GPU, as device 0, whatever its local rank
+            devices = [0]
+        elif info.local_world_size > 1:  # one GPU per process; else it uses them all
             if info.local_rank >= len(devices):
                 raise LaunchError(
                     f"local rank {info.local_rank} has no GPU: {len(devices)} selected "
@@ -361,6 +370,14 @@ def setup(
         device = torch.device("cpu")
 
     if info.distributed:
+        if (
+            backend == "nccl"
+            and "device_id" not in inspect.signature(dist.init_process_group).parameters
+        ):
+            raise LaunchError(
+                f"hpc_harness needs init_process_group(device_id=...) (torch >= {MIN_TORCH}); "
+                f"this torch is {torch.__version__}: upgrade torch"
+            )
         e = os.environ
         e.setdefault("MASTER_ADDR", info.master_addr)
         e.setdefault("MASTER_PORT", str(info.master_port))

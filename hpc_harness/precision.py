@@ -4,7 +4,8 @@
 - ``bf16-mixed``: autocast to bfloat16 (CUDA and CPU); no scaler needed.
 - ``16-mixed``: autocast to float16 plus ``torch.amp.GradScaler``. On CPU, torch 2.13 supports
   float16 autocast and a CPU GradScaler (checked at start-up by a one-layer probe); if the probe
-  fails, we fall back to ``bf16-mixed`` with a warning rather than crash mid-job.
+  fails (or the torch has no ``torch.amp.GradScaler``), :class:`PrecisionError` says so in one
+  line before training: never a silent switch to another precision.
 
 The scaler's state is part of the checkpoint, so a resumed run continues with the same scale.
 """
@@ -15,7 +16,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_harness import MIN_TORCH
+
 PRECISIONS = ("32", "16-mixed", "bf16-mixed")
+
+
+class PrecisionError(ValueError):
+    """The precision cannot run with this torch on this device (message says what would)."""
 
 
 @dataclass
@@ -67,7 +74,14 @@ def make_precision(name: str, device: Any, log: Any = print) -> Precision:
         return Precision(name, dev)
     if name == "bf16-mixed":
         return Precision(name, dev, dtype=torch.bfloat16)
+    if not hasattr(torch.amp, "GradScaler"):
+        raise PrecisionError(
+            f"--precision 16-mixed needs torch.amp.GradScaler (torch >= {MIN_TORCH}); this torch "
+            f"is {torch.__version__}: upgrade torch or use --precision bf16-mixed"
+        )
     if not _fp16_works(dev):
-        log(f"hpc_harness: warning: float16 autocast does not work on {dev}; using bf16-mixed")
-        return Precision("bf16-mixed", dev, dtype=torch.bfloat16)
+        raise PrecisionError(
+            f"--precision 16-mixed: float16 autocast does not work on {dev} with torch "
+            f"{torch.__version__}; use --precision bf16-mixed or 32"
+        )
     return Precision(name, dev, dtype=torch.float16, scaler=torch.amp.GradScaler(dev))

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_harness import MIN_TORCH
+
 STRATEGIES = ("ddp", "dp", "ddp2", "fsdp")
 
 
@@ -57,6 +59,15 @@ class Strategy:
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
         check_strategy(name, self.world_size, ctx.info.local_world_size, ctx.device.type == "cuda")
+        if name == "fsdp":
+            try:
+                from torch.distributed.fsdp import fully_shard  # noqa: F401
+            except ImportError:
+                raise StrategyError(
+                    f"--strategy fsdp needs torch.distributed.fsdp.fully_shard (torch >= "
+                    f"{MIN_TORCH}); this torch is {torch.__version__}: upgrade torch or use "
+                    "--strategy ddp"
+                ) from None
         self.needs_grad_sync = name == "ddp2" and self.distributed
 
     # -- model ----------------------------------------------------------------

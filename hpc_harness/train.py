@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
     g.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    g.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: move the checkpoint folder of an earlier run aside to "
+        "<ckpt-dir>.old-<time> (nothing is deleted); needed to reuse a folder with other arguments",
+    )
     g = p.add_argument_group("logging")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
     g.add_argument(
@@ -157,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.utils.data import DataLoader
 
     from hpc_harness import dist
+    from hpc_harness.checkpoint import RunMismatch
     from hpc_harness.data import DigitsDataset, ensure_digits
+    from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
     from hpc_harness.strategy import StrategyError
     from hpc_harness.trainer import TrainConfig, Trainer
@@ -191,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             checkpoint_every_s=args.checkpoint_every_s,
             keep_last=args.keep_last,
             resume=not args.no_resume,
+            fresh=args.fresh,
             strategy=args.strategy,
             precision=args.precision,
             run_dir=args.run_dir,
@@ -217,10 +226,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ),
                 eval_data=test_set,
             )
-        except StrategyError as exc:
+        except (StrategyError, PrecisionError) as exc:
             print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
             return 2
-        status = trainer.train()
+        try:
+            status = trainer.train()
+        except RunMismatch as exc:
+            if ctx.is_main:
+                print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
+            return 2
         if ctx.is_main and status != "requeue" and trainer.metrics:
             dist.say(f"hpc_harness: final test accuracy {trainer.metrics['test_acc']:.4f}")
         # Leave together: a rank tearing down gloo while a peer still talks to it makes the

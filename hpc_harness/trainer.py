@@ -29,6 +29,10 @@ What it does for you:
   code 42);
 - rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
 
+The logged ``train_loss`` is the mean of the per-step losses since the previous log line
+(epoch boundaries do not reset it), averaged over all ranks: every ``log_every`` steps one
+all-reduce of the summed loss, the only collective the logging adds.
+
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
 ``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
 asynchronously at each check: the reduction started at one check is read at the next, so
@@ -80,6 +84,7 @@ class TrainConfig:
     # (with both 0: only at a signal, max_steps and the end)
     keep_last: int = 3
     resume: bool = True
+    fresh: bool = False  # move an earlier run's folder aside (checkpoint.move_aside) and start over
     # distribution and precision
     strategy: str = "ddp"
     precision: str = "32"
@@ -90,7 +95,7 @@ class TrainConfig:
     log_every: int = 50
     wandb: str | None = "disabled"
     wandb_project: str | None = None
-    hparams: dict[str, Any] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)  # the run's arguments (fingerprint)
     # requeue protocol: how often the ranks agree on the stop flag
     signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
     signal_check_s: float = 0.5  # adaptive: seconds between checks
@@ -154,8 +159,11 @@ class Trainer:
         self.step_in_epoch = 0
         self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
+        self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
         # preallocated per-step buffers
-        self._loss_sum = torch.zeros((), device=self.device)
+        self._loss_sum = torch.zeros((), device=self.device)  # losses since the last log line
+        self._log_step = 0  # global step of the last log line (or of the start/resume)
+        self._log_time = time.perf_counter()
         # control flags all-reduced with MAX: [stop requested, timed checkpoint due,
         # -(steps until the next check) proposed by this rank: the MAX is minus the smallest]
         self._flags = torch.zeros(3, device=self.device)
@@ -170,6 +178,16 @@ class Trainer:
         self._non_blocking = self.device.type == "cuda"
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
+        self.logger: MetricsLogger | None = None
+        self.fingerprint = ckpt.fingerprint(self.run_config())
+
+    def run_config(self) -> dict[str, Any]:
+        """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
+        (checkpoint.fingerprint: minus the keys that may change across a resume) is stored in
+        every checkpoint and in ``run.json``; a resume with another one stops."""
+        config = asdict(self.cfg)
+        config.update(config.pop("hparams"))
+        return config
 
     # ------------------------------------------------------------------ helpers
 
@@ -283,13 +301,10 @@ class Trainer:
             self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
             batches = iter(self.train_loader)
         else:
-            if hasattr(getattr(self.train_loader, "sampler", None), "set_epoch"):
-                self.train_loader.sampler.set_epoch(epoch)
-            batches = itertools.islice(iter(self.train_loader), start, None)
+            batches = self._user_sampler_batches(epoch, start)
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
             ckpt.restore_rng(self._pending_rng)
             self._pending_rng = None
-        t_last, steps_last = time.perf_counter(), self.global_step
         for batch in batches:
             self._run_batch(batch)
             self.step_in_epoch += 1
@@ -301,7 +316,7 @@ class Trainer:
             if cfg.step_sleep:
                 time.sleep(cfg.step_sleep)
             if cfg.log_every and step % cfg.log_every == 0:
-                t_last, steps_last = self._log_progress(epoch, t_last, steps_last)
+                self._log_progress(epoch)
             ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
             self._steps_since_check += 1
             if self._steps_since_check >= self._check_interval:
@@ -315,12 +330,48 @@ class Trainer:
                 return "max_steps"
         return "continue"
 
-    def _log_progress(self, epoch: int, t_last: float, steps_last: int) -> tuple[float, int]:
+    def _user_sampler_batches(self, epoch: int, start: int) -> Any:
+        """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.
+
+        Its order (a RandomSampler's seed, the workers' seeds) is drawn from torch's global
+        RNG when the iteration starts. The RNG state at each epoch start is kept (and saved in
+        the checkpoint), so a resume mid-epoch replays that draw and skips the ``start``
+        batches already trained: the resumed epoch is the same permutation. Skipping reads
+        those batches (the default ResumableSampler does not)."""
+        sampler = getattr(self.train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        if start >= self.steps_per_epoch:
+            return iter(())
+        if start > 0 and self._pending_rng is not None:
+            epoch_rng = self._pending_rng.get("epoch_start_torch")
+            if epoch_rng is not None:
+                torch.set_rng_state(epoch_rng)
+            else:
+                self._print(
+                    "hpc_harness: warning: the checkpoint has no epoch-start RNG state (older "
+                    "hpc_harness): the rest of this epoch is not the same order"
+                )
+        self._epoch_rng = torch.get_rng_state()
+        batches = iter(self.train_loader)
+        for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
+            pass
+        return batches
+
+    def _log_progress(self, epoch: int) -> None:
+        """Log the mean loss over the steps since the last log line and over all ranks.
+        Collective (one all-reduce): every rank calls it at the same steps."""
         now = time.perf_counter()
-        n = self.global_step - steps_last
-        loss = self._loss_sum.item() / max(n, 1)  # the only host sync, every log_every steps
+        n = self.global_step - self._log_step
+        total = self._loss_sum
+        if self.world_size > 1 and dist.is_initialized():
+            total = total.clone()
+            dist.all_reduce(total)
+        # the only host sync, every log_every steps
+        loss = total.item() / (max(n, 1) * self.world_size)
         self._loss_sum.zero_()
-        rate = n / max(now - t_last, 1e-9)
+        rate = n / max(now - self._log_time, 1e-9)
+        self._log_step, self._log_time = self.global_step, now
         samples = rate * self.batch_size * self.world_size
         eta = (self.total_steps - self.global_step) / max(rate, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -332,7 +383,6 @@ class Trainer:
         self.logger.log(
             self.global_step, epoch, {"train_loss": loss, "lr": lr, "samples_per_s": samples}
         )
-        return now, self.global_step
 
     # ------------------------------------------------------------------ evaluation
 
@@ -369,6 +419,8 @@ class Trainer:
 
     def _gather_rng(self) -> list[dict[str, Any]]:
         mine = ckpt.capture_rng()
+        if self._epoch_rng is not None:
+            mine["epoch_start_torch"] = self._epoch_rng
         if self.world_size > 1 and dist.is_initialized():
             out: list[Any] = [None] * self.world_size
             dist.all_gather_object(out, mine)
@@ -407,6 +459,8 @@ class Trainer:
             "strategy": self.strategy.name,
             "precision": self.precision.name,
             "config": asdict(self.cfg),
+            "fingerprint": self.fingerprint,
+            "metrics": dict(self.metrics),
         }
 
     def _save_checkpoint(self) -> str:
@@ -425,8 +479,20 @@ class Trainer:
         return path
 
     def _resume(self) -> bool:
-        """Load the newest usable checkpoint (every rank reads it). True if resumed."""
-        state, path = ckpt.load_latest(self.cfg.ckpt_dir, log=self._print)
+        """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
+        state, path = ckpt.load_latest_shared(self.cfg.ckpt_dir, log=self._print)
+        saved = state.get("fingerprint") if state is not None else None
+        error = None
+        if self.is_main:
+            if state is not None and saved is None:
+                self._print(
+                    f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
+                    "wrote it): resuming without checking that it belongs to this run"
+                )
+            error = ckpt.identity_error(self.cfg.ckpt_dir, self.fingerprint, saved)
+        error = self._from_rank0(error)
+        if error:
+            raise ckpt.RunMismatch(error)
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
@@ -436,6 +502,7 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.step_in_epoch = int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
+        self.metrics = dict(state.get("metrics") or {})
         rng = state.get("rng") or []
         if len(rng) == self.world_size:
             self._pending_rng = rng[self.rank]
@@ -451,6 +518,48 @@ class Trainer:
             f"{self.epoch}, step in epoch {self.step_in_epoch})"
         )
         return True
+
+    def _from_rank0(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (collective when distributed)."""
+        if self.world_size > 1 and dist.is_initialized():
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
+    def _start_fresh(self) -> None:
+        """``fresh``: rank 0 moves the folder of an earlier run aside (collective)."""
+        if self.is_main:
+            aside = ckpt.move_aside(self.cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))
+            if aside:
+                self._print(f"hpc_harness: starting fresh; the earlier run's files are in {aside}")
+        hdist.barrier()
+
+    def _record_identity(self) -> None:
+        """Rank 0 writes ``run.json`` unless it already holds this run's fingerprint."""
+        if self.is_main:
+            run = ckpt.read_run_file(self.cfg.ckpt_dir)
+            if run is None or run["fingerprint"] != self.fingerprint:
+                ckpt.write_run_file(self.cfg.ckpt_dir, self.fingerprint)
+
+    def _already_finished(self) -> bool:
+        cfg = self.cfg
+        return self.epoch >= cfg.epochs or (
+            cfg.max_steps is not None and self.global_step >= cfg.max_steps
+        )
+
+    def _finish_again(self) -> str:
+        """The resumed checkpoint is the end of the run: keep its results, train nothing.
+        ``last.pt`` is written only if it is missing (the job died before writing it)."""
+        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        if self._from_rank0(not os.path.exists(path)):
+            self._save_final()
+        status = "finished" if self.epoch >= self.cfg.epochs else "max_steps"
+        self._print(
+            f"hpc_harness: already finished ({status}) at global step {self.global_step}: "
+            f"{self.last_checkpoint} and {path} are kept as they are"
+        )
+        return status
 
     def _save_final(self) -> str | None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
@@ -474,20 +583,27 @@ class Trainer:
         """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
         cfg = self.cfg
         self.stop.install()
-        self.logger = MetricsLogger(
-            self.run_dir,
-            enabled=self.is_main,
-            wandb_mode=cfg.wandb,
-            config=cfg.hparams,
-            project=cfg.wandb_project,
-        )
         try:
-            if not (cfg.resume and self._resume()):
+            if cfg.fresh:
+                self._start_fresh()
+            resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
+            self._record_identity()
+            if resumed and self._already_finished():
+                return self._finish_again()
+            self.logger = MetricsLogger(
+                self.run_dir,
+                enabled=self.is_main,
+                wandb_mode=cfg.wandb,
+                config=cfg.hparams,
+                project=cfg.wandb_project,
+            )
+            if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
             status = "finished"
             t0 = time.perf_counter()
             self._last_ckpt_time = time.monotonic()
             start_step = self.global_step
+            self._log_step, self._log_time = self.global_step, time.perf_counter()
             while self.epoch < cfg.epochs:
                 status = self._run_epoch(self.epoch)
                 self._drain_control()
@@ -517,7 +633,8 @@ class Trainer:
             return status
         finally:
             self.stop.uninstall()
-            self.logger.close()
+            if self.logger is not None:
+                self.logger.close()
 
     def _requeue(self) -> str:
         """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""

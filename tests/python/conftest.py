@@ -102,3 +102,75 @@ def bitwise_equal(a: dict, b: dict) -> bool:
     import torch
 
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_gloo(fn, world_size: int, *args) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo group
+    on CPU; returns what each rank returned, in rank order (a failing rank fails the call)."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [
+        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, port, queue, args))
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    results: dict[int, object] = {}
+    while not queue.empty():
+        rank, ok, value = queue.get()
+        if not ok:
+            raise AssertionError(f"rank {rank} failed:\n{value}")
+        results[rank] = value
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert sorted(results) == list(range(world_size)), f"ranks returned: {sorted(results)}"
+    return [results[r] for r in range(world_size)]
+
+
+def gloo_context(rank: int, world_size: int):
+    """A DistContext for a process already in a gloo group (CPU)."""
+    import torch
+
+    from hpc_harness.dist import DistContext, RankInfo
+
+    info = RankInfo(
+        "torchrun", rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size
+    )
+    return DistContext(info=info, backend="gloo", device=torch.device("cpu"), devices=[])
+
+
+def _gloo_worker(fn, rank: int, world_size: int, port: int, queue, args) -> None:
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    for k in list(os.environ):
+        if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_")):
+            del os.environ[k]
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        )
+        try:
+            queue.put((rank, True, fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))

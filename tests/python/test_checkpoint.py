@@ -122,3 +122,52 @@ def test_prune_removes_temp_files_of_killed_saves_once_a_later_save_completes(tm
         "ckpt_step00000010.pt",
         "ckpt_step00000020.pt",
     ]
+
+
+def test_fingerprint_leaves_out_what_may_change_across_a_resume() -> None:
+    a = {"lr": 0.1, "hidden": 8, "precision": "32", "strategy": "ddp", "ckpt_dir": "a"}
+    b = {"lr": 0.1, "hidden": 8, "precision": "bf16-mixed", "strategy": "fsdp", "ckpt_dir": "b"}
+    assert ckpt.fingerprint(a) == ckpt.fingerprint(b) == {"hidden": 8, "lr": 0.1}
+    c = ckpt.fingerprint({**a, "lr": 0.2, "layers": 3})
+    assert ckpt.fingerprint_diff(ckpt.fingerprint(a), c) == [
+        "layers ('<unset>' -> 3)",
+        "lr (0.1 -> 0.2)",
+    ]
+
+
+def test_fresh_moves_the_folder_aside_but_not_for_a_requeue_of_the_same_job(
+    tmp_path, monkeypatch
+) -> None:
+    folder = str(tmp_path / "ck")
+    ckpt.atomic_save(_state(4), ckpt.checkpoint_path(folder, 4))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    ckpt.write_run_file(folder, {"lr": 0.1})
+    assert ckpt.move_aside(folder, job_id="77") is None  # requeued: this job's own run
+    aside = ckpt.move_aside(folder, job_id="78")
+    assert aside and os.path.basename(aside).startswith("ck.old-")
+    assert not os.path.exists(folder)
+    assert sorted(os.listdir(aside)) == ["ckpt_step00000004.pt", "run.json"]
+    assert ckpt.move_aside(folder) is None  # nothing left to move
+
+
+class _Payload:
+    """Unpickling this runs code: what a hostile file on shared scratch could hold."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoints_load_without_running_pickled_code(tmp_path) -> None:
+    folder = str(tmp_path / "ck")
+    ckpt.atomic_save(_state(1), ckpt.checkpoint_path(folder, 1))
+    marker = tmp_path / "code-ran"
+    hostile = {**_state(2), "extra": _Payload(str(marker))}
+    ckpt.atomic_save(hostile, ckpt.checkpoint_path(folder, 2))
+    logs: list[str] = []
+    state, path = ckpt.load_latest(folder, log=logs.append)
+    assert not marker.exists(), "loading a checkpoint ran pickled code (weights_only=False)"
+    assert path == ckpt.checkpoint_path(folder, 1) and state["global_step"] == 1
+    assert "skipping unreadable checkpoint" in logs[0]

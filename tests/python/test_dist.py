@@ -149,3 +149,76 @@ def test_setup_single_process_on_cpu(capsys: pytest.CaptureFixture[str]) -> None
     assert "CUDA is not available; using CPU" in out
     assert "hpc_harness: world_size=1 rank=0 local_rank=0 node_rank=0 backend=gloo" in out
     assert "hpc_harness: rank 0/1 local_rank 0 host " in out
+
+
+def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> dict:
+    """Make torch report ``count`` CUDA devices and record what setup does with them.
+
+    This fakes what torch reports: there is no GPU on the machine the tests run on."""
+    import torch
+    import torch.distributed as tdist
+
+    seen: dict = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("device", d))
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+
+    def init_process_group(*, device_id=None, **kw) -> None:
+        seen["init"] = {**kw, "device_id": device_id}
+
+    monkeypatch.setattr(tdist, "init_process_group", init_process_group)
+    return seen
+
+
+def _torchrun_env(local_rank: int, local_world: int) -> dict[str, str]:
+    return {
+        "RANK": str(local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(local_world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+    }
+
+
+def test_one_gpu_per_task_uses_device_0_on_every_local_rank(monkeypatch) -> None:
+    # --gpus-per-task=1 / --gpu-bind=single:1: each of the 4 tasks on a node sees one GPU.
+    seen = _fake_gpus(monkeypatch, count=1)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    ctx = dist.setup(env=_torchrun_env(local_rank=3, local_world=4), verbose=False)
+    assert ctx.backend == "nccl" and ctx.devices == [0]
+    assert str(ctx.device) == "cuda:0" and str(seen["device"]) == "cuda:0"
+    assert str(seen["init"]["device_id"]) == "cuda:0"
+
+
+def test_node_wide_gpus_still_map_local_rank_to_its_gpu(monkeypatch) -> None:
+    _fake_gpus(monkeypatch, count=4)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    ctx = dist.setup(env=_torchrun_env(local_rank=2, local_world=4), verbose=False)
+    assert ctx.devices == [2] and str(ctx.device) == "cuda:2"
+
+
+def test_more_local_ranks_than_gpus_is_refused(monkeypatch) -> None:
+    _fake_gpus(monkeypatch, count=2)
+    with pytest.raises(LaunchError, match="local rank 3 has no GPU"):
+        dist.setup(env=_torchrun_env(local_rank=3, local_world=4), verbose=False)
+
+
+def test_a_torch_whose_init_process_group_lacks_device_id_is_one_clear_error(monkeypatch) -> None:
+    import torch.distributed as tdist
+
+    _fake_gpus(monkeypatch, count=2)
+
+    def old_init_process_group(
+        backend=None, init_method=None, timeout=None, world_size=-1, rank=-1
+    ):  # as on torch < 2.3: no device_id
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(tdist, "init_process_group", old_init_process_group)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(LaunchError, match=r"needs init_process_group\(device_id=\.\.\.\)"):
+        dist.setup(env=_torchrun_env(local_rank=1, local_world=2), verbose=False)

@@ -31,12 +31,24 @@ def test_unknown_precision_is_refused() -> None:
         precision.make_precision("64", torch.device("cpu"))
 
 
-def test_fp16_falls_back_to_bf16_when_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fp16_that_does_not_work_is_an_error_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "_fp16_works", lambda device_type: False)
-    said: list[str] = []
-    p = precision.make_precision("16-mixed", torch.device("cpu"), log=said.append)
-    assert p.name == "bf16-mixed" and p.dtype == torch.bfloat16 and p.scaler is None
-    assert "using bf16-mixed" in said[0]
+    with pytest.raises(precision.PrecisionError, match="float16 autocast does not work on cpu"):
+        precision.make_precision("16-mixed", torch.device("cpu"))
+
+
+def test_a_torch_without_amp_grad_scaler_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, digits_dir, capsys
+) -> None:
+    monkeypatch.delattr(torch.amp, "GradScaler")  # as on torch < 2.3
+    with pytest.raises(
+        precision.PrecisionError, match=r"needs torch.amp.GradScaler \(torch >= 2.6"
+    ):
+        precision.make_precision("16-mixed", torch.device("cpu"))
+    args = ["--precision", "16-mixed", "--data-dir", digits_dir, "--ckpt-dir", str(tmp_path)]
+    assert main([*args, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torch.amp.GradScaler" in err[0], err
 
 
 @pytest.mark.parametrize("name", ["16-mixed", "bf16-mixed"])

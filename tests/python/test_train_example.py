@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 
 import pytest
@@ -160,3 +161,122 @@ def test_wandb_offline_reuses_the_run_id(tmp_path, digits_dir, capsys, monkeypat
     assert main([*args, "--max-steps", "30"]) == 0
     assert (ck / "wandb_run_id").read_text().strip() == run_id
     assert any(run_id in d for d in os.listdir(ck / "wandb"))
+
+
+# --------------------------------------------------------------------------- run identity
+
+SHORT = ["--epochs", "2", "--hidden", "16", "--log-every", "0", "--checkpoint-every", "5"]
+
+
+def _ckpts(folder) -> list[str]:
+    return sorted(p for p in os.listdir(folder) if p.startswith("ckpt_step"))
+
+
+def test_same_arguments_resume(tmp_path, digits_dir, capsys) -> None:
+    base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(tmp_path / "ck")]
+    assert main([*base, "--max-steps", "5"]) == 0
+    assert (tmp_path / "ck" / "run.json").exists()
+    capsys.readouterr()
+    assert main([*base, "--max-steps", "10"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_a_different_lr_stops_before_training_naming_lr(tmp_path, digits_dir) -> None:
+    from conftest import run_example
+
+    ck = tmp_path / "ck"
+    base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    first = run_example([*base, "--max-steps", "5"], cwd=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    second = run_example([*base, "--lr", "0.1"], cwd=str(tmp_path))
+    assert second.returncode == 2, second.stdout + second.stderr
+    errors = [ln for ln in second.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1, second.stderr
+    assert "lr" in errors[0] and "-e NEW" in errors[0] and "--fresh" in errors[0]
+    assert "hidden" not in errors[0]
+    assert _ckpts(ck) == ["ckpt_step00000005.pt"]  # nothing trained
+
+
+def test_fresh_starts_at_step_0_and_keeps_the_old_files_aside(tmp_path, digits_dir, capsys):
+    ck = tmp_path / "ck"
+    base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    assert main([*base, "--max-steps", "5"]) == 0
+    assert main([*base, "--lr", "0.1", "--max-steps", "3"]) == 2
+    capsys.readouterr()
+    assert (
+        main([*base, "--lr", "0.1", "--max-steps", "3", "--fresh", "--checkpoint-every", "3"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "resumed" not in out
+    assert _ckpts(ck) == ["ckpt_step00000003.pt"]
+    aside = [p for p in os.listdir(tmp_path) if p.startswith("ck.old-")]
+    assert len(aside) == 1, os.listdir(tmp_path)
+    assert _ckpts(tmp_path / aside[0]) == ["ckpt_step00000005.pt"]
+    assert (tmp_path / aside[0] / "run.json").exists()
+    old = json.loads((tmp_path / aside[0] / "run.json").read_text())["fingerprint"]
+    assert old["lr"] == 0.003
+    assert json.loads((ck / "run.json").read_text())["fingerprint"]["lr"] == 0.1
+
+
+def test_precision_cadence_and_logging_may_change_across_a_resume(tmp_path, digits_dir, capsys):
+    base = ["--epochs", "2", "--hidden", "16", "--data-dir", digits_dir]
+    base += ["--ckpt-dir", str(tmp_path / "ck")]
+    assert main([*base, "--max-steps", "5", "--checkpoint-every", "5", "--log-every", "0"]) == 0
+    capsys.readouterr()
+    changed = ["--precision", "bf16-mixed", "--log-every", "3", "--checkpoint-every", "4"]
+    changed += ["--keep-last", "1", "--signal-check-seconds", "0.2", "--max-steps", "8"]
+    assert main([*base, *changed]) == 0
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_world_size_may_change_across_a_resume(tmp_path, digits_dir) -> None:
+    import subprocess
+
+    from conftest import PY, clean_env
+
+    base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(tmp_path / "ck")]
+    assert main([*base, "--max-steps", "5"]) == 0
+    r = subprocess.run(
+        [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + ["-m", "hpc_harness.train", *base, "--max-steps", "8"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from" in r.stdout
+
+
+def test_rerunning_a_finished_job_keeps_its_results(tmp_path, digits_dir, capsys) -> None:
+    ck = tmp_path / "ck"
+    args = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    assert main(args) == 0
+    before = (ck / "last.pt").read_bytes()
+    ckpts = _ckpts(ck)
+    assert torch.load(ck / "last.pt", weights_only=True)["metrics"]["test_acc"] > 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert (ck / "last.pt").read_bytes() == before and _ckpts(ck) == ckpts
+
+
+def test_rerunning_a_job_that_reached_max_steps_trains_no_further(tmp_path, digits_dir, capsys):
+    ck = tmp_path / "ck"
+    args = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck), "--max-steps", "5"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert _ckpts(ck) == ["ckpt_step00000005.pt"]
+
+
+def test_fsdp_on_a_torch_without_fully_shard_is_one_clear_error(monkeypatch) -> None:
+    import torch.distributed.fsdp as fsdp
+
+    from hpc_harness import dist as hdist
+    from hpc_harness.strategy import Strategy
+
+    monkeypatch.delattr(fsdp, "fully_shard")  # as on torch < 2.6
+    with pytest.raises(StrategyError, match=r"fsdp needs torch.distributed.fsdp.fully_shard"):
+        Strategy("fsdp", hdist.setup(verbose=False))

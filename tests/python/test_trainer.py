@@ -1,0 +1,143 @@
+"""Trainer behaviour checked by value: the logged loss, resume agreement across ranks."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import torch
+from conftest import gloo_context, spawn_gloo
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hpc_harness import dist as hdist
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+class KnownLossTrainer(Trainer):
+    """The loss of global step s (1-based) on rank r is ``s + 10 r``: known values to log."""
+
+    def _compute_loss(self, batch):
+        inputs, _ = batch
+        value = float(self.global_step + 1 + 10 * self.rank)
+        return self.model(inputs).sum() * 0.0 + value
+
+
+def _logged_losses(run_dir: str) -> dict[int, float]:
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r["name"] == "train_loss"]
+    return {int(r["step"]): float(r["value"]) for r in rows}
+
+
+def _train_known_losses(ctx, ckpt_dir: str) -> None:
+    # 10 samples, batch 2: 5 steps per epoch; logs at steps 3, 6, 9 (6 is in epoch 1).
+    data = TensorDataset(torch.zeros(10, 3), torch.zeros(10, dtype=torch.long))
+    cfg = TrainConfig(epochs=2, ckpt_dir=ckpt_dir, log_every=3, checkpoint_every_s=0)
+    torch.manual_seed(0)
+    trainer = KnownLossTrainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),
+        ctx,
+        cfg,
+    )
+    assert trainer.train() == "finished"
+
+
+def test_logged_loss_is_the_mean_since_the_last_log_across_an_epoch_boundary(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    _train_known_losses(hdist.setup(verbose=False), ck)
+    # steps 1-3 -> 2; steps 4-6 (5 of epoch 0, 6 of epoch 1) -> 5; steps 7-9 -> 8
+    assert _logged_losses(ck) == {3: 2.0, 6: 5.0, 9: 8.0}
+
+
+def _known_losses_rank(rank: int, world_size: int, ck: str) -> None:
+    # 2 ranks x batch 2 over 10 samples: 3 steps per epoch; logs at 3 and 6.
+    _train_known_losses(gloo_context(rank, world_size), ck)
+
+
+def test_logged_loss_is_the_mean_across_ranks(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    spawn_gloo(_known_losses_rank, 2, ck)
+    # rank 0 logs steps 1-3 -> 2 and rank 1 -> 12: the mean is 7; steps 4-6 -> 5 and 15: 10
+    assert _logged_losses(ck) == {3: 7.0, 6: 10.0}
+
+
+def _small_trainer(ctx, ckpt_dir: str, **cfg_kw) -> Trainer:
+    data = TensorDataset(
+        torch.randn(16, 3, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+    )
+    cfg = TrainConfig(epochs=2, ckpt_dir=ckpt_dir, log_every=0, checkpoint_every_s=0, **cfg_kw)
+    torch.manual_seed(0)
+    return Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),
+        ctx,
+        cfg,
+    )
+
+
+def _resume_with_a_stale_listing_on_rank_1(rank: int, world_size: int, ck: str) -> int:
+    from hpc_harness import checkpoint as ckpt
+
+    if rank == 1:  # this rank's view of the folder is stale: it lists no checkpoint
+        ckpt.list_checkpoints = lambda ckpt_dir: []
+    trainer = _small_trainer(gloo_context(rank, world_size), ck)
+    trainer._resume()
+    return trainer.global_step
+
+
+def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    assert _small_trainer(hdist.setup(verbose=False), ck, max_steps=5).train() == "max_steps"
+    assert spawn_gloo(_resume_with_a_stale_listing_on_rank_1, 2, ck) == [5, 5]
+
+
+class RecordingTrainer(Trainer):
+    """Records the sample indices of every batch it trains on."""
+
+    seen: list[int]
+
+    def _compute_loss(self, batch):
+        inputs, idx = batch
+        self.seen.extend(idx.tolist())
+        return self.model(inputs).pow(2).mean()
+
+
+def _own_sampler_run(ck: str, seen: list[int], max_steps: int | None = None) -> str:
+    data = TensorDataset(
+        torch.randn(16, 3, generator=torch.Generator().manual_seed(1)), torch.arange(16)
+    )
+    cfg = TrainConfig(
+        epochs=2,
+        ckpt_dir=ck,
+        log_every=0,
+        checkpoint_every_s=0,
+        replace_sampler=False,
+        max_steps=max_steps,
+    )
+    torch.manual_seed(0)
+    trainer = RecordingTrainer(
+        nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 1)),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),  # the user's own RandomSampler
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    trainer.seen = seen
+    return trainer.train()
+
+
+def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path) -> None:
+    whole: list[int] = []
+    _own_sampler_run(str(tmp_path / "a"), whole)
+    pieces: list[int] = []
+    for stop in (3, 11, None):  # 8 steps per epoch: stops inside both epochs
+        _own_sampler_run(str(tmp_path / "b"), pieces, max_steps=stop)
+    for epoch in range(2):
+        assert sorted(pieces[16 * epoch : 16 * (epoch + 1)]) == list(range(16)), pieces
+    assert pieces == whole
+    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
