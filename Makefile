@@ -16,7 +16,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	bats bats-unit bats-unit-bash42 bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden \
+	check-bash42 bats bats-unit bats-unit-bash42 bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden \
 	bench bench-smoke
 
 help:
@@ -37,11 +37,15 @@ cluster-status:
 demo: cluster-up
 	@tools/demo.sh
 
-lint: shellcheck ruff
+lint: shellcheck ruff check-bash42
 
 shellcheck: deps
 	@files=$$(tools/shell_files.sh); echo "shellcheck: $$(wc -w <<<"$$files") files"; \
 	  shellcheck -x $$files
+
+# Fails on bash constructs newer than 4.2 (what it checks: its header).
+check-bash42:
+	@tools/check_bash42.sh
 
 ruff: deps
 	@$(VENV)/bin/ruff check hpc_harness tests bench
