@@ -4,6 +4,8 @@
 #   make test   install what is missing, run shellcheck, ruff, bats (unit and
 #               CLI under the default bash and bash 4.2), pytest and the
 #               benchmarks' smoke run
+#   make test-portability  the integration suite with bash 4.2 first on PATH,
+#               then on a local SLURM 24.11 cluster beside the default one
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -16,7 +18,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	check-bash42 bats bats-unit bats-unit-bash42 bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden \
+	check-bash42 bats bats-unit bats-unit-bash42 bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
 	bench bench-smoke
 
 help:
@@ -69,6 +71,11 @@ pytest: cluster-up
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint bats-unit bats-unit-bash42 bats-integration pytest bench-smoke
+
+# The integration suite with bash 4.2 first on PATH (against the default
+# cluster), then on SLURM 24.11 (its own cluster, started and stopped here).
+test-portability: cluster-up
+	@tools/test_portability.sh
 
 # The whole reliability suite (faults, security, load); writes RELIABILITY.md.
 test-reliability: cluster-up

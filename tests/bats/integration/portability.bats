@@ -2,7 +2,8 @@
 # The job runs its node scripts under the bash first on the submitting PATH
 # (the batch script execs `bash` from PATH): with bash 4.2 first on PATH
 # (make test-portability sets HPC_TEST_EXPECT_BASH=4.2), node/batch.sh,
-# node/launch.sh and `bash` in the program all are 4.2.
+# node/launch.sh and `bash` in the program all are 4.2. The job's srun is the
+# submitting PATH's too (the 24.11 one on the 24.11 cluster).
 
 load '../test_helper'
 
@@ -24,6 +25,8 @@ teardown() {
   assert_line "bash_probe path=$want"
   assert_line --regexp "^bash_probe launch=$want cmd=.*/node/launch.sh"
   assert_line "bash_probe batch=$want"
+  # A 22.05 srun in a 24.11 job fails ("Invalid Protocol Version").
+  assert_line "bash_probe srun=$(readlink -f "$(command -v srun)")"
   if [[ -n "${HPC_TEST_EXPECT_BASH:-}" ]]; then
     assert_line "bash_probe version=$HPC_TEST_EXPECT_BASH"
   fi
