@@ -1,8 +1,11 @@
 # Two commands do all set-up on a fresh Debian/Ubuntu machine (as root):
 #   make demo   install what is missing, start the local SLURM cluster, submit
 #               the example 2-node training job through hpc_files/job_submitter.sh
-#   make test   install what is missing, run shellcheck, ruff, bats, pytest and
-#               the benchmarks' smoke run
+#   make test   install what is missing, run shellcheck, ruff, bats (unit and
+#               CLI under the default bash and bash 4.2), pytest and the
+#               benchmarks' smoke run
+#   make test-portability  the integration suite with bash 4.2 first on PATH,
+#               then on a local SLURM 24.11 cluster beside the default one
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -15,7 +18,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	bats bats-unit bats-integration pytest test-reliability cluster-up cluster-down cluster-status golden \
+	check-bash42 bats bats-unit bats-unit-bash42 bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
 	bench bench-smoke
 
 help:
@@ -36,11 +39,15 @@ cluster-status:
 demo: cluster-up
 	@tools/demo.sh
 
-lint: shellcheck ruff
+lint: shellcheck ruff check-bash42
 
 shellcheck: deps
 	@files=$$(tools/shell_files.sh); echo "shellcheck: $$(wc -w <<<"$$files") files"; \
 	  shellcheck -x $$files
+
+# Fails on bash constructs newer than 4.2 (what it checks: its header).
+check-bash42:
+	@tools/check_bash42.sh
 
 ruff: deps
 	@$(VENV)/bin/ruff check hpc_harness tests bench
@@ -50,6 +57,11 @@ ruff: deps
 bats-unit: deps
 	@bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
 
+# The same suites with GNU bash 4.2 first on PATH (EL7-era nodes): bats itself
+# and every script under test run under 4.2 (bash_version.bats checks it).
+bats-unit-bash42: deps
+	@tools/with_bash42.sh bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
+
 # Integration tests submit real jobs to the local cluster.
 bats-integration: cluster-up
 	@bats -r tests/bats/integration tests/bats/reliability/security.bats
@@ -58,7 +70,12 @@ pytest: cluster-up
 	@$(PY) -m pytest -q
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
-test: lint bats-unit bats-integration pytest bench-smoke
+test: lint bats-unit bats-unit-bash42 bats-integration pytest bench-smoke
+
+# The integration suite with bash 4.2 first on PATH (against the default
+# cluster), then on SLURM 24.11 (its own cluster, started and stopped here).
+test-portability: cluster-up
+	@tools/test_portability.sh
 
 # The whole reliability suite (faults, security, load); writes RELIABILITY.md.
 test-reliability: cluster-up

@@ -10,7 +10,8 @@
 #   down    cancel this cluster's jobs and stop the daemons this script started
 #           (found through their pid files; nothing else is ever signalled).
 #   status  daemons, nodes and partitions.
-#   env     print the `export SLURM_CONF=...` line clients need.
+#   env     print the `export SLURM_CONF=...` line clients need (and the
+#           PATH line under SLURM_PREFIX).
 #
 # Everything lives under HPC_CLUSTER_DIR (default: <repo>/.cluster), on
 # non-default ports, with its own munge socket, so a real SLURM or munge on the
@@ -27,6 +28,13 @@
 # (per node, default 8), HPC_CLUSTER_GPUS (per node, default 4),
 # HPC_CLUSTER_CTLD_PORT (default 16817), HPC_CLUSTER_NODE_PORT (first slurmd
 # port, default 17001), HPC_CLUSTER_GRACE (preemption grace seconds, 30).
+#
+# Another SLURM: SLURM_PREFIX=/opt/slurm-24.11 (a folder with bin/ and sbin/)
+# runs that build's daemons and clients instead of the ones on PATH, under
+# <repo>/.cluster-24.11 (the prefix's name without 'slurm-') on ports 18817
+# and 18001+, so it runs beside the default cluster without touching it.
+# Jobs inherit the submitting PATH, and a 22.05 srun first on PATH fails in a
+# 24.11 job ("Invalid Protocol Version"): `env` prints the PATH line too.
 set -euo pipefail
 
 readonly PROG="cluster.sh"
@@ -35,12 +43,23 @@ readonly SCRIPT_DIR
 REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 readonly REPO_ROOT
 
-readonly CLUSTER_DIR="${HPC_CLUSTER_DIR:-$REPO_ROOT/.cluster}"
+readonly SLURM_PREFIX="${SLURM_PREFIX:-}"
+if [[ -n "$SLURM_PREFIX" ]]; then
+  [[ -x "$SLURM_PREFIX/sbin/slurmctld" && -x "$SLURM_PREFIX/bin/sinfo" ]] ||
+    { echo "$PROG: error: SLURM_PREFIX '$SLURM_PREFIX' has no sbin/slurmctld and bin/sinfo" >&2; exit 1; }
+  PATH="$SLURM_PREFIX/bin:$SLURM_PREFIX/sbin:$PATH"
+  prefix_name=${SLURM_PREFIX%/}
+  prefix_name=${prefix_name##*/}
+  readonly DEFAULT_DIR="$REPO_ROOT/.cluster-${prefix_name#slurm-}" DEFAULT_CTLD_PORT=18817 DEFAULT_NODE_PORT=18001
+else
+  readonly DEFAULT_DIR="$REPO_ROOT/.cluster" DEFAULT_CTLD_PORT=16817 DEFAULT_NODE_PORT=17001
+fi
+readonly CLUSTER_DIR="${HPC_CLUSTER_DIR:-$DEFAULT_DIR}"
 readonly NODE_COUNT="${HPC_CLUSTER_NODES:-2}"
 readonly NODE_CPUS="${HPC_CLUSTER_CPUS:-8}"
 readonly NODE_GPUS="${HPC_CLUSTER_GPUS:-4}"
-readonly CTLD_PORT="${HPC_CLUSTER_CTLD_PORT:-16817}"
-readonly NODE_PORT="${HPC_CLUSTER_NODE_PORT:-17001}"
+readonly CTLD_PORT="${HPC_CLUSTER_CTLD_PORT:-$DEFAULT_CTLD_PORT}"
+readonly NODE_PORT="${HPC_CLUSTER_NODE_PORT:-$DEFAULT_NODE_PORT}"
 readonly GRACE_SECONDS="${HPC_CLUSTER_GRACE:-30}"
 readonly HOSTS_MARK="# hpc-local-cluster"
 readonly WAIT_SECONDS=60
@@ -137,6 +156,8 @@ MpiDefault=none
 JobRequeue=1
 # Finished jobs stay visible to 'scontrol show job' (no accounting database).
 MinJobAge=900
+# No mail on this machine (24.11 logs an error for a missing /bin/mail).
+MailProg=/bin/true
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
@@ -311,7 +332,13 @@ cmd_up() {
   start_slurmds
   wait_nodes_up
   info "up: $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
-  info "clients need: export SLURM_CONF=$CONF"
+  info "clients need: $(env_lines | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+}
+
+# env_lines: the exports a client (and the jobs it submits) needs.
+env_lines() {
+  echo "export SLURM_CONF=$CONF"
+  [[ -z "$SLURM_PREFIX" ]] || echo "export PATH=$SLURM_PREFIX/bin:\$PATH"
 }
 
 stop_pidfile() {
@@ -374,7 +401,7 @@ main() {
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    env) echo "export SLURM_CONF=$CONF" ;;
+    env) env_lines ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
     *)
       echo "$PROG: error: expected one of up, down, status, env; got '${1:-}'" >&2

@@ -30,7 +30,7 @@ torchrun_program_args() {
       if [[ "${words[0]:-}" == -m ]]; then
         torchrun_program=(-m "${words[@]:1}")
       else
-        torchrun_program=("${words[@]}")
+        torchrun_program=(${words[@]+"${words[@]}"})
       fi
       ;;
     *)

@@ -63,23 +63,28 @@ submit_probe() {
 }
 
 @test "munge stopped: status reports it, and an idempotent 'up' brings it back without touching the other daemons" {
-  local cluster="$REPO_ROOT/local_cluster/cluster.sh" munge_pid ctld_pid
-  munge_pid=$(<"$REPO_ROOT/.cluster/munge/munged.pid")
-  ctld_pid=$(<"$REPO_ROOT/.cluster/run/slurmctld.pid")
+  # The cluster in use (SLURM_CONF), if this checkout started it: .cluster, or
+  # .cluster-24.11 under SLURM_PREFIX (make test-portability).
+  local dir="${SLURM_CONF%/etc/slurm.conf}" munge_pid ctld_pid
+  [[ "$dir" == "$REPO_ROOT"/.cluster* && -s "$dir/munge/munged.pid" ]] ||
+    skip "the cluster in use ($SLURM_CONF) was not started from this checkout, and this test restarts its munged"
+  local -a cluster=(env HPC_CLUSTER_DIR="$dir" "$REPO_ROOT/local_cluster/cluster.sh")
+  munge_pid=$(<"$dir/munge/munged.pid")
+  ctld_pid=$(<"$dir/run/slurmctld.pid")
   kill "$munge_pid"
   local deadline=$((SECONDS + 10))
   while kill -0 "$munge_pid" 2>/dev/null; do
     ((SECONDS < deadline)) || fail "munged did not stop"
     sleep 0.1
   done
-  run "$cluster" status
+  run "${cluster[@]}" status
   assert_failure 1
   assert_line --regexp '^munged +stopped$'
-  run "$cluster" up
+  run "${cluster[@]}" up
   assert_success
-  run "$cluster" status
+  run "${cluster[@]}" status
   assert_success
-  assert_equal "$(<"$REPO_ROOT/.cluster/run/slurmctld.pid")" "$ctld_pid"
+  assert_equal "$(<"$dir/run/slurmctld.pid")" "$ctld_pid"
   run sbatch --parsable -o /dev/null --wrap true
   assert_success
 }

@@ -15,6 +15,23 @@ load '../test_helper'
   assert_output "export SLURM_CONF=/tmp/somewhere/etc/slurm.conf"
 }
 
+@test "cluster.sh env under SLURM_PREFIX: its own state folder, and that SLURM first on PATH" {
+  local prefix="$BATS_TEST_TMPDIR/slurm-24.11"
+  mkdir -p "$prefix/bin" "$prefix/sbin"
+  printf '#!/bin/sh\n' | tee "$prefix/bin/sinfo" >"$prefix/sbin/slurmctld"
+  chmod +x "$prefix/bin/sinfo" "$prefix/sbin/slurmctld"
+  SLURM_PREFIX="$prefix" run "$REPO_ROOT/local_cluster/cluster.sh" env
+  assert_success
+  assert_line --index 0 "export SLURM_CONF=$REPO_ROOT/.cluster-24.11/etc/slurm.conf"
+  assert_line --index 1 "export PATH=$prefix/bin:\$PATH"
+}
+
+@test "cluster.sh refuses a SLURM_PREFIX without slurmctld and sinfo" {
+  SLURM_PREFIX="$BATS_TEST_TMPDIR/none" run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" env
+  assert_failure 1
+  assert_equal "$stderr" "cluster.sh: error: SLURM_PREFIX '$BATS_TEST_TMPDIR/none' has no sbin/slurmctld and bin/sinfo"
+}
+
 @test "cluster.sh up refuses a state folder slurm.conf cannot quote" {
   HPC_CLUSTER_DIR="/tmp/with space" run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
   assert_failure 1

@@ -14,9 +14,9 @@ parsed() {
     parse_options "$@"
     apply_defaults
     printf "gpus=%s cpus=%s nodes=%s kind=%s time=%s mem=%s exp=%s\n" "$opt_gpus" "$opt_cpus" "$opt_nodes" "$opt_kind" "$opt_time" "$opt_mem_per_gpu" "$opt_exp_name"
-    printf "data=%s\n" "${opt_data[@]}"
-    printf "sbatch_arg=%s\n" "${opt_sbatch_arg[@]}"
-    printf "command=%s\n" "${opt_command[@]}"
+    printf "data=%s\n" ${opt_data[@]+"${opt_data[@]}"}
+    printf "sbatch_arg=%s\n" ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}
+    printf "command=%s\n" ${opt_command[@]+"${opt_command[@]}"}
     printf "given=%s\n" $(printf "%s\n" "${!OPT_GIVEN[@]}" | LC_ALL=C sort)' _ "$REPO_ROOT/hpc_files" "$@"
 }
 
