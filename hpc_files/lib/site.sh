@@ -5,9 +5,12 @@
 # Site profiles: one small file per cluster (hpc_files/sites/NAME.conf, or a
 # path), chosen by --site or HPC_SITE, never by hostname. Sourced; functions only.
 #
-# Format: 'key = value' lines; '#' starts a comment line. Values are literal
-# (nothing is expanded here); tmpdir_base may name $USER, expanded on the node.
-# Repeatable keys (env, sbatch, command) accumulate in order.
+# Format: 'key = value' lines. A '#' at the start of a line, or preceded by
+# a space or tab, starts a comment (a '#' inside a word, as in a#b, is kept).
+# Values are literal: nothing is expanded or evaluated here; each is checked
+# by its type when read (site_value_error names file, line, key and what is
+# accepted). tmpdir_base may name $USER, expanded on the node. Repeatable keys
+# (env, sbatch, command) accumulate in order.
 
 # key -> "scalar" or "list"
 declare -A SITE_KEYS=(
@@ -57,21 +60,85 @@ load_site() {
   [[ -r "$site_file" ]] || usage_error "site profile $site_file is not readable"
   while IFS= read -r line || [[ -n "$line" ]]; do
     number=$((number + 1))
-    line="${line#"${line%%[![:space:]]*}"}"
-    line="${line%"${line##*[![:space:]]}"}"
-    [[ -z "$line" || "$line" == \#* ]] && continue
+    site_strip_comment "$line" line
+    [[ -n "$line" ]] || continue
     [[ "$line" == *=* ]] || usage_error "$site_file:$number: expected 'key = value', got '$line'"
     key="${line%%=*}"
     key="${key%"${key##*[![:space:]]}"}"
     value="${line#*=}"
     value="${value#"${value%%[![:space:]]*}"}"
-    case "${SITE_KEYS[$key]:-}" in
-      scalar) printf -v "site_${key}" '%s' "$value" ;;
-      list) eval "site_${key}+=(\"\$value\")" ;;
-      *) usage_error "$site_file:$number: unknown key '$key' (known: $(printf '%s\n' "${!SITE_KEYS[@]}" | sort | tr '\n' ' '))" ;;
+    [[ "$key" =~ ^[a-z_]+$ && -n "${SITE_KEYS[$key]:-}" ]] ||
+      usage_error "$site_file:$number: unknown key '$key' (known: $(printf '%s\n' "${!SITE_KEYS[@]}" | sort | tr '\n' ' '))"
+    site_check_value "$site_file:$number" "$key" "$value"
+    case "$key" in
+      env) site_env+=("$value") ;;
+      sbatch) site_sbatch+=("$value") ;;
+      command) site_command+=("$value") ;;
+      max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
+        to_decimal "$value" "site_${key}" ;;
+      *) printf -v "site_${key}" '%s' "$value" ;;
     esac
   done <"$site_file"
   apply_site_defaults
+}
+
+# site_strip_comment LINE VAR: LINE without its comment (a '#' first on the
+# line or after a space or tab) and without surrounding blanks, into VAR
+# (which must not be 'text').
+site_strip_comment() {
+  local text=$1
+  text="${text#"${text%%[![:space:]]*}"}"
+  [[ "$text" != \#* ]] || text=""
+  # The regex is greedy (it finds the last ' #'): cut until none remains.
+  while [[ "$text" =~ ^(.*[^[:space:]])?[[:space:]]+# ]]; do
+    text=${BASH_REMATCH[1]}
+  done
+  text="${text%"${text##*[![:space:]]}"}"
+  printf -v "$2" '%s' "$text"
+}
+
+# site_value_error WHERE KEY VALUE ACCEPTED: exit 2 naming all four.
+site_value_error() {
+  usage_error "$1: $2 expects $4, got '$3'"
+}
+
+# site_check_value WHERE KEY VALUE: refuse a value that is not of KEY's type.
+# Values are only matched against patterns, never evaluated.
+site_check_value() {
+  local where=$1 key=$2 value=$3 stripped
+  case "$key" in
+    max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
+      [[ "$value" =~ ^[0-9]{1,9}$ ]] || site_value_error "$where" "$key" "$value" "a whole number"
+      ;;
+    provides_tmpdir)
+      [[ "$value" =~ ^(yes|no|auto)$ ]] || site_value_error "$where" "$key" "$value" "yes, no or auto"
+      ;;
+    container_runtime)
+      [[ "$value" =~ ^(singularity|apptainer)$ ]] ||
+        site_value_error "$where" "$key" "$value" "singularity or apptainer"
+      ;;
+    account | partition | gpu_types)
+      [[ "$value" =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*(,[A-Za-z0-9_][A-Za-z0-9._-]*)*$ ]] ||
+        site_value_error "$where" "$key" "$value" "names of letters, digits, '.', '_' and '-', separated by commas"
+      ;;
+    modules)
+      [[ "$value" =~ ^[A-Za-z0-9_./+-]+([[:space:]]+[A-Za-z0-9_./+-]+)*$ ]] ||
+        site_value_error "$where" "$key" "$value" "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
+      ;;
+    tmpdir_base)
+      stripped=${value//\$\{USER\}/}
+      stripped=${stripped//\$USER/}
+      [[ "$value" == /* && "$stripped" =~ ^[A-Za-z0-9_./+@:\ -]*$ ]] ||
+        site_value_error "$where" "$key" "$value" "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
+      ;;
+    env)
+      [[ "$value" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
+        site_value_error "$where" "$key" "$value" "NAME=value with NAME of letters, digits and '_' (not a digit first)"
+      ;;
+    sbatch)
+      [[ "$value" == -* ]] || site_value_error "$where" "$key" "$value" "an sbatch option starting with '-'"
+      ;;
+  esac
 }
 
 list_shipped_sites() {

@@ -9,8 +9,9 @@
 #
 # Signals: SLURM delivers a step's signals to every process of the step, so
 # the program receives USR1/TERM directly. torchrun forwards them too when it
-# supports --signals-to-handle; an older torchrun is made to ignore USR1, so it
-# does not tear its workers down while they checkpoint.
+# supports --signals-to-handle (each torchrun flag is probed on its own); an
+# older torchrun is made to ignore USR1, so it does not tear its workers down
+# while they checkpoint.
 set -euo pipefail
 
 # shellcheck source=lib.sh
@@ -39,17 +40,23 @@ torchrun_program_args() {
   esac
 }
 
-# torchrun_supports_signal_forwarding: --signals-to-handle exists in this
-# torchrun (read from its source, without importing torch).
-torchrun_supports_signal_forwarding() {
+# torchrun_flags: which of --signals-to-handle and --shutdown-timeout this
+# torchrun knows, read from its source without importing torch (one process).
+# They came in different releases (2.10 and 2.12), so each is probed on its
+# own. Sets torchrun_has_signals and torchrun_has_shutdown_timeout to 1 or 0.
+torchrun_flags() {
   local answer
+  torchrun_has_signals=0
+  torchrun_has_shutdown_timeout=0
   answer=$(runtime_exec_capture python -c '
 import importlib.util, pathlib
 spec = importlib.util.find_spec("torch")
 run_py = pathlib.Path(spec.submodule_search_locations[0], "distributed", "run.py") if spec else None
-print(1 if run_py and run_py.is_file() and "signals-to-handle" in run_py.read_text() else 0)
-' 2>/dev/null) || return 1
-  [[ "$answer" == 1 ]]
+text = run_py.read_text() if run_py and run_py.is_file() else ""
+print(int("signals-to-handle" in text), int("shutdown-timeout" in text))
+' 2>/dev/null) || return 0
+  [[ "$answer" != 1\ * ]] || torchrun_has_signals=1
+  [[ "$answer" != *\ 1 ]] || torchrun_has_shutdown_timeout=1
 }
 
 # shellcheck disable=SC2120 # 'set --' below replaces the positional words on purpose
@@ -83,9 +90,13 @@ build_command() {
       else
         command_argv+=(--standalone)
       fi
-      if torchrun_supports_signal_forwarding; then
-        local grace=$((HPC_SIGNAL_LEAD > 45 ? HPC_SIGNAL_LEAD - 15 : 30))
-        command_argv+=("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" --shutdown-timeout="$grace")
+      torchrun_flags
+      if ((torchrun_has_signals)); then
+        command_argv+=("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+        if ((torchrun_has_shutdown_timeout)); then
+          local grace=$((HPC_SIGNAL_LEAD > 45 ? HPC_SIGNAL_LEAD - 15 : 30))
+          command_argv+=(--shutdown-timeout="$grace")
+        fi
       else
         ignore_usr1=1
       fi

@@ -1,0 +1,147 @@
+#!/usr/bin/env bats
+# hpc_files/lib/site.sh: comments and typed values in site profiles. Hostile
+# values must be refused (exit 2, one line naming file, line, key and what is
+# accepted) and never evaluated.
+
+load '../test_helper'
+
+setup() {
+  unset HPC_SITE HPC_SITES_DIR
+  export HOME="$BATS_TEST_TMPDIR/home"
+  export SITE_FILE="$BATS_TEST_TMPDIR/a site/test.conf"
+  export PWNED="$BATS_TEST_TMPDIR/pwned"
+  mkdir -p "${SITE_FILE%/*}" "$HOME"
+}
+
+in_libs() {
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/options.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    eval "$2"' _ "$REPO_ROOT/hpc_files" "$1"
+}
+
+site() {
+  printf '%s\n' "$@" >"$SITE_FILE"
+}
+
+# refused LINE ACCEPTED: a profile holding LINE (as line 2) is refused with
+# exit 2 and one message naming file, line, key and ACCEPTED; nothing ran.
+refused() {
+  local key
+  key=$(printf '%s' "$1" | sed 's/[[:space:]]*=.*//')
+  site '# first line' "$1"
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; echo loaded'
+  assert_failure 2
+  assert_output ''
+  assert_equal "$(printf '%s\n' "$stderr" | wc -l)" 1
+  [[ "$stderr" == "job_submitter.sh: error: $SITE_FILE:2: $key expects $2, got '"* ]] ||
+    fail "unexpected message: $stderr"
+  assert_file_not_exists "$PWNED"
+}
+
+@test "a numeric key holding code is refused, not evaluated" {
+  refused 'max_cpus_per_node = SECONDS[$(touch "$PWNED")]' 'a whole number'
+  refused 'max_gpus_per_node = a[$(touch "$PWNED")]' 'a whole number'
+  refused 'max_nodes = 1+1' 'a whole number'
+  refused 'array_throttle = -3' 'a whole number'
+}
+
+@test "numbers with leading zeros are read as decimal" {
+  site 'max_cpus_per_node = 08' 'max_gpus_per_node = 010'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s\n" "$site_max_cpus_per_node" "$site_max_gpus_per_node"'
+  assert_success
+  assert_equal "$output" $'8\n10'
+}
+
+@test "inline comments are not part of values (the README's example)" {
+  site 'account = my-account        # default --account' \
+    'partition = gpu   # default --partition' \
+    'provides_tmpdir = no	# tab before the comment' \
+    'sbatch = --constraint=ib   # repeatable, one option per line' \
+    'env = NCCL_SOCKET_IFNAME=^docker0,lo # comment' \
+    'max_nodes = 4 # comment' \
+    'env = TAG=a#b' \
+    'command = echo hi # comment'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    printf "%s\n" "$opt_account" "$opt_partition" "$site_provides_tmpdir" "$site_max_nodes" "${site_sbatch[@]}" "${site_env[@]}" "${site_command[@]}"'
+  assert_success
+  assert_equal "$output" 'my-account
+gpu
+no
+4
+--constraint=ib
+NCCL_SOCKET_IFNAME=^docker0,lo
+TAG=a#b
+echo hi'
+}
+
+@test "env must be NAME=value with a valid NAME" {
+  refused 'env = NOEQ' "NAME=value with NAME of letters, digits and '_' (not a digit first)"
+  refused 'env = A B=1' "NAME=value with NAME of letters, digits and '_' (not a digit first)"
+  refused 'env = 1A=1' "NAME=value with NAME of letters, digits and '_' (not a digit first)"
+  refused 'env = $(touch "$PWNED")=1' "NAME=value with NAME of letters, digits and '_' (not a digit first)"
+}
+
+@test "yes/no/auto, runtimes, names, modules, paths and sbatch options are checked" {
+  refused 'provides_tmpdir = maybe' 'yes, no or auto'
+  refused 'container_runtime = docker' 'singularity or apptainer'
+  refused 'account = a b' "names of letters, digits, '.', '_' and '-', separated by commas"
+  refused 'partition = $(touch "$PWNED")' "names of letters, digits, '.', '_' and '-', separated by commas"
+  refused 'gpu_types = v100;a100' "names of letters, digits, '.', '_' and '-', separated by commas"
+  refused 'modules = cuda/12 $(touch "$PWNED")' "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
+  refused 'tmpdir_base = relative/dir' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
+  refused 'tmpdir_base = /tmp/"$(touch "$PWNED")"' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
+  refused 'sbatch = constraint=ib' "an sbatch option starting with '-'"
+}
+
+@test "good typed values are kept as written" {
+  site 'tmpdir_base = /scratch-ssd/$USER/x' 'tmpdir_base = /local ssd/${USER}' 'partition = gpu,cpu' \
+    'modules = StdEnv/2023 python/3.11' 'container_runtime = apptainer' 'provides_tmpdir = auto'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    printf "%s\n" "$site_tmpdir_base" "$opt_partition" "$opt_modules" "$site_container_runtime" "$site_provides_tmpdir"'
+  assert_success
+  assert_equal "$output" '/local ssd/${USER}
+gpu,cpu
+StdEnv/2023 python/3.11
+apptainer
+auto'
+}
+
+@test "an empty or odd key is refused as unknown" {
+  site ' = value'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site'
+  assert_failure 2
+  [[ "$stderr" == "job_submitter.sh: error: $SITE_FILE:1: unknown key ''"* ]] || fail "$stderr"
+  site 'a[$(touch "$PWNED")] = 1'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site'
+  assert_failure 2
+  assert_file_not_exists "$PWNED"
+}
+
+@test "every shipped profile loads" {
+  local conf
+  for conf in "$REPO_ROOT"/hpc_files/sites/*.conf; do
+    in_libs 'parse_options --site "'"$conf"'"; load_site; echo ok'
+    assert_success
+    assert_output ok
+  done
+}
+
+@test "the README's example profile loads as documented" {
+  sed -n '/^   account = def-mypi/,/^   command = /p' "$REPO_ROOT/README.md" >"$SITE_FILE"
+  [[ -s "$SITE_FILE" ]] || fail "README example not found"
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
+  assert_success
+  assert_equal "$output" 'def-mypi
+gpu
+StdEnv/2023 cuda/12.2
+yes
+/scratch-ssd
+a100,v100
+NCCL_SOCKET_IFNAME=^docker0,lo
+--constraint=ib
+export NCCL_DEBUG=INFO'
+}

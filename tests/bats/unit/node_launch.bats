@@ -1,0 +1,80 @@
+#!/usr/bin/env bats
+# hpc_files/node/launch.sh run as one srun task would run it, without SLURM:
+# a fake submission folder (node scripts, runtime_venv.sh, commands.txt), a
+# fake venv whose python is the real one with a fake 'torch' package first on
+# PYTHONPATH (so the torchrun probe reads the run.py text each test writes),
+# and a fake torchrun that prints its argv.
+
+load '../test_helper'
+
+setup() {
+  sub="$BATS_TEST_TMPDIR/sub mission"
+  venv="$BATS_TEST_TMPDIR/fake venv"
+  fake_torch="$BATS_TEST_TMPDIR/fake torch"
+  mkdir -p "$sub/node" "$venv/bin" "$fake_torch/torch/distributed" "$BATS_TEST_TMPDIR/src"
+  cp "$REPO_ROOT"/hpc_files/node/*.sh "$sub/node/"
+  cp "$REPO_ROOT/virtual_env_hpc_files/runtime.sh" "$sub/node/runtime_venv.sh"
+  : >"$fake_torch/torch/__init__.py"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >"$venv/bin/python"
+  # torchrun and any program print their argv (one word per line) and the
+  # variables the test asks about.
+  cat >"$venv/bin/torchrun" <<'STUB'
+#!/usr/bin/env bash
+printf 'argv:%s\n' "$@"
+STUB
+  cat >"$venv/bin/show" <<'STUB'
+#!/usr/bin/env bash
+printf 'argv:%s\n' "$@"
+for name in $SHOW_VARS; do printf '%s=%s\n' "$name" "${!name-<unset>}"; done
+STUB
+  chmod +x "$venv/bin/python" "$venv/bin/torchrun" "$venv/bin/show"
+  export HPC_SUBMISSION_DIR="$sub" HPC_VENV="$venv" HPC_RUNTIME=venv
+  export PYTHONPATH="$fake_torch" source_dir="$BATS_TEST_TMPDIR/src"
+  export HPC_NODES=1 HPC_PROCS_PER_NODE=2 HPC_SIGNAL_LEAD=90 SLURM_JOB_ID=1234
+  export HPC_KIND=torchrun SHOW_VARS=""
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID HPC_PASS_LOCAL_RANK HPC_TMPDIR_MIMIC
+}
+
+# run_py TEXT: the fake torch's distributed/run.py.
+run_py() {
+  printf '%s\n' "$1" >"$fake_torch/torch/distributed/run.py"
+}
+
+# experiment LINE: the trial's command line.
+experiment() {
+  printf '%s\n' "$1" >"$sub/commands.txt"
+}
+
+launch() {
+  run --separate-stderr bash "$sub/node/launch.sh"
+}
+
+@test "torch 2.10/2.11 (--signals-to-handle, no --shutdown-timeout): only the flag it knows" {
+  run_py 'parser.add_argument("--signals-to-handle", default="SIGTERM")'
+  experiment 'python train.py --lr 1'
+  launch
+  assert_success
+  assert_line 'argv:--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'
+  refute_line --partial 'argv:--shutdown-timeout'
+  assert_line 'argv:train.py'
+}
+
+@test "torch 2.12+ (both flags): signals forwarded with a shutdown grace" {
+  run_py 'parser.add_argument("--signals-to-handle")
+parser.add_argument("--shutdown-timeout")'
+  experiment 'python train.py'
+  launch
+  assert_success
+  assert_line 'argv:--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'
+  assert_line 'argv:--shutdown-timeout=75'
+}
+
+@test "old torchrun (neither flag): neither is passed" {
+  run_py 'parser.add_argument("--nnodes")'
+  experiment 'python train.py'
+  launch
+  assert_success
+  refute_line --partial 'argv:--signals-to-handle'
+  refute_line --partial 'argv:--shutdown-timeout'
+  assert_line 'argv:--standalone'
+}
