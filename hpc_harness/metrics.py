@@ -13,7 +13,15 @@ wandb modes (``--wandb``):
     offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
     disabled  no wandb at all (it is not even imported).
 The run id is kept in ``<run_dir>/wandb_run_id`` and reused with ``resume="allow"``, so a
-requeued job continues the same wandb run.
+requeued job continues the same wandb run. In a sweep (``wandb agent`` set ``WANDB_SWEEP_ID``
+and ``WANDB_RUN_ID``) the run id is the agent's: a preempted run that W&B hands out again
+resumes under its own id.
+
+Preemption: before the harness exits 42 for a requeue, ``mark_preempting()`` tells W&B the run
+is being preempted (``wandb.Run.mark_preempting``) and the run is then finished with exit code
+42, so W&B marks it *preempted* (not finished, not crashed); a sweep hands a preempted run, with
+its id and parameters, to the next agent that asks for work. Errors from wandb here never change
+the exit code: a TERM sent to the whole job also ends wandb's own service process.
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ class MetricsLogger:
         self.run_dir = run_dir
         self.csv_path = os.path.join(run_dir, CSV_NAME)
         self.wandb_run: Any = None
+        self.wandb_exit_code = 0
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -109,7 +118,11 @@ class MetricsLogger:
         import wandb
 
         id_file = os.path.join(self.run_dir, "wandb_run_id")
-        if os.path.exists(id_file):
+        if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
+            run_id = os.environ["WANDB_RUN_ID"]  # the sweep's run, also when handed out again
+            with open(id_file, "w") as f:
+                f.write(run_id + "\n")
+        elif os.path.exists(id_file):
             with open(id_file) as f:
                 run_id = f.read().strip()
         else:
@@ -142,10 +155,26 @@ class MetricsLogger:
         if self.wandb_run is not None:
             self.wandb_run.log({**values, "epoch": epoch}, step=step)
 
+    def mark_preempting(self, exit_code: int) -> None:
+        """Tell W&B the run is being preempted; ``close()`` then finishes it with ``exit_code``."""
+        if self.wandb_run is None:
+            return
+        self.wandb_exit_code = exit_code
+        try:
+            self.wandb_run.mark_preempting()
+            print(f"hpc_harness: wandb run {self.wandb_run.id} marked preempting", flush=True)
+        except Exception as exc:  # wandb's service may be gone (TERM to the whole job)
+            print(f"hpc_harness: warning: could not mark the wandb run preempting: {exc}")
+
     def close(self) -> None:
         if not self.enabled:
             return
         self._file.close()
         if self.wandb_run is not None:
-            self.wandb_run.finish()
-            self.wandb_run = None
+            run, self.wandb_run = self.wandb_run, None
+            try:
+                run.finish(exit_code=self.wandb_exit_code)
+            except Exception as exc:
+                if not self.wandb_exit_code:
+                    raise
+                print(f"hpc_harness: warning: could not finish the wandb run: {exc}", flush=True)

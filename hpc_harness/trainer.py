@@ -66,7 +66,7 @@ from hpc_harness import dist as hdist
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
-from hpc_harness.signals import StopFlag, write_requeue_marker
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopFlag, write_requeue_marker
 from hpc_harness.strategy import Strategy
 
 
@@ -639,6 +639,7 @@ class Trainer:
     def _requeue(self) -> str:
         """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""
         path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
+        self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
         if self.is_main:
             marker = write_requeue_marker(self.global_step, self.epoch, path, self.stop.name)
             print(

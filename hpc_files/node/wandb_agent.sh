@@ -1,45 +1,188 @@
 #!/usr/bin/env bash
 # Runs `wandb agent ARGS...` (one array task of a wandb sweep, started by
-# launch.sh inside the runtime) and fails when a run it started failed:
-# `wandb agent` itself exits 0 even when every run failed. The agent starts
-# runs with `python` from PATH, so a shim first on PATH runs the real python
-# and records each run's exit status; this script exits with the first
-# non-zero one.
+# launch.sh inside the runtime) and speaks the requeue protocol for it.
+#
+# Exit status: `wandb agent` itself exits 0 even when every run failed. The
+# agent starts runs with `python` from PATH, so a shim first on PATH runs the
+# real python and records each run's exit status; this script exits with the
+# first non-zero one, or 42 (HPC_REQUEUE_EXIT_CODE) when a run checkpointed at
+# a signal and asked to be requeued.
+#
+# Signals (USR1 at the wall time, TERM at preemption): this script, the agent
+# and the run all trap them; none dies of them. The script forwards the signal
+# to the agent (started with --forward-signals, so it passes it on to its run
+# and waits for it) and to the run's shim; the shim forwards it to the program
+# and repeats USR1 every second until the program exits, because the program
+# starts with USR1 ignored until it installs its own handler (a signal that
+# comes while it imports is then not lost, and does not kill it). The harness
+# checkpoints, tells W&B the run is preempting, and exits 42.
+#
+# Requeue: W&B hands a preempted run (marked preempting, then exited non-zero)
+# to the next agent of the sweep that asks for work, before any new point, with
+# the same run id and parameters. So the requeued task's `wandb agent --count 1`
+# gets the run back (or another task gets it, if it asks first). Each run's
+# files live under its run id, $scratch_dir/$exp_name/runs/<run id> (the run
+# sees it as HPC_TRIAL_DIR; the harness keeps checkpoints/ there), never under
+# the array index: whoever gets a run resumes that run's checkpoint, and a new
+# run never finds another run's. The task's own folder keeps a log of the runs
+# it ran (wandb_runs.txt: run id and exit status, one per line).
 #
 # Usage: wandb_agent.sh agent [--count N] SWEEP_ID
 set -euo pipefail
 
-real_python=$(command -v python || command -v python3) || {
-  echo "hpc: error: no python on PATH for the wandb agent's runs" >&2
-  exit 1
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+signal_seen=""
+agent_pid=""
+
+# shellcheck disable=SC2317 # called from the traps
+on_signal() {
+  local sig=$1 pidfile
+  signal_seen=$sig
+  printf '%s\n' "$sig" >"$status_dir/signal"
+  hpc_log "wandb_agent.sh: received SIG$sig; forwarding it to the wandb agent and its run"
+  [[ -z "$agent_pid" ]] || kill -s "$sig" "$agent_pid" 2>/dev/null || true
+  for pidfile in "$status_dir"/*.pid; do
+    [[ -e "$pidfile" && ! -e "${pidfile%.pid}.status" ]] || continue
+    kill -s "$sig" "$(<"$pidfile")" 2>/dev/null || true
+  done
 }
-status_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-wandb.XXXXXX")
-trap 'rm -rf -- "${status_dir:?}"' EXIT
-mkdir -p "$status_dir/bin"
-cat >"$status_dir/bin/python" <<SHIM
+
+# runs_folder: where each run's files go, under its run id.
+runs_folder() {
+  if [[ -n "${scratch_dir:-}" && -n "${exp_name:-}" ]]; then
+    printf '%s/%s/runs' "$scratch_dir" "$exp_name"
+  else
+    printf '%s/runs' "${HPC_TRIAL_DIR:-$PWD}"
+  fi
+}
+
+write_shim() {
+  local real_python=$1 runs
+  runs=$(runs_folder)
+  mkdir -p "$status_dir/bin"
+  cat >"$status_dir/bin/python" <<SHIM
 #!/usr/bin/env bash
-# Written by wandb_agent.sh: records the run's exit status.
+# Written by wandb_agent.sh: runs one wandb run in its own folder, forwards
+# USR1/TERM to it (USR1 again every second until it exits) and records its
+# exit status.
+set -uo pipefail
+run=\${WANDB_RUN_ID:-run\$\$}
+export HPC_TRIAL_DIR=$(printf '%q' "$runs")/"\$run"
+mkdir -p "\$HPC_TRIAL_DIR"
+pending=""
+child=""
+on_signal() {
+  pending=\$1
+  [[ -z "\$child" ]] || kill -s "\$1" "\$child" 2>/dev/null || true
+}
+trap 'on_signal USR1' USR1
+trap 'on_signal TERM' TERM
+printf '%s\n' "\$\$" >$(printf '%q' "$status_dir")/"\$run.pid"
+(
+  trap '' USR1
+  exec $(printf '%q' "$real_python") "\$@"
+) &
+child=\$!
+[[ ! -e $(printf '%q' "$status_dir/signal") ]] || pending=\$(<$(printf '%q' "$status_dir/signal"))
 status=0
-"$real_python" "\$@" || status=\$?
-printf '%s\n' "\$status" >"$status_dir/\${WANDB_RUN_ID:-run\$\$}.status"
+while :; do
+  if [[ "\$pending" == USR1 ]]; then
+    kill -s USR1 "\$child" 2>/dev/null || true
+    sleep 1
+    ! kill -0 "\$child" 2>/dev/null || continue
+  fi
+  wait "\$child"
+  status=\$?
+  if ((status > 128)) && kill -0 "\$child" 2>/dev/null; then
+    continue
+  fi
+  break
+done
+printf '%s\n' "\$status" >$(printf '%q' "$status_dir")/"\$run.status"
 exit "\$status"
 SHIM
-chmod +x "$status_dir/bin/python"
-ln -s python "$status_dir/bin/python3"
+  chmod +x "$status_dir/bin/python"
+  ln -s python "$status_dir/bin/python3"
+}
 
-agent_status=0
-PATH="$status_dir/bin:$PATH" wandb "$@" || agent_status=$?
-((agent_status == 0)) || exit "$agent_status"
+# agent_argv ARGS...: wandb's argv, with --forward-signals after 'agent'.
+agent_argv() {
+  local arg
+  argv=(wandb "$1")
+  shift
+  for arg in "$@"; do
+    [[ "$arg" != --forward-signals && "$arg" != -f ]] || {
+      argv+=("$@")
+      return 0
+    }
+  done
+  argv+=(--forward-signals "$@")
+}
 
-runs=0
-for file in "$status_dir"/*.status; do
-  [[ -e "$file" ]] || continue
-  runs=$((runs + 1))
-  status=$(<"$file")
-  if [[ "$status" != 0 ]]; then
+run_agent() {
+  agent_status=0
+  # USR1 ignored until the agent starts its run (it then forwards it): an
+  # early wall-time signal reaches the run through the shim instead.
+  (
+    trap '' USR1
+    PATH="$status_dir/bin:$PATH" exec "${argv[@]}"
+  ) &
+  agent_pid=$!
+  while :; do
+    # wait returns early (status > 128) when a trapped signal arrives.
+    agent_status=0
+    wait "$agent_pid" || agent_status=$?
+    if ((agent_status > 128)) && kill -0 "$agent_pid" 2>/dev/null; then
+      continue
+    fi
+    break
+  done
+  agent_pid=""
+}
+
+main() {
+  local real_python file run status runs=0 requeue_run="" failed_run="" failed_status=0
+  real_python=$(command -v python || command -v python3) || {
+    hpc_error "no python on PATH for the wandb agent's runs"
+    exit 1
+  }
+  status_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-wandb.XXXXXX")
+  trap 'rm -rf -- "${status_dir:?}"' EXIT
+  trap 'on_signal USR1' USR1
+  trap 'on_signal TERM' TERM
+  write_shim "$real_python"
+  agent_argv "$@"
+  run_agent
+  for file in "$status_dir"/*.status; do
+    [[ -e "$file" ]] || continue
+    runs=$((runs + 1))
+    status=$(<"$file")
     run=${file##*/}
-    echo "hpc: error: wandb run ${run%.status} exited with code $status (wandb agent reported success)" >&2
-    exit "$status"
+    run=${run%.status}
+    [[ -z "${HPC_TRIAL_DIR:-}" ]] || printf '%s %s\n' "$run" "$status" >>"$HPC_TRIAL_DIR/wandb_runs.txt"
+    if [[ "$status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then
+      requeue_run=${requeue_run:-$run}
+    elif [[ "$status" != 0 && -z "$failed_run" ]]; then
+      failed_run=$run
+      failed_status=$status
+    fi
+  done
+  if [[ -n "$failed_run" ]]; then
+    hpc_error "wandb run $failed_run exited with code $failed_status (wandb agent reported success)"
+    exit "$failed_status"
   fi
-done
-echo "hpc: wandb agent finished $runs run(s), all succeeded"
+  if [[ -n "$requeue_run" ]]; then
+    hpc_log "wandb run $requeue_run checkpointed${signal_seen:+ at SIG$signal_seen}; exiting $HPC_REQUEUE_EXIT_CODE (requeue me: W&B gives the preempted run back to the next agent)"
+    exit "$HPC_REQUEUE_EXIT_CODE"
+  fi
+  if [[ -n "$signal_seen" ]] && ((runs == 0)); then
+    hpc_log "SIG$signal_seen came before the wandb agent started a run; exiting $HPC_REQUEUE_EXIT_CODE (requeue me)"
+    exit "$HPC_REQUEUE_EXIT_CODE"
+  fi
+  ((agent_status == 0)) || exit "$agent_status"
+  hpc_log "wandb agent finished $runs run(s), all succeeded"
+}
+
+main "$@"

@@ -14,6 +14,18 @@ same order, as the array job built from the same file. Seen with wandb 0.31.0:
 * Requests carry ``Authorization: Basic base64("api:" + WANDB_API_KEY)``; a wrong key
   gets a 401.
 
+Preemption, as W&B's sweeps do it (``wandb.mark_preempting()``; see the ``wandb_preempt``
+package): a run tells the server it is *preempting*, then exits non-zero; the server marks it
+*preempted* and hands the same run (same id, same parameters) to the next agent that asks for
+work, before any new grid point. The agent treats that command (``"type": "resume"``) like a
+``run``: it sets ``WANDB_RUN_ID`` to the old id and starts the program again. The fake models
+the server's side: when an agent's heartbeat no longer lists a run as alive, the fake "syncs"
+that run's records, i.e. reads what the real server would have received from the run's own
+record file (``run-<id>.wandb``, searched under ``offline_root``: the children run with
+``WANDB_MODE=offline``), and sets the run's state from them: a ``preempting`` record and a
+non-zero exit code -> ``preempted`` (queued for re-issue), exit 0 -> ``finished``, another
+exit code -> ``failed``; no record file -> ``finished`` (a program without wandb).
+
 Run the agent against it (a 40-character dummy key; children inherit the agent's
 environment, so WANDB_MODE=offline keeps their own wandb.init() off the network)::
 
@@ -31,6 +43,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -52,6 +65,7 @@ class FakeWandb:
         project: str = "proj",
         sweep_id: str = "fakesw01",
         lifetime: float = 300.0,
+        offline_root: str | Path | None = None,
     ) -> None:
         import yaml
 
@@ -65,7 +79,10 @@ class FakeWandb:
         self.lock = threading.Lock()
         self.next_point = 0
         self.agents: dict[str, dict] = {}
-        self.runs: dict[str, dict] = {}  # run_id -> {"agent", "params", "alive"}
+        # run_id -> {"agent", "params", "alive", "state", "issued": [agent ids], "exit_code"}
+        self.runs: dict[str, dict] = {}
+        self.offline_root = Path(offline_root) if offline_root is not None else None
+        self.requeue: list[str] = []  # preempted run ids, re-issued first, oldest first
         self.requests: list[str] = []  # operation names / paths, in arrival order
         self.server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
@@ -159,6 +176,7 @@ class FakeWandb:
                     }
                 }
             if operation == "SweepWithRuns":
+                self._sync_runs()
                 if variables.get("sweep") != self.sweep_id:
                     return {"project": None}
                 return {"project": {"sweep": self._sweep()}}
@@ -180,12 +198,12 @@ class FakeWandb:
             {
                 "node": {
                     "name": rid,
-                    "state": "running" if r["alive"] else "finished",
+                    "state": r["state"],
                     "config": json.dumps({k: {"value": v} for k, v in r["params"].items()}),
-                    "exitcode": None,
+                    "exitcode": r["exit_code"],
                     "heartbeatAt": None,
                     "shouldStop": False,
-                    "failed": False,
+                    "failed": r["state"] == "failed",
                     "stopped": False,
                     "running": r["alive"],
                     "summaryMetrics": "{}",
@@ -194,7 +212,7 @@ class FakeWandb:
             }
             for rid, r in self.runs.items()
         ]
-        done = self.next_point >= len(self.points)
+        done = self.next_point >= len(self.points) and not self.requeue
         return {
             "id": "U3dlZXA6MQ==",
             "name": self.sweep_id,
@@ -218,24 +236,130 @@ class FakeWandb:
             return [{"type": "exit"}]
         alive = json.loads(variables.get("runState") or "{}")
         for rid in self.agents[agent_id]["runs"]:
-            self.runs[rid]["alive"] = bool(alive.get(rid))
+            run = self.runs[rid]
+            if run["alive"] and run["agent"] == agent_id and not alive.get(rid):
+                self._run_ended(rid)
+        self._sync_runs()
         if any(alive.values()):
             return []
+        if self.requeue:
+            # A preempted run goes to the next agent that asks, before any new point.
+            run_id = self.requeue.pop(0)
+            run = self.runs[run_id]
+            run.update(
+                agent=agent_id, alive=True, state="running", exit_code=None, issued_at=time.time()
+            )
+            run["issued"].append(agent_id)
+            self.agents[agent_id]["runs"].append(run_id)
+            return [self._command("resume", run_id, run["params"])]
         if self.next_point >= len(self.points):
             return [{"type": "exit"}]
         params = self.points[self.next_point]
         self.next_point += 1
         run_id = f"fakerun{self.next_point:03d}"
-        self.runs[run_id] = {"agent": agent_id, "params": params, "alive": True}
+        self.runs[run_id] = {
+            "agent": agent_id,
+            "params": params,
+            "alive": True,
+            "state": "running",
+            "exit_code": None,
+            "issued": [agent_id],
+            "issued_at": time.time(),
+        }
         self.agents[agent_id]["runs"].append(run_id)
-        return [
-            {
-                "type": "run",
-                "run_id": run_id,
-                "program": self.config.get("program"),
-                "args": {k: {"value": v} for k, v in params.items()},
-            }
-        ]
+        return [self._command("run", run_id, params)]
+
+    def refresh(self) -> None:
+        """Take in what the live runs recorded so far (the server hears it as they stream)."""
+        with self.lock:
+            self._sync_runs()
+
+    def _sync_runs(self) -> None:
+        # A run reports its own end (its exit record), also when its agent then stops
+        # without another heartbeat (``--count 1``).
+        for rid, run in self.runs.items():
+            if run["alive"]:
+                records = self._synced_records(rid)
+                if records is not None and records["exit"] is not None:
+                    self._run_ended(rid, records)
+
+    def _command(self, kind: str, run_id: str, params: dict) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "run_id": run_id,
+            "program": self.config.get("program"),
+            "args": {k: {"value": v} for k, v in params.items()},
+        }
+
+    def _run_ended(self, run_id: str, records: dict[str, Any] | None = None) -> None:
+        """The run's process is gone: set its state from what it recorded (see the docstring)."""
+        run = self.runs[run_id]
+        run["alive"] = False
+        records = records or self._synced_records(run_id)
+        if records is None:
+            run["state"] = "finished"
+            return
+        exit_code = records.get("exit")
+        run["exit_code"] = exit_code
+        if records.get("preempting") and exit_code not in (None, 0):
+            run["state"] = "preempted"
+            self.requeue.append(run_id)
+        elif exit_code == 0:
+            run["state"] = "finished"
+        else:
+            run["state"] = "failed" if exit_code is not None else "crashed"
+
+    def _synced_records(self, run_id: str) -> dict[str, Any] | None:
+        """What the record file this issue of ``run_id`` wrote says (the newest one, written
+        since the run was last handed out): {"preempting": bool, "exit": code or None}."""
+        if self.offline_root is None:
+            return None
+        since = self.runs[run_id]["issued_at"]
+        files = sorted(
+            (
+                f
+                for f in self.offline_root.rglob(f"run-{run_id}.wandb")
+                if f.stat().st_mtime >= since
+            ),
+            key=lambda f: f.stat().st_mtime,
+        )
+        if not files:
+            return None
+        found: dict[str, Any] = {"preempting": False, "exit": None}
+        for record in read_records(files[-1]):
+            kind = record.WhichOneof("record_type")
+            if kind == "preempting":
+                found["preempting"] = True
+            elif kind == "exit":
+                found["exit"] = record.exit.exit_code
+        return found
+
+
+def read_records(path: str | Path) -> list[Any]:
+    """The protobuf records of a run's ``.wandb`` file (wandb's LevelDB-log format: a 7-byte
+    header, 32 KiB blocks of chunks, each with a 7-byte header crc32/length/type)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    block, pos, pending = 32768, 7, b""
+    out = []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # full, or last chunk of a record
+            record = pb.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+    return out
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -301,7 +425,6 @@ def _operation_name(query: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import time
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", required=True, help="sweep file (grid or random)")

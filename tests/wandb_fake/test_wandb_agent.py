@@ -201,3 +201,65 @@ def test_points_come_from_trials_py(sweep_dir):
     )
     with pytest.raises(ValueError, match="fake_wandb: error: .*bayes"):
         FakeWandb(bad)
+
+
+PREEMPTING_CHILD = """\
+import json, os, sys
+import wandb
+run_id = os.environ["WANDB_RUN_ID"]
+marker = os.path.join(os.environ["RUNS_DIR"], run_id + ".started")
+first = not os.path.exists(marker)
+open(marker, "a").close()
+with open(os.environ["CHILD_LOG"], "a") as fh:
+    fh.write(json.dumps({"argv": sys.argv[1:], "run_id": run_id, "first": first}) + "\\n")
+run = wandb.init(dir=os.path.join(os.environ["RUNS_DIR"], run_id), resume="allow")
+run.log({"x": 1.0})
+if first and os.environ.get("PREEMPT_FIRST"):
+    run.mark_preempting()
+    run.finish(exit_code=42)
+    sys.exit(42)
+run.finish()
+"""
+
+
+def test_a_preempted_run_is_reissued_to_the_next_agent_with_its_id_and_parameters(tmp_path):
+    """W&B's preemption protocol, as the fake models it: a run that marked itself preempting
+    and exited non-zero goes to the next agent that asks, before any new grid point."""
+    (tmp_path / "child.py").write_text(PREEMPTING_CHILD)
+    (tmp_path / "sweep.yml").write_text(SWEEP)
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    extra = {"RUNS_DIR": str(runs_dir), "PREEMPT_FIRST": "1"}
+    with FakeWandb(tmp_path / "sweep.yml", lifetime=180, offline_root=runs_dir) as fake:
+        [(rc1, out1)] = finish(start_agents(fake, tmp_path, 1, **extra))
+        assert rc1 == 0, out1  # wandb agent exits 0 whatever its run did
+        [first] = list(fake.runs)
+        fake.refresh()
+        assert fake.runs[first]["state"] == "preempted"
+        assert fake.runs[first]["exit_code"] == 42
+        [(rc2, out2)] = finish(start_agents(fake, tmp_path, 1, **extra))
+        assert rc2 == 0, out2
+        assert list(fake.runs) == [first]  # no new run: the same one came back
+        fake.refresh()
+        assert fake.runs[first]["state"] == "finished"
+        assert fake.runs[first]["issued"] == ["agent-1", "agent-2"]
+        assert fake.next_point == 1
+        [(rc3, out3)] = finish(start_agents(fake, tmp_path, 1, **extra))
+        assert rc3 == 0, out3
+    log = [json.loads(x) for x in (tmp_path / "child.log").read_text().splitlines()]
+    assert [(r["run_id"], r["first"]) for r in log[:2]] == [(first, True), (first, False)]
+    assert log[0]["argv"] == log[1]["argv"] == [f"--{k}={v}" for k, v in fake.points[0].items()]
+    assert log[2]["run_id"] != first  # then the sweep goes on with the next point
+    assert log[2]["argv"] == [f"--{k}={v}" for k, v in fake.points[1].items()]
+
+
+def test_a_run_that_exits_non_zero_without_preempting_is_failed_not_reissued(tmp_path):
+    (tmp_path / "child.py").write_text(CHILD)
+    (tmp_path / "sweep.yml").write_text(SWEEP)
+    with FakeWandb(tmp_path / "sweep.yml", lifetime=180, offline_root=tmp_path) as fake:
+        finish(start_agents(fake, tmp_path, 1, CHILD_EXIT="3"))
+        fake.refresh()
+        assert fake.requeue == []
+        [(rc, _)] = finish(start_agents(fake, tmp_path, 1))
+        assert rc == 0
+        assert len(fake.runs) == 2

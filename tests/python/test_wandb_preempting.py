@@ -1,0 +1,77 @@
+"""The harness and W&B at a requeue: the run is marked preempting and finished with exit code 42
+(what W&B needs to hand a sweep run out again), under the sweep agent's run id."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PY, REPO, clean_env
+
+pytest.importorskip("wandb")
+sys.path.insert(0, str(REPO / "tests" / "wandb_fake"))
+from fake_wandb import read_records  # noqa: E402
+
+RUN_ID = "swrun042"
+
+
+def records(ckpt: Path) -> list[tuple[str, int | None]]:
+    """(kind, exit code) of the newest offline record file of RUN_ID under ckpt."""
+    files = sorted(ckpt.rglob(f"run-{RUN_ID}.wandb"), key=lambda f: f.stat().st_mtime)
+    assert files, f"no run-{RUN_ID}.wandb under {ckpt}"
+    out = []
+    for r in read_records(files[-1]):
+        kind = r.WhichOneof("record_type")
+        out.append((kind, r.exit.exit_code if kind == "exit" else None))
+    return out
+
+
+def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_path, digits_dir):
+    ckpt = tmp_path / "runs" / RUN_ID / "checkpoints"
+    env = clean_env(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_SWEEP_ID="fakesw01",
+        WANDB_RUN_ID=RUN_ID,
+    )
+    args = ["--epochs", "1", "--data-dir", digits_dir, "--ckpt-dir", str(ckpt)]
+    args += ["--wandb", "offline"]
+    proc = subprocess.Popen(
+        [PY, "-m", "hpc_harness.train", *args, "--step-sleep", "0.02", "--log-every", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("hpc_harness: step 5/"):
+                proc.send_signal(signal.SIGUSR1)
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert proc.returncode == 42, out
+    assert f"hpc_harness: wandb run id {RUN_ID} mode offline" in out
+    assert f"wandb run {RUN_ID} marked preempting" in out
+    first = records(ckpt)
+    assert ("preempting", None) in first
+    assert ("exit", 42) in first
+    assert (ckpt / "wandb_run_id").read_text() == RUN_ID + "\n"
+    # W&B hands it out again (same id): it resumes and finishes, not preempting this time.
+    done = subprocess.run(
+        [PY, "-m", "hpc_harness.train", *args], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from" in done.stdout
+    second = records(ckpt)
+    assert ("exit", 0) in second
+    assert ("preempting", None) not in second
