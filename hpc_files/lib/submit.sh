@@ -179,10 +179,12 @@ warn_if_other_command_checkpointed() {
   # Checkpoints: $HPC_TRIAL_DIR/checkpoints, the experiment folder or trials/K.
   [[ -n "$(find "$plan_exp_dir/checkpoints" "$plan_exp_dir/trials" -name '*.pt' -print -quit 2>/dev/null)" ]] ||
     return 0
-  for folder in "$plan_exp_dir"/*/commands.txt; do
+  # Newest first by ls, to the nanosecond (bash 4.2's -nt compares seconds).
+  while IFS= read -r folder; do
     [[ "${folder%/commands.txt}" != "$submission_dir" ]] || continue
-    [[ -z "$previous" || "$folder" -nt "$previous" ]] && previous=$folder
-  done
+    previous=$folder
+    break
+  done < <(ls -td -- "$plan_exp_dir"/*/commands.txt 2>/dev/null)
   [[ -n "$previous" ]] || return 0
   cmp -s "$previous" "$submission_dir/commands.txt" && return 0
   warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
