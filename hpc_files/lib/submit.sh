@@ -187,6 +187,8 @@ warn_if_other_command_checkpointed() {
   done < <(ls -td -- "$plan_exp_dir"/*/commands.txt 2>/dev/null)
   [[ -n "$previous" ]] || return 0
   cmp -s "$previous" "$submission_dir/commands.txt" && return 0
+  # The new commands start over on purpose.
+  ! grep -qE -- '(^| )--fresh( |$)' "$submission_dir/commands.txt" || return 0
   warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 

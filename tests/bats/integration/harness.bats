@@ -74,3 +74,30 @@ print("differ:", diff) if diff else print("bitwise equal")
   assert_success
   assert_output "bitwise equal"
 }
+
+@test "same -e, another --lr: the job refuses to resume (exit 2, keys named; warned at submission); --fresh starts over and keeps the old files aside" {
+  local args=(--epochs 1 --seed 3 --data-dir "$data") ckpts="$SCRATCH/$project/same/checkpoints"
+  submit -n 1 -g 1 -W none -t 10 -e same -- python -m hpc_harness.train "${args[@]}" --lr 0.1
+  wait_job_done "$job_id" 180
+  assert_job_state "$job_id" COMPLETED
+  assert_file_exists "$ckpts/run.json"
+  # Another learning rate, same experiment: warned here, refused on the node.
+  submit -n 1 -g 1 -W none -t 10 -e same -- python -m hpc_harness.train "${args[@]}" --lr 0.001
+  assert_file_contains "$submit_err" "warning: experiment 'same' already holds checkpoints"
+  wait_job_done "$job_id" 180
+  assert_job_state "$job_id" FAILED
+  assert_equal "$(job_field "$job_id" ExitCode)" 2:0
+  run job_log "$job_id"
+  assert_output --regexp "holds checkpoints of another run: (.*, )?lr \\(0\\.1 -> 0\\.001\\)(, .*)? differ; use another experiment \\(-e NEW"
+  refute_output --regexp '^hpc_harness: step [0-9]+/'
+  # --fresh: starts at step 0; the first run's files are kept aside.
+  submit -n 1 -g 1 -W none -t 10 -e same -- python -m hpc_harness.train "${args[@]}" --lr 0.001 --fresh
+  assert_equal "$(cat "$submit_err")" ""
+  wait_job_done "$job_id" 180
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_output --partial 'starting fresh'
+  refute_output --regexp 'resum(ed|ing) from'
+  run find "$SCRATCH/$project/same" -maxdepth 2 -path '*/checkpoints.old-*/run.json'
+  assert_equal "${#lines[@]}" 1
+}
