@@ -144,3 +144,18 @@ round_order() {
     for ((i = $#; i > 0; i--)); do printf '%s\n' "${!i}"; done
   fi
 }
+
+# make_user_project DIR FILES: a user's project as the submitter sees it: the
+# toolkit's folders plus FILES small Python sources, in git with one commit
+# (the code snapshot of every submission archives them all).
+make_user_project() {
+  local dir=$1 files=$2 i
+  mkdir -p "$dir/src"
+  cp -r "$BENCH_ROOT/hpc_files" "$BENCH_ROOT/virtual_env_hpc_files" "$BENCH_ROOT/singularity_hpc_files" "$dir/"
+  for ((i = 0; i < files; i++)); do
+    printf 'VALUE = %d\n' "$i" >"$dir/src/module_$i.py"
+  done
+  git -C "$dir" init -q
+  git -C "$dir" add -A
+  git -C "$dir" -c user.name=bench -c user.email=bench@localhost commit -q -m project
+}

@@ -2,7 +2,9 @@
 # shellcheck disable=SC2016 # backticks in single quotes are Markdown code spans
 # Submission latency against the local SLURM cluster, whole processes:
 #   ours      bash hpc_files/job_submitter.sh --site local -g 0 -W none -d DATA -- true
-#             (the data tarball is cached: one priming run builds it first)
+#             from a user's project of 500 source files in git (each submission
+#             archives them as its code snapshot); the data tarball is cached:
+#             one priming run builds it first
 #   submitit  a python process that imports submitit and calls executor.submit
 #   sbatch    sbatch --parsable --wrap true
 # interleaved (ours submitit sbatch ours ...) after a discarded warm-up round.
@@ -40,7 +42,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-project=${BENCH_ROOT##*/}
+project=project
+project_dir="$work/$project"
+make_user_project "$project_dir" 500
+# bench/submit_phases.sh runs this project's submitter too.
+export BENCH_PROJECT=$project_dir
 export SCRATCH="$work/scratch"
 data_root="$SCRATCH/$project/datasets"
 mkdir -p "$data_root/small"
@@ -49,7 +55,7 @@ for ((i = 0; i < 200; i++)); do
   head -c 1024 /dev/zero >"$data_root/small/f$i"
 done
 begin=now+3600
-ours=(bash "$BENCH_ROOT/hpc_files/job_submitter.sh" --site local -g 0 -W none -e bench_submit
+ours=(bash "$project_dir/hpc_files/job_submitter.sh" --site local -g 0 -W none -e bench_submit
   -d datasets/small "--sbatch-arg=--begin=$begin" -- true)
 submitit=("$BENCH_PY" "$BENCH_ROOT/bench/submitit_submit.py" "$work/submitit" --begin "$begin")
 bare=(sbatch --parsable "--begin=$begin" --wrap true)
@@ -57,7 +63,7 @@ bare=(sbatch --parsable "--begin=$begin" --wrap true)
 samples="$work/latency.tsv"
 commands="$work/commands.tsv"
 {
-  printf 'ours\t%s\n' "hpc_files/job_submitter.sh --site local -g 0 -W none -e bench_submit -d datasets/small -- true"
+  printf 'ours\t%s\n' "hpc_files/job_submitter.sh --site local -g 0 -W none -e bench_submit -d datasets/small -- true (a 500-file git project)"
   printf 'ours_phased\t%s\n' "bench/submit_phases.sh (same options; each step timed)"
   printf 'submitit\t%s\n' "python bench/submitit_submit.py (import submitit; SlurmExecutor.submit)"
   printf 'sbatch\t%s\n' "sbatch --parsable --wrap true"
@@ -128,10 +134,12 @@ describe_phase() {
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
-    fill_submission_dir) echo "copy node scripts, trials, git state" ;;
+    fill_submission_dir) echo "copy node scripts, trials, git state, code snapshot" ;;
+    snapshot_code) echo "&nbsp;&nbsp;in it: git ls-files + tar of the project's 500 files into code.tar" ;;
+    record_git_state) echo "&nbsp;&nbsp;in it: git rev-parse, status and diff into git.txt" ;;
     write_trials) echo "&nbsp;&nbsp;in it: trials.jsonl + commands.txt (in bash here; python hpc_harness/trials.py when parsing is needed)" ;;
     trials_python) echo "&nbsp;&nbsp;&nbsp;&nbsp;choose the python" ;;
-    git) echo "&nbsp;&nbsp;in it: git rev-parse + git status (sum; in the background, waited for before sbatch)" ;;
+    git) echo "&nbsp;&nbsp;in them: every git process (sum)" ;;
     plan_array) echo "array spec" ;;
     render_script) echo "render the batch script" ;;
     stage_data_tarball) echo "data: manifest + cache check" ;;

@@ -11,12 +11,15 @@
 set -euo pipefail
 
 bench_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-submitter="$bench_root/hpc_files/job_submitter.sh"
+# The project whose submitter runs (BENCH_PROJECT: a user's project made by
+# bench/lib.sh), by default this repository.
+project_root=${BENCH_PROJECT:-$bench_root}
+submitter="$project_root/hpc_files/job_submitter.sh"
 : "${BENCH_PHASES:?names the file that receives the phase timings}"
 t_script_start=${EPOCHREALTIME/./}
 
 # Nested functions and commands worth their own line (besides main's steps).
-NESTED_PHASES=(write_trials list_trials data_manifest data_cache_matches trials_python git sbatch)
+NESTED_PHASES=(write_trials list_trials data_manifest data_cache_matches trials_python snapshot_code record_git_state git sbatch)
 
 __bench_time() {
   local name=$1 t0 rc
@@ -43,13 +46,13 @@ wrap_command() {
 }
 
 source_text=$(sed -e '$ {/^main "\$@"$/d}' \
-  -e "s|^HPC_FILES_DIR=.*|HPC_FILES_DIR=$bench_root/hpc_files|" "$submitter")
+  -e "s|^HPC_FILES_DIR=.*|HPC_FILES_DIR=$project_root/hpc_files|" "$submitter")
 [[ "$(tail -n 1 "$submitter")" == 'main "$@"' ]] ||
   {
     echo "submit_phases.sh: $submitter no longer ends with 'main \"\$@\"'; update this script" >&2
     exit 1
   }
-grep -q "^HPC_FILES_DIR=$bench_root/hpc_files$" <<<"$source_text" ||
+grep -q "^HPC_FILES_DIR=$project_root/hpc_files$" <<<"$source_text" ||
   {
     echo "submit_phases.sh: cannot find the HPC_FILES_DIR line in $submitter" >&2
     exit 1

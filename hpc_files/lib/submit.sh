@@ -91,7 +91,7 @@ preview_submission() {
 fill_submission_dir() {
   local dir=$submission_dir
   record_git_state "$dir/git.txt"
-  [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$plan_code_dir"
+  [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$dir/code.tar"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
   cp -p "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
@@ -125,38 +125,40 @@ record_git_state() {
 # belong under $SCRATCH (-d stages them).
 readonly DEFAULT_SNAPSHOT_MAX_MB=200
 
-# snapshot_code DIR: the project's code as it is now (edits included), so a
-# queued job runs what was submitted. A git project: the tracked files and
+# snapshot_code ARCHIVE: the project's code as it is now (edits included),
+# as one tar file in the submission folder, so a queued job runs what was
+# submitted; the batch script unpacks it beside itself (code/) when the job
+# first starts. One archive, not a tree of copies: writing 500 files costs
+# about 60 ms here, one file about 10 ms. A git project: the tracked files and
 # the untracked ones git does not ignore. Otherwise the tree minus
 # version-control folders, virtualenvs, caches, result folders (wandb,
 # lightning_logs, checkpoints) and data folders (data, datasets).
 snapshot_code() {
-  local dir=$1 list kb max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB}
-  local -a tar_source=()
+  local archive=$1 list max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB} bytes
+  local -a tar_source=() status
   is_uint "$max_mb" || usage_error "HPC_SNAPSHOT_MAX_MB expects a whole number of MiB, got '$max_mb'"
-  mkdir -p "$dir" || die "cannot create $dir"
   if git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1; then
     list=$(mktemp "${TMPDIR:-/tmp}/hpc-snapshot.XXXXXX") || die "mktemp failed"
     register_cleanup "$list"
     git -C "$source_dir" ls-files -z --cached --others --exclude-standard >"$list" ||
       die "cannot list the files of $source_dir with git"
     # A listed file may be gone (deleted but still in the index, or an
-    # editor's temporary file): du and tar skip it without a word.
-    kb=$(cd "$source_dir" && { du -c -k --files0-from="$list" 2>/dev/null || true; } | tail -n 1)
+    # editor's temporary file): tar skips it without a word.
     tar_source=(--ignore-failed-read --warning=no-failed-read --null --files-from="$list")
   else
     tar_source=(--exclude-vcs --exclude-caches-all --exclude=__pycache__ --exclude='*.pyc'
       --exclude='.*_cache' --exclude=.ipynb_checkpoints --exclude=wandb --exclude=lightning_logs
       --exclude=./checkpoints --exclude=./data --exclude=./datasets --exclude=./.venv --exclude=./venv
       --exclude=./env --exclude=./.conda --exclude=./.scratch --exclude=./.cluster .)
-    kb=$(cd "$source_dir" && tar -cf - "${tar_source[@]}" | wc -c) || die "cannot size $source_dir"
-    kb=$((kb / 1024))
   fi
-  kb=${kb%%[!0-9]*}
-  ((kb <= max_mb * 1024)) ||
-    usage_error "the project's code snapshot would be $((kb / 1024)) MiB, over the ${max_mb} MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
-  (cd "$source_dir" && tar -cf - "${tar_source[@]}") | tar -C "$dir" -xf - ||
-    die "cannot copy the project's code into $dir"
+  # head stops the copy one byte past the cap, so a huge tree is not read whole.
+  status=(0 0)
+  (cd "$source_dir" && tar -cf - "${tar_source[@]}") | head -c $((max_mb * 1048576 + 1)) >"$archive" ||
+    status=("${PIPESTATUS[@]}")
+  bytes=$(stat -c %s "$archive") || die "cannot write $archive"
+  ((bytes <= max_mb * 1048576)) ||
+    usage_error "the project's code snapshot is over the ${max_mb} MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
+  ((status[0] == 0 && status[1] == 0)) || die "cannot archive the project's code into $archive"
 }
 
 # report_unsubmitted: --no-submit. The folder stays; the last line on stdout

@@ -73,6 +73,23 @@ load_wandb_credentials() {
   [[ -n "$key" ]] && export WANDB_API_KEY="$key"
 }
 
+# unpack_code: the code snapshot taken at submission (code.tar) into code/
+# beside it, once for all the submission's jobs and array tasks: each
+# unpacks into a folder of its own and renames it into place; whoever comes
+# second finds code/ there and drops its copy.
+unpack_code() {
+  local dir=$HPC_SUBMISSION_DIR unpacked
+  [[ -f "$dir/code.tar" && ! -d "$dir/code" ]] || return 0
+  unpacked=$(mktemp -d "$dir/.code.XXXXXX") || return 1
+  if ! tar -xf "$dir/code.tar" -C "$unpacked"; then
+    rm -rf -- "${unpacked:?}"
+    hpc_error "cannot unpack the code snapshot $dir/code.tar"
+    return 1
+  fi
+  mv -T -- "$unpacked" "$dir/code" 2>/dev/null || rm -rf -- "${unpacked:?}"
+  [[ -d "$dir/code" ]]
+}
+
 # check_job_contract: what the requeue protocol needs from sbatch, as this
 # job got it. The submitter puts it on sbatch's command line; a job.sbatch
 # submitted by hand takes whatever SBATCH_* variables that shell had.
@@ -246,6 +263,7 @@ main() {
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   check_job_contract
   load_wandb_credentials
+  unpack_code || exit 1
   decide_tmpdir
   # One thread pool per process sized to its CPUs (torchrun would pick 1).
   if [[ -z "${OMP_NUM_THREADS:-}" ]]; then

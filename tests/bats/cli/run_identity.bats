@@ -27,6 +27,14 @@ make_project() {
   git -C "$dir" -c user.name=t -c user.email=t@t commit -q -m one
 }
 
+# unpacked_snapshot: the submission's code.tar unpacked as the job does (sets code).
+unpacked_snapshot() {
+  code="$BATS_TEST_TMPDIR/unpacked"
+  rm -rf "$code"
+  mkdir -p "$code"
+  tar -xf "$sub/code.tar" -C "$code"
+}
+
 # submit_ok ARG...: job_submitter.sh ARG... succeeds; sets output/stderr.
 submit_ok() {
   run --separate-stderr timeout 60 "$SUBMITTER" "$@" </dev/null
@@ -63,7 +71,7 @@ one_submission() {
   assert_equal "${lines[-1]}" "sbatch '$sub/job.sbatch'"
   assert_file_not_exists "$SBATCH_LOG"
   local f
-  for f in job.sbatch commands.txt trials.jsonl command.txt git.txt node/batch.sh node/launch.sh code/prog.sh; do
+  for f in job.sbatch commands.txt trials.jsonl command.txt git.txt node/batch.sh node/launch.sh code.tar; do
     assert_file_exists "$sub/$f"
   done
   assert_file_not_exists "$sub/job_id"
@@ -90,18 +98,20 @@ one_submission() {
   run --separate-stderr "$project/hpc_files/job_submitter.sh" -e snap -g 0 -W none -- bash prog.sh </dev/null
   assert_success
   one_submission "$project" snap
-  assert_file_contains "$sub/code/prog.sh" 'code version 2'
-  assert_file_exists "$sub/code/untracked.txt"
-  assert_file_not_exists "$sub/code/ignored.txt"
-  assert_file_not_exists "$sub/code/hpc_files/sites/cedar.conf"
-  assert_file_exists "$sub/code/hpc_files/sites/local.conf"
+  unpacked_snapshot
+  assert_file_contains "$code/prog.sh" 'code version 2'
+  assert_file_exists "$code/untracked.txt"
+  assert_file_not_exists "$code/ignored.txt"
+  assert_file_not_exists "$code/hpc_files/sites/cedar.conf"
+  assert_file_exists "$code/hpc_files/sites/local.conf"
   # git.txt: the commit, and the edits the snapshot holds on top of it.
   assert_file_contains "$sub/git.txt" "^commit: $(git -C "$project" rev-parse HEAD)$"
   assert_file_contains "$sub/git.txt" '^+echo "code version 2"$'
   assert_file_contains "$sub/git.txt" '^?? untracked.txt$'
   # Editing the project afterwards changes nothing in the snapshot.
   printf 'echo "code version 3"\n' >"$project/prog.sh"
-  assert_file_contains "$sub/code/prog.sh" 'code version 2'
+  unpacked_snapshot
+  assert_file_contains "$code/prog.sh" 'code version 2'
 }
 
 @test "a project outside git: the snapshot leaves out the venv, data, caches and results" {
@@ -114,12 +124,13 @@ one_submission() {
     "$project/hpc_files/job_submitter.sh" -e plain -g 0 -W none -- bash prog.sh </dev/null
   assert_success
   one_submission "$project" plain
-  assert_file_exists "$sub/code/prog.sh"
-  assert_file_exists "$sub/code/pkg/m.py"
-  assert_file_exists "$sub/code/hpc_files/job_submitter.sh"
+  unpacked_snapshot
+  assert_file_exists "$code/prog.sh"
+  assert_file_exists "$code/pkg/m.py"
+  assert_file_exists "$code/hpc_files/job_submitter.sh"
   local gone
   for gone in .venv data pkg/__pycache__ wandb; do
-    assert_file_not_exists "$sub/code/$gone"
+    assert_file_not_exists "$code/$gone"
   done
 }
 
@@ -129,7 +140,7 @@ one_submission() {
   head -c 2097152 /dev/zero >"$project/weights.bin"
   run --separate-stderr env HPC_SNAPSHOT_MAX_MB=1 "$project/hpc_files/job_submitter.sh" -e big -g 0 -W none -- bash prog.sh </dev/null
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: the project's code snapshot would be 2 MiB, over the 1 MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
+  assert_equal "$stderr" "job_submitter.sh: error: the project's code snapshot is over the 1 MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
   assert_file_not_exists "$SBATCH_LOG"
   assert_equal "$(find "$SCRATCH/big/big" -mindepth 1 -maxdepth 1 ! -name checkpoints)" ""
   # --no-snapshot runs the live tree instead.
@@ -137,7 +148,7 @@ one_submission() {
   assert_success
   one_submission "$project" big
   grep -qxE "export source_dir='?$project'?" "$sub/job.sbatch"
-  assert_file_not_exists "$sub/code"
+  assert_file_not_exists "$sub/code.tar"
 }
 
 @test "SBATCH_* variables and WANDB_API_KEY of the submitting shell reach neither the contract nor the job" {

@@ -31,10 +31,10 @@ the_submission() {
   [[ "${sub##*/}" =~ ^[0-9]{8}-[0-9]{6}-[A-Za-z0-9]{4}$ ]] || fail "submission folder name: ${sub##*/}"
   local f
   for f in job.sbatch commands.txt trials.jsonl command.txt git.txt job_id experiment_configurations.txt \
-    node/batch.sh node/launch.sh node/runtime_venv.sh node/runtime_singularity.sh \
-    code/hpc_files/job_submitter.sh code/tests/bats/cli/submit.bats; do
+    node/batch.sh node/launch.sh node/runtime_venv.sh node/runtime_singularity.sh code.tar; do
     assert_file_exists "$sub/$f"
   done
+  tar -tf "$sub/code.tar" | grep -qx hpc_files/job_submitter.sh
   assert_equal "$(stat -c %a "$sub")" 700
   assert_equal "$(cat "$sub/job_id")" 4242
   assert_equal "$(wc -l <"$sub/commands.txt")" 3
@@ -183,7 +183,7 @@ job.sbatch
   assert_line "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_elsewhere_4242.out"
   grep -qxF "export source_dir='$sub/code'" "$sub/job.sbatch" ||
     fail "source_dir is not the repository's snapshot: $(grep source_dir "$sub/job.sbatch")"
-  assert_file_exists "$sub/code/hpc_files/job_submitter.sh"
+  tar -tf "$sub/code.tar" | grep -qx hpc_files/job_submitter.sh
 }
 
 @test "relative and ./ invocations find the same project root" {
