@@ -87,12 +87,17 @@ render_sbatch_lines() {
     sbatch_line "--array=$plan_array_spec"
   fi
   [[ -z "${opt_dependency:-}" ]] || sbatch_line "--dependency=$opt_dependency"
-  if ((${#site_sbatch[@]} + ${#opt_sbatch_arg[@]} > 0)); then
-    printf '# From the site profile and --sbatch-arg.\n'
-    for arg in ${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
-      sbatch_line "$arg"
-    done
-  fi
+  render_site_sbatch_lines
+}
+
+# render_site_sbatch_lines: the site profile's sbatch lines and --sbatch-arg.
+render_site_sbatch_lines() {
+  local arg
+  ((${#site_sbatch[@]} + ${#opt_sbatch_arg[@]} > 0)) || return 0
+  printf '# From the site profile and --sbatch-arg.\n'
+  for arg in ${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
+    sbatch_line "$arg"
+  done
 }
 
 render_environment() {
@@ -166,6 +171,34 @@ if [[ ! -f "$HPC_SUBMISSION_DIR/node/batch.sh" ]]; then
   exit 1
 fi
 exec bash "$HPC_SUBMISSION_DIR/node/batch.sh"
+EOF
+}
+
+# render_setup_script: the venv setup job of --setup-venv (setup.sbatch): one
+# task on one node with the training job's CPUs and wall time, account,
+# partition, site and --sbatch-arg lines, and its environment (modules, the
+# site's env and commands), so it builds with the python the job will use.
+render_setup_script() {
+  printf '#!/bin/bash\n'
+  printf '# The venv setup job of a submission (--setup-venv); rendered by\n'
+  printf '# hpc_files/job_submitter.sh %s. The training job waits for it (afterok).\n' "$HPC_VERSION"
+  printf '\n# Resources.\n'
+  sbatch_line "--job-name=${plan_job_name}_setup_venv"
+  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
+  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
+  sbatch_line --nodes=1
+  sbatch_line --ntasks=1
+  sbatch_line "--cpus-per-task=$plan_cpus_per_task"
+  sbatch_line "--mem=$plan_mem"
+  sbatch_line "--time=$opt_time"
+  sbatch_line "--output=${plan_log_file%/*}/%x_%j.out"
+  render_site_sbatch_lines
+  render_environment
+  printf '\n# What to install, and the digest the venv is stamped with.\n'
+  export_line HPC_REQUIREMENTS "$plan_submission_dir/requirements.txt"
+  export_line HPC_REQUIREMENTS_DIGEST "$plan_requirements_digest"
+  print_text <<'EOF'
+exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"
 EOF
 }
 

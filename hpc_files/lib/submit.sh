@@ -66,8 +66,12 @@ random_name() {
 }
 
 # Until sbatch accepts the job (or --no-submit has written it whole), the
-# submission folder is ours to remove.
+# submission folder is ours to remove; a setup job already queued for it
+# would find nothing, so it goes too.
 remove_unsubmitted_dir() {
+  if [[ -n "${setup_job_id:-}" && -z "${job_id:-}" ]]; then
+    scancel "$setup_job_id" 2>/dev/null || warn "could not cancel the venv setup job $setup_job_id; scancel it"
+  fi
   if [[ -n "${submission_dir:-}" && -z "${job_id:-}" && -z "${submission_complete:-}" && -d "$submission_dir" ]]; then
     rm -rf -- "${submission_dir:?}"
   fi
@@ -208,13 +212,9 @@ submit_setup_job() {
     return 0
   fi
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
-  cp -p "$HPC_FILES_DIR/node/setup_venv.sh" "$submission_dir/node/" || die "cannot copy setup_venv.sh"
-  local setup_args=(--parsable --job-name="${plan_job_name}_setup_venv" --nodes=1 --ntasks=1
-    --cpus-per-task=2 --time=01:00:00 --output="$plan_log_dir/%x_%j.out")
-  [[ -z "${opt_account:-}" ]] || setup_args+=(--account="$opt_account")
-  [[ -z "${opt_partition:-}" ]] || setup_args+=(--partition="$opt_partition")
-  output=$(cd "$submission_dir" && HPC_VENV="$plan_venv" HPC_REQUIREMENTS="$submission_dir/requirements.txt" \
-    HPC_REQUIREMENTS_DIGEST="$digest" sbatch "${setup_args[@]}" node/setup_venv.sh 2>&1) ||
+  plan_requirements_digest=$digest
+  render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
+  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
   setup_job_id=${output%%;*}
   [[ "$setup_job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id for the setup job: ${output//$'\n'/ }"

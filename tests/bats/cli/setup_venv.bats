@@ -1,0 +1,68 @@
+#!/usr/bin/env bats
+# --setup-venv with a stubbed sbatch: the setup job gets the site's modules,
+# environment and sbatch lines, --sbatch-arg and the job's CPUs and wall time;
+# a training job sbatch refuses takes its setup job with it. No cluster.
+
+load '../test_helper'
+load 'cli_helper'
+
+setup() {
+  cli_setup
+  # sbatch: prints job ids 100, 101, ...; refuses call number $SBATCH_REFUSE_CALL.
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  mkdir -p "$bin"
+  cat >"$bin/sbatch" <<'STUB'
+#!/usr/bin/env bash
+calls=$(($(cat "$SBATCH_LOG.calls" 2>/dev/null || echo 0) + 1))
+echo "$calls" >"$SBATCH_LOG.calls"
+printf '%s\n' "$@" -- >>"$SBATCH_LOG"
+cp "${@: -1}" "$SBATCH_LOG.script$calls"
+if [[ "$calls" == "${SBATCH_REFUSE_CALL:-0}" ]]; then
+  echo "sbatch: error: Batch job submission failed: Invalid qos specification" >&2
+  exit 1
+fi
+echo $((99 + calls))
+STUB
+  printf '#!/usr/bin/env bash\nprintf "%%s\\n" "$@" >>"%s"\n' "$BATS_TEST_TMPDIR/scancel.log" >"$bin/scancel"
+  chmod +x "$bin/sbatch" "$bin/scancel"
+  printf 'numpy\n' >"$BATS_TEST_TMPDIR/requirements.txt"
+  cat >"$BATS_TEST_TMPDIR/site.conf" <<'CONF'
+account = def-lab
+modules = python/3.11 cuda/12.2
+env = PIP_INDEX_URL=https://mirror.example/simple
+sbatch = --qos=normal
+command = echo site-command
+CONF
+}
+
+@test "the setup job gets the site's modules, env, sbatch lines, --sbatch-arg, the job's CPUs and wall time" {
+  run --separate-stderr "$SUBMITTER" --site "$BATS_TEST_TMPDIR/site.conf" -g 2 -c 3 -W torchrun -t 02:30:00 \
+    --sbatch-arg=--reservation=r1 --venv "$BATS_TEST_TMPDIR/venv" --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" \
+    -C "$ONE_LINE" </dev/null
+  assert_success
+  local script="$SBATCH_LOG.script1"
+  assert_file_exists "$script"
+  grep -qx '#SBATCH --job-name=.*_setup_venv' "$script"
+  grep -qx '#SBATCH --account=def-lab' "$script"
+  grep -qx '#SBATCH --qos=normal' "$script"
+  grep -qx '#SBATCH --reservation=r1' "$script"
+  grep -qx '#SBATCH --cpus-per-task=6' "$script"
+  grep -qx '#SBATCH --time=02:30:00' "$script"
+  grep -qx 'module load python/3.11 cuda/12.2 .*' "$script"
+  grep -qx 'export PIP_INDEX_URL=https://mirror.example/simple' "$script"
+  grep -qx 'echo site-command' "$script"
+  grep -qx "export HPC_VENV=$BATS_TEST_TMPDIR/venv" "$script"
+  grep -q 'exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"' "$script"
+  # The training job waits for it.
+  grep -qx -- '--dependency=afterok:100' "$SBATCH_LOG"
+}
+
+@test "sbatch refusing the training job cancels the setup job already queued, and the folder goes" {
+  SBATCH_REFUSE_CALL=2 run --separate-stderr "$SUBMITTER" -g 0 -W none -e refused --venv "$BATS_TEST_TMPDIR/venv" \
+    --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" -C "$ONE_LINE" </dev/null
+  assert_failure 1
+  [[ "$stderr" == *"sbatch refused the job: sbatch: error: Batch job submission failed: Invalid qos specification"* ]] ||
+    fail "stderr: $stderr"
+  assert_equal "$(cat "$BATS_TEST_TMPDIR/scancel.log")" 100
+  assert_equal "$(submission_dirs refused)" ""
+}
