@@ -46,6 +46,33 @@ uses_mimic_tmpdir() {
   [[ "${HPC_TMPDIR_MIMIC:-0}" == 1 ]]
 }
 
+# private_dir DIR: make sure DIR is a folder of this user's, not a symlink,
+# with mode 0700, creating it (its parent must exist) when missing. Used for
+# <base>/<user> and <base>/<user>/<job key> under a base folder other users
+# share (/tmp), so nobody else can block, redirect or swap what a job stages.
+# On a problem, prints it (one line) and fails; never follows a link.
+private_dir() {
+  local dir=$1 owner
+  [[ -e "$dir" || -L "$dir" ]] || mkdir -m 0700 -- "$dir" 2>/dev/null || true
+  if [[ -L "$dir" ]]; then
+    printf '%s is a symlink; refusing to use it (remove it, or ask whoever made it)' "$dir"
+    return 1
+  fi
+  if [[ ! -d "$dir" ]]; then
+    printf '%s exists and is not a folder; refusing to use it' "$dir"
+    return 1
+  fi
+  if [[ ! -O "$dir" ]]; then
+    owner=$(stat -c %U -- "$dir" 2>/dev/null) || owner="someone else"
+    printf '%s is owned by %s, not by %s; refusing to use it' "$dir" "$owner" "$(id -un)"
+    return 1
+  fi
+  chmod 0700 -- "$dir" 2>/dev/null || {
+    printf 'cannot make %s private (chmod 0700 failed)' "$dir"
+    return 1
+  }
+}
+
 # first_node: MASTER_ADDR for rendezvous, the first host of the allocation.
 first_node() {
   local nodes
