@@ -118,3 +118,19 @@ argv:end'
   assert_failure 1
   assert_equal "$stderr" 'hpc: error: trial 0 has an empty command'
 }
+
+@test "local_rank_shim.sh: --local-rank=N by default, --local_rank=N when asked" {
+  export PATH="$venv/bin:$PATH" LOCAL_RANK=3
+  HPC_PASS_LOCAL_RANK=1 run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_success
+  assert_equal "$output" $'argv:a\nargv:--local-rank=3'
+  HPC_PASS_LOCAL_RANK=hyphen run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_equal "$output" $'argv:a\nargv:--local-rank=3'
+  HPC_PASS_LOCAL_RANK=underscore run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_success
+  assert_equal "$output" $'argv:a\nargv:--local_rank=3'
+  printf 'import sys; print(sys.argv[1:])\n' >"$BATS_TEST_TMPDIR/prog.py"
+  HPC_PASS_LOCAL_RANK=underscore run bash "$sub/node/local_rank_shim.sh" "$BATS_TEST_TMPDIR/prog.py" x
+  assert_success
+  assert_output "['x', '--local_rank=3']"
+}
