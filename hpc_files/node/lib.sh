@@ -84,11 +84,27 @@ first_node() {
   fi
 }
 
-# master_port: derived from the job id (and array task) in 20000-39999, so
-# two jobs sharing a node do not collide; MASTER_PORT in the environment wins.
+# master_port: derived from the job id (unique per array task, kept across
+# requeues) in 15000-28999, so two jobs sharing a node do not collide; below
+# Linux's ephemeral range (32768-60999, where any outgoing connection may take
+# the port) and torch's default 29500; ports that common services listen on
+# are stepped over. MASTER_PORT in the environment wins (batch.sh).
+MASTER_PORT_AVOID=(15672 16992 16993 16994 16995 17001 17002 17500 24007 24008 25565 27017 27018 27019 28015)
 master_port() {
-  local id=${SLURM_JOB_ID:-0}
-  printf '%s' $((20000 + id % 20000))
+  local id port avoid
+  to_decimal_node "${SLURM_JOB_ID:-0}" id
+  port=$((15000 + id % 14000))
+  for avoid in "${MASTER_PORT_AVOID[@]}"; do
+    ((port != avoid)) || port=$((port + 1))
+  done
+  printf '%s' "$port"
+}
+
+# to_decimal_node DIGITS VAR: DIGITS without leading zeros (never octal).
+to_decimal_node() {
+  local digits=${1#"${1%%[!0]*}"}
+  [[ "$digits" =~ ^[0-9]+$ ]] || digits=0
+  printf -v "$2" '%s' "$digits"
 }
 
 # trial_command_line: line K+1 of commands.txt (K = array task id).

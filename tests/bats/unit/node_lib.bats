@@ -57,3 +57,26 @@ setup() {
   assert_failure 1
   assert_equal "$output" "$base/me is owned by nobody, not by $(id -un); refusing to use it"
 }
+
+@test "master_port stays below Linux's ephemeral range and off ports services use" {
+  # Linux picks outgoing ports in 32768-60999: a rendezvous port there can be
+  # taken by any connection on the node. 29500 is torch's default port.
+  in_lib 'for id in $(seq 1 37 200000) 12768 14000 14001 18768 27999; do
+      SLURM_JOB_ID=$id master_port; echo
+    done | sort -un'
+  assert_success
+  local port
+  for port in ${output}; do
+    ((port >= 15000 && port < 29000)) || fail "port $port is outside 15000-28999"
+    case "$port" in
+      15672 | 1699[2-5] | 1700[12] | 17500 | 2400[78] | 25565 | 2701[789] | 28015)
+        fail "port $port is one a common service uses" ;;
+    esac
+  done
+}
+
+@test "master_port is the same on every node of a job and differs between neighbouring jobs" {
+  in_lib 'a=$(SLURM_JOB_ID=500 SLURMD_NODENAME=n1 master_port); b=$(SLURM_JOB_ID=500 SLURMD_NODENAME=n2 master_port)
+    c=$(SLURM_JOB_ID=501 master_port); [[ $a == "$b" && $a != "$c" ]]'
+  assert_success
+}
