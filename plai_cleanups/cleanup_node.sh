@@ -113,7 +113,8 @@ remove() {
 declare -A live_ids=()
 read_live_ids() {
   local out line id
-  out=$(squeue -u "$user" -h -o %i) || die "squeue -u $user failed; removing nothing"
+  # Every state: a job squeue would not list is taken for finished.
+  out=$(without_env SQUEUE_ squeue -u "$user" -h -t all -o %i) || die "squeue -u $user failed; removing nothing"
   while IFS= read -r line; do
     line="${line#"${line%%[![:space:]]*}"}"
     line="${line%"${line##*[![:space:]]}"}"

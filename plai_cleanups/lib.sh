@@ -67,3 +67,19 @@ check_base() {
   [[ -n "$base" ]] || usage_error "--base must not be the root folder '/'"
   printf '%s' "$base"
 }
+
+# without_env PREFIX COMMAND [ARG...]: run COMMAND with every exported
+# variable whose name starts with PREFIX removed. squeue and sinfo read
+# SQUEUE_STATES, SQUEUE_PARTITION, SINFO_PARTITION, ... from the environment
+# (inherited by the job through --export=ALL); any of them could hide live
+# jobs or nodes from the cleanup.
+without_env() {
+  local prefix=$1 name
+  shift
+  (
+    while IFS= read -r name; do
+      unset "$name"
+    done < <(compgen -e "$prefix")
+    "$@"
+  )
+}

@@ -147,7 +147,10 @@ Data and environment:
                               changed since the last setup); the job waits for it
   -s, --singularity-container IMAGE
                               run inside this Singularity/Apptainer image
-  --pass-local-rank           append --local-rank=N to the program's arguments
+  --pass-local-rank, --pass-local-rank=underscore|hyphen
+                              append --local-rank=N to the program's arguments
+                              (underscore: --local_rank=N, as programs written for
+                              torch.distributed.launch parse it; hyphen: the default)
                               (programs written for torch.distributed.launch)
 
 Wall time and requeue:
@@ -223,6 +226,11 @@ parse_options() {
       --*=*)
         spelling=${arg%%=*}
         value=${arg#*=}
+        if [[ "$spelling" == --pass-local-rank ]]; then
+          # A flag with an optional spelling (checked in validate.sh).
+          set_setting pass_local_rank "$value" "$spelling"
+          continue
+        fi
         [[ -z "${FLAG_SETTING[$spelling]:-}" ]] || usage_error "$spelling takes no value (got '$arg')"
         name=${OPTION_SETTING[$spelling]:-}
         [[ -n "$name" ]] || usage_error "unknown option '$spelling' (see --help)"

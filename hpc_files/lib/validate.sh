@@ -163,6 +163,10 @@ validate_kind_layout() {
       ((opt_nodes == 1)) || usage_error "-W none runs one process on one node, got --num-nodes $opt_nodes; use -W torchrun or -W lightning for several nodes"
       ;;
   esac
+  case "${opt_pass_local_rank:-}" in
+    "" | 1 | hyphen | underscore) ;;
+    *) usage_error "--pass-local-rank expects hyphen (--local-rank=N) or underscore (--local_rank=N), got '$opt_pass_local_rank'" ;;
+  esac
   if [[ -n "${opt_pass_local_rank:-}" && "$opt_kind" != torchrun ]]; then
     usage_error "--pass-local-rank only applies to -W torchrun/script (torchrun starts the processes), got -W $opt_kind"
   fi

@@ -66,8 +66,13 @@ prepare_local_dir() {
   if uses_mimic_tmpdir; then
     local_dir=$(mimic_tmpdir "$node")
     [[ "$local_dir" == /?*/?*/?*/?* ]] || fail "refusing the local folder '$local_dir' (HPC_TMPDIR_BASE='$HPC_TMPDIR_BASE')"
+    # The base may be shared (/tmp): the site's to make. <base>/<user> and
+    # <base>/<user>/<job key> must be this user's own, private, and no links.
+    local problem
+    mkdir -p -- "${local_dir%/*/*/*}" || fail "cannot create ${local_dir%/*/*/*}"
+    problem=$(private_dir "${local_dir%/*/*}") || fail "$problem"
+    problem=$(private_dir "${local_dir%/*}") || fail "$problem"
     [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"
-    mkdir -p "${local_dir%/*}" || fail "cannot create ${local_dir%/*}"
     if [[ -d "$local_dir" ]]; then
       # Left by an earlier run of this same job (a node failed before its
       # keeper could clean up, then the job was requeued): start afresh.

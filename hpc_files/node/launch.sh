@@ -61,10 +61,22 @@ print(int("signals-to-handle" in text), int("shutdown-timeout" in text))
 
 # shellcheck disable=SC2120 # 'set --' below replaces the positional words on purpose
 build_command() {
-  local line
+  local line assignment
+  local -a assignments=()
   line=$(trial_command_line) || exit 1
-  # The trial's words, with $VARS expanded here on the node, as the user wrote them.
+  # The trial's words, with $VARS expanded here on the node, as the user wrote
+  # them; as in the shell, an unset variable expands to nothing.
+  set +u
   eval "set -- $line"
+  set -u
+  # Leading NAME=value words are the command's environment, as in the shell.
+  while (($# > 0)) && [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
+    assignments+=("$1")
+    shift
+  done
+  for assignment in ${assignments[@]+"${assignments[@]}"}; do
+    export "${assignment?}"
+  done
   (($# > 0)) || {
     hpc_error "trial $(trial_index) has an empty command"
     exit 1

@@ -46,6 +46,33 @@ uses_mimic_tmpdir() {
   [[ "${HPC_TMPDIR_MIMIC:-0}" == 1 ]]
 }
 
+# private_dir DIR: make sure DIR is a folder of this user's, not a symlink,
+# with mode 0700, creating it (its parent must exist) when missing. Used for
+# <base>/<user> and <base>/<user>/<job key> under a base folder other users
+# share (/tmp), so nobody else can block, redirect or swap what a job stages.
+# On a problem, prints it (one line) and fails; never follows a link.
+private_dir() {
+  local dir=$1 owner
+  [[ -e "$dir" || -L "$dir" ]] || mkdir -m 0700 -- "$dir" 2>/dev/null || true
+  if [[ -L "$dir" ]]; then
+    printf '%s is a symlink; refusing to use it (remove it, or ask whoever made it)' "$dir"
+    return 1
+  fi
+  if [[ ! -d "$dir" ]]; then
+    printf '%s exists and is not a folder; refusing to use it' "$dir"
+    return 1
+  fi
+  if [[ ! -O "$dir" ]]; then
+    owner=$(stat -c %U -- "$dir" 2>/dev/null) || owner="someone else"
+    printf '%s is owned by %s, not by %s; refusing to use it' "$dir" "$owner" "$(id -un)"
+    return 1
+  fi
+  chmod 0700 -- "$dir" 2>/dev/null || {
+    printf 'cannot make %s private (chmod 0700 failed)' "$dir"
+    return 1
+  }
+}
+
 # first_node: MASTER_ADDR for rendezvous, the first host of the allocation.
 first_node() {
   local nodes
@@ -57,11 +84,27 @@ first_node() {
   fi
 }
 
-# master_port: derived from the job id (and array task) in 20000-39999, so
-# two jobs sharing a node do not collide; MASTER_PORT in the environment wins.
+# master_port: derived from the job id (unique per array task, kept across
+# requeues) in 15000-28999, so two jobs sharing a node do not collide; below
+# Linux's ephemeral range (32768-60999, where any outgoing connection may take
+# the port) and torch's default 29500; ports that common services listen on
+# are stepped over. MASTER_PORT in the environment wins (batch.sh).
+MASTER_PORT_AVOID=(15672 16992 16993 16994 16995 17001 17002 17500 24007 24008 25565 27017 27018 27019 28015)
 master_port() {
-  local id=${SLURM_JOB_ID:-0}
-  printf '%s' $((20000 + id % 20000))
+  local id port avoid
+  to_decimal_node "${SLURM_JOB_ID:-0}" id
+  port=$((15000 + id % 14000))
+  for avoid in "${MASTER_PORT_AVOID[@]}"; do
+    ((port != avoid)) || port=$((port + 1))
+  done
+  printf '%s' "$port"
+}
+
+# to_decimal_node DIGITS VAR: DIGITS without leading zeros (never octal).
+to_decimal_node() {
+  local digits=${1#"${1%%[!0]*}"}
+  [[ "$digits" =~ ^[0-9]+$ ]] || digits=0
+  printf -v "$2" '%s' "$digits"
 }
 
 # trial_command_line: line K+1 of commands.txt (K = array task id).

@@ -12,28 +12,31 @@ setup() {
   export USER=alice
   bin="$BATS_TEST_TMPDIR/fake bin"
   mkdir -p "$bin"
-  # squeue prints the lines of $SQUEUE_IDS_FILE and logs its argv; it fails
-  # with $SQUEUE_EXIT if set.
-  export SQUEUE_IDS_FILE="$BATS_TEST_TMPDIR/squeue ids"
-  export SQUEUE_LOG="$BATS_TEST_TMPDIR/squeue.log"
+  # squeue prints the lines of $FAKE_SQUEUE_IDS and logs its argv (and the
+  # SQUEUE_* variables it saw, in $FAKE_SQUEUE_LOG.env); it fails with
+  # $FAKE_SQUEUE_EXIT if set. sinfo logs likewise.
+  export FAKE_SQUEUE_IDS="$BATS_TEST_TMPDIR/squeue ids"
+  export FAKE_SQUEUE_LOG="$BATS_TEST_TMPDIR/squeue.log"
   cat >"$bin/squeue" <<'STUB'
 #!/usr/bin/env bash
-printf '%s\n' "$*" >>"$SQUEUE_LOG"
-[[ -z "${SQUEUE_EXIT:-}" ]] || { echo "squeue: error: fake failure" >&2; exit "$SQUEUE_EXIT"; }
-cat "$SQUEUE_IDS_FILE"
+printf '%s\n' "$*" >>"$FAKE_SQUEUE_LOG"
+env | grep '^SQUEUE_' | sort >>"$FAKE_SQUEUE_LOG.env" || true
+[[ -z "${FAKE_SQUEUE_EXIT:-}" ]] || { echo "squeue: error: fake failure" >&2; exit "$FAKE_SQUEUE_EXIT"; }
+cat "$FAKE_SQUEUE_IDS"
 STUB
-  # sinfo prints $SINFO_OUT (node lines); sbatch must never run in these tests.
+  # sinfo prints $FAKE_SINFO_OUT (node lines); sbatch must never run in these tests.
   cat >"$bin/sinfo" <<'STUB'
 #!/usr/bin/env bash
-printf '%s\n' "$*" >>"$SINFO_LOG"
-printf '%s' "$SINFO_OUT"
+printf '%s\n' "$*" >>"$FAKE_SINFO_LOG"
+env | grep '^SINFO_' | sort >>"$FAKE_SINFO_LOG.env" || true
+printf '%s' "$FAKE_SINFO_OUT"
 STUB
-  export SINFO_LOG="$BATS_TEST_TMPDIR/sinfo.log"
+  export FAKE_SINFO_LOG="$BATS_TEST_TMPDIR/sinfo.log"
   printf '#!/bin/sh\necho "sbatch must not run" >&2\nexit 99\n' >"$bin/sbatch"
   chmod +x "$bin/squeue" "$bin/sinfo" "$bin/sbatch"
   export PATH="$bin:$PATH"
   export SLURMD_NODENAME=nodeA
-  printf '%s\n' 100 '300_[5-9]' 300_2 3011_2 '  777  ' >"$SQUEUE_IDS_FILE"
+  printf '%s\n' 100 '300_[5-9]' 300_2 3011_2 '  777  ' >"$FAKE_SQUEUE_IDS"
 
   base="$BATS_TEST_TMPDIR/base/local ssd"
   me="$base/alice"
@@ -115,7 +118,25 @@ tree() {
   refute_output --partial otheruser
   assert_line "nodeA: 5 removed, 13 kept, 0 failed"
   # squeue was asked about this user only.
-  assert_equal "$(cat "$SQUEUE_LOG")" "-u alice -h -o %i"
+  assert_equal "$(cat "$FAKE_SQUEUE_LOG")" "-u alice -h -t all -o %i"
+}
+
+@test "cleanup_node.sh asks squeue for every state, whatever SQUEUE_* the job inherited" {
+  # Inherited through --export=ALL from the submitting shell: each would hide
+  # live jobs (and so lose their folders) if squeue honoured it.
+  export SQUEUE_STATES=PENDING SQUEUE_PARTITION=other SQUEUE_FORMAT=%j SQUEUE_USERS=bob SQUEUE_ARRAY=1
+  run --separate-stderr "$CLEANUP_NODE" --base "$base" --dry-run
+  assert_success
+  assert_equal "$(cat "$FAKE_SQUEUE_LOG")" "-u alice -h -t all -o %i"
+  assert_equal "$(cat "$FAKE_SQUEUE_LOG.env")" ""
+}
+
+@test "submit_plai_cleanup lists nodes whatever SINFO_* the shell holds" {
+  export SINFO_PARTITION=other SINFO_FORMAT=%P SINFO_SORT=-N
+  export FAKE_SINFO_OUT=$'node1 idle notmpdir\n'
+  run --separate-stderr "$SUBMIT_CLEANUP" --base "$base" -p notmpdir --print
+  assert_success
+  assert_equal "$(cat "$FAKE_SINFO_LOG.env")" ""
 }
 
 @test "cleanup_node.sh --dry-run deletes nothing and lists exactly what a real run removes" {
@@ -156,12 +177,12 @@ base/local ssd/alice/800/nodeA"
 @test "cleanup_node.sh removes nothing when squeue fails or prints something unexpected" {
   local before
   before=$(tree)
-  SQUEUE_EXIT=1 run --separate-stderr "$CLEANUP_NODE" --base "$base"
+  FAKE_SQUEUE_EXIT=1 run --separate-stderr "$CLEANUP_NODE" --base "$base"
   assert_failure 1
   assert_equal "$stderr" "squeue: error: fake failure
 cleanup_node.sh: error: squeue -u alice failed; removing nothing"
   assert_equal "$(tree)" "$before"
-  printf 'JOBID\n100\n' >"$SQUEUE_IDS_FILE"
+  printf 'JOBID\n100\n' >"$FAKE_SQUEUE_IDS"
   run --separate-stderr "$CLEANUP_NODE" --base "$base"
   assert_failure 1
   assert_equal "$stderr" "cleanup_node.sh: error: unexpected line in squeue output: 'JOBID'; removing nothing"
@@ -193,7 +214,7 @@ cleanup_node.sh: error: squeue -u alice failed; removing nothing"
   assert_failure 2
   assert_equal "$stderr" "cleanup_node.sh: error: --node expects a node name (letters, digits, '.', '_', '-'), got '../x'"
   assert_equal "$(tree)" "$before"
-  [[ ! -s "$SQUEUE_LOG" ]] || fail "squeue ran before the options were checked"
+  [[ ! -s "$FAKE_SQUEUE_LOG" ]] || fail "squeue ran before the options were checked"
 }
 
 @test "cleanup_node.sh: unknown option or argument exits 2 with one line" {
@@ -253,13 +274,13 @@ cleanup_node.sh: error: squeue -u alice failed; removing nothing"
 }
 
 @test "submit_plai_cleanup --print renders one sbatch per node and submits nothing" {
-  export SINFO_OUT=$'node1 idle\nnode2 mixed\nnode3 drained\n'
+  export FAKE_SINFO_OUT=$'node1 idle\nnode2 mixed\nnode3 drained\n'
   unset SCRATCH
   cd "$BATS_TEST_TMPDIR"
   run --separate-stderr "$SUBMIT_CLEANUP" -p notmpdir --base "$base" --print --dry-run
   assert_success
   assert_equal "$stderr" "submit_plai_cleanup: warning: skipping node node3 (state drained): a job there would wait until it is back"
-  assert_equal "$(cat "$SINFO_LOG")" "-h -N -p notmpdir -o %N %T"
+  assert_equal "$(cat "$FAKE_SINFO_LOG")" "-h -N -p notmpdir -o %N %T"
   assert_equal "$output" "sbatch --parsable --partition=notmpdir --nodelist=node1 --nodes=1 --ntasks=1 --cpus-per-task=1 --time=00:05:00 --job-name=plai_cleanup --output=$BATS_TEST_TMPDIR/plai_cleanup_node1_%j.out <<'EOF'
 #!/usr/bin/env bash
 # plai_cleanup on node1: remove leftover local folders of finished jobs.
@@ -274,10 +295,10 @@ EOF"
 
 @test "submit_plai_cleanup logs to \$SCRATCH/plai_cleanup_logs and, with no partition, covers every node once" {
   make_scratch
-  export SINFO_OUT=$'node1 idle notmpdir\nnode1 idle tmpdir*\nnode2 idle notmpdir\nnode2 idle tmpdir*\nnode9 idle gpu\n'
+  export FAKE_SINFO_OUT=$'node1 idle notmpdir\nnode1 idle tmpdir*\nnode2 idle notmpdir\nnode2 idle tmpdir*\nnode9 idle gpu\n'
   run --separate-stderr "$SUBMIT_CLEANUP" --site "$REPO_ROOT/hpc_files/sites/plai.conf" --print
   assert_success
-  assert_equal "$(cat "$SINFO_LOG")" "-h -N -o %N %T %P"
+  assert_equal "$(cat "$FAKE_SINFO_LOG")" "-h -N -o %N %T %P"
   assert_equal "$(grep -c '^sbatch ' <<<"$output")" 3
   assert_line --partial "--partition=tmpdir --nodelist=node1 "
   assert_line --partial "--partition=tmpdir --nodelist=node2 "
@@ -299,7 +320,7 @@ EOF"
   run --separate-stderr "$SUBMIT_CLEANUP" --base ''
   assert_failure 2
   assert_equal "$stderr" "submit_plai_cleanup: error: --base expects a folder, got '' (refusing an empty base)"
-  export SINFO_OUT=""
+  export FAKE_SINFO_OUT=""
   run --separate-stderr "$SUBMIT_CLEANUP" -p nosuch --base "$base"
   assert_failure 2
   assert_equal "$stderr" "submit_plai_cleanup: error: -p/--partition: partition 'nosuch' has no nodes (sinfo -h -N -p nosuch -o %N printed nothing)"

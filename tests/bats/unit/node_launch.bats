@@ -78,3 +78,59 @@ parser.add_argument("--shutdown-timeout")'
   refute_line --partial 'argv:--shutdown-timeout'
   assert_line 'argv:--standalone'
 }
+
+@test "NAME=value prefixes are exported for the command, as in the shell" {
+  export HPC_KIND=none SHOW_VARS="FOO BAR"
+  experiment 'FOO=1 BAR="two words" show --x "$FOO"'
+  launch
+  assert_success
+  assert_equal "$output" 'argv:--x
+argv:
+FOO=1
+BAR=two words'
+}
+
+@test "NAME=value prefixes before python under torchrun" {
+  run_py 'parser.add_argument("--nnodes")'
+  experiment 'OMP_NUM_THREADS=4 python -m pkg.train --a 1'
+  launch
+  assert_success
+  assert_line 'argv:-m'
+  assert_line 'argv:pkg.train'
+  refute_line --partial OMP_NUM_THREADS
+}
+
+@test "an unset \$VAR expands to nothing, as in the shell" {
+  export HPC_KIND=none
+  unset NOT_SET_ANYWHERE
+  experiment 'show --tag=$NOT_SET_ANYWHERE "${NOT_SET_ANYWHERE}" end'
+  launch
+  assert_success
+  assert_equal "$output" 'argv:--tag=
+argv:
+argv:end'
+}
+
+@test "a line of only assignments is refused as an empty command" {
+  export HPC_KIND=none
+  experiment 'FOO=1'
+  launch
+  assert_failure 1
+  assert_equal "$stderr" 'hpc: error: trial 0 has an empty command'
+}
+
+@test "local_rank_shim.sh: --local-rank=N by default, --local_rank=N when asked" {
+  export PATH="$venv/bin:$PATH" LOCAL_RANK=3
+  HPC_PASS_LOCAL_RANK=1 run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_success
+  assert_equal "$output" $'argv:a\nargv:--local-rank=3'
+  HPC_PASS_LOCAL_RANK=hyphen run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_equal "$output" $'argv:a\nargv:--local-rank=3'
+  HPC_PASS_LOCAL_RANK=underscore run bash "$sub/node/local_rank_shim.sh" --no-python show a
+  assert_success
+  assert_equal "$output" $'argv:a\nargv:--local_rank=3'
+  printf 'import sys; print(sys.argv[1:])\n' >"$BATS_TEST_TMPDIR/prog.py"
+  HPC_PASS_LOCAL_RANK=underscore run bash "$sub/node/local_rank_shim.sh" "$BATS_TEST_TMPDIR/prog.py" x
+  assert_success
+  assert_output "['x', '--local_rank=3']"
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bats
+# hpc_files/node/lib.sh: functions shared by the node-side scripts, called
+# directly (the file only defines functions).
+
+load '../test_helper'
+
+# in_lib CODE: run CODE (set -euo pipefail) after sourcing node/lib.sh.
+in_lib() {
+  run --separate-stderr bash -c 'set -euo pipefail
+    source "$1/hpc_files/node/lib.sh"
+    eval "$2"' _ "$REPO_ROOT" "$1"
+}
+
+setup() {
+  base="$BATS_TEST_TMPDIR/shared base"
+  mkdir -p "$base"
+  export base
+}
+
+@test "private_dir creates a missing folder with mode 0700" {
+  in_lib 'private_dir "$base/me"; private_dir "$base/me/123"; stat -c %a "$base/me" "$base/me/123"'
+  assert_success
+  assert_equal "$output" $'700\n700'
+}
+
+@test "private_dir keeps an own folder and makes it private" {
+  mkdir -m 0755 "$base/me"
+  in_lib 'private_dir "$base/me"; stat -c %a "$base/me"'
+  assert_success
+  assert_output 700
+}
+
+@test "private_dir refuses a symlinked folder, even one pointing at an own folder" {
+  mkdir "$BATS_TEST_TMPDIR/elsewhere"
+  ln -s "$BATS_TEST_TMPDIR/elsewhere" "$base/me"
+  in_lib 'private_dir "$base/me"'
+  assert_failure 1
+  assert_equal "$output" "$base/me is a symlink; refusing to use it (remove it, or ask whoever made it)"
+  ln -s "$BATS_TEST_TMPDIR/nowhere" "$base/dangling"
+  in_lib 'private_dir "$base/dangling"'
+  assert_failure 1
+  assert_file_not_exists "$BATS_TEST_TMPDIR/nowhere"
+}
+
+@test "private_dir refuses a file in the folder's place" {
+  : >"$base/me"
+  in_lib 'private_dir "$base/me"'
+  assert_failure 1
+  assert_equal "$output" "$base/me exists and is not a folder; refusing to use it"
+}
+
+@test "private_dir refuses a folder owned by another user" {
+  [[ $(id -u) == 0 ]] || skip "needs root to make a folder owned by someone else"
+  mkdir "$base/me"
+  chown nobody "$base/me"
+  in_lib 'private_dir "$base/me"'
+  assert_failure 1
+  assert_equal "$output" "$base/me is owned by nobody, not by $(id -un); refusing to use it"
+}
+
+@test "master_port stays below Linux's ephemeral range and off ports services use" {
+  # Linux picks outgoing ports in 32768-60999: a rendezvous port there can be
+  # taken by any connection on the node. 29500 is torch's default port.
+  in_lib 'for id in $(seq 1 37 200000) 12768 14000 14001 18768 27999; do
+      SLURM_JOB_ID=$id master_port; echo
+    done | sort -un'
+  assert_success
+  local port
+  for port in ${output}; do
+    ((port >= 15000 && port < 29000)) || fail "port $port is outside 15000-28999"
+    case "$port" in
+      15672 | 1699[2-5] | 1700[12] | 17500 | 2400[78] | 25565 | 2701[789] | 28015)
+        fail "port $port is one a common service uses" ;;
+    esac
+  done
+}
+
+@test "master_port is the same on every node of a job and differs between neighbouring jobs" {
+  in_lib 'a=$(SLURM_JOB_ID=500 SLURMD_NODENAME=n1 master_port); b=$(SLURM_JOB_ID=500 SLURMD_NODENAME=n2 master_port)
+    c=$(SLURM_JOB_ID=501 master_port); [[ $a == "$b" && $a != "$c" ]]'
+  assert_success
+}
