@@ -63,30 +63,35 @@ teardown() {
   cancel_test_jobs
 }
 
-# start_fake_wandb SWEEP_FILE: serve the sweep (180 s at most) with the
-# test's key; sets WANDB_BASE_URL and fake_pid. The fake's state (agents,
-# runs and the points they got) is rewritten to $fake_state as it changes.
+# start_fake_wandb SWEEP_FILE: serve the sweep ($FAKE_LIFETIME s, default 180)
+# with the test's key; sets WANDB_BASE_URL and fake_pid. The fake's state
+# (agents, runs, their states and the points they got, preempted runs waiting
+# to be handed out again) is rewritten to $fake_state as it changes. It reads
+# the runs' own record files under $SCRATCH (the runs are offline).
 start_fake_wandb() {
   local launcher="$BATS_TEST_TMPDIR/fake_launcher.py" ready="$BATS_TEST_TMPDIR/fake.url" deadline
   fake_state="$BATS_TEST_TMPDIR/fake_state.json"
   cat >"$launcher" <<'EOF'
 import json, os, signal, sys, time
-repo, sweep, ready, state = sys.argv[1:5]
+repo, sweep, ready, state, offline_root = sys.argv[1:6]
 with open(os.path.join(os.environ["HOME"], "wandb_credentials.txt")) as fh:
     key = fh.read().strip()
 sys.path.insert(0, os.path.join(repo, "tests", "wandb_fake"))
 from fake_wandb import FakeWandb
 
-fake = FakeWandb(sweep, api_key=key, lifetime=180).start()
+fake = FakeWandb(sweep, api_key=key, lifetime=float(os.environ.get("FAKE_LIFETIME", "180")),
+                offline_root=offline_root).start()
 signal.signal(signal.SIGTERM, lambda *_: fake.stop())
 with open(ready + ".tmp", "w") as fh:
     fh.write(fake.url + "\n")
 os.replace(ready + ".tmp", ready)
 last = None
 while True:
+    fake.refresh()
     with fake.lock:
         now = json.dumps({"agents": sorted(fake.agents), "runs": fake.runs,
                           "next_point": fake.next_point, "points": fake.points,
+                          "requeue": fake.requeue,
                           "requests": sorted(set(fake.requests))}, sort_keys=True)
     if now != last:
         with open(state + ".tmp", "w") as fh:
@@ -98,7 +103,7 @@ while True:
     time.sleep(0.2)
 EOF
   # The launcher reads the key from the same file as the node (not from argv).
-  "$REPO_ROOT/.venv/bin/python" "$launcher" "$REPO_ROOT" "$1" "$ready" "$fake_state" \
+  "$REPO_ROOT/.venv/bin/python" "$launcher" "$REPO_ROOT" "$1" "$ready" "$fake_state" "$SCRATCH" \
     >"$BATS_TEST_TMPDIR/fake.log" 2>&1 3>&- &
   fake_pid=$!
   deadline=$((SECONDS + 30))
@@ -193,7 +198,10 @@ EOF
     assert_line 'hpc: wandb agent finished 1 run(s), all succeeded'
     assert_equal "$(grep -c '^sweep_program: ' <<<"$output")" 1
     assert_line --regexp "^sweep_program: trial=$k run=fakerun00[1-3] args=--layers=[12] --lr=0\.[12] key_len=40 exit=0\$"
-    run cat "$SCRATCH/$project/$exp/trials/$k/runs.jsonl"
+    # The task's folder names the run it ran; the run's files live under its run id.
+    run cat "$SCRATCH/$project/$exp/trials/$k/wandb_runs.txt"
+    assert_output --regexp '^fakerun00[1-3] 0$'
+    run cat "$SCRATCH/$project/$exp/runs/${output% 0}/runs.jsonl"
     assert_equal "${#lines[@]}" 1
     line=$("$REPO_ROOT/.venv/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); print(r["trial"], r["sweep_id"], r["key_len"], r["run_id"], " ".join(r["args"]))' "$output")
     assert_regex "$line" "^$k fakesw01 40 fakerun00[1-3] "
@@ -229,7 +237,7 @@ EOF
   refute_output --partial "$secret"
   # HOME reached the node through sbatch's default --export=ALL.
   run "$REPO_ROOT/.venv/bin/python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["home"])' \
-    "$SCRATCH/$project/$exp/trials/0/runs.jsonl"
+    "$SCRATCH/$project/$exp/runs/fakerun001/runs.jsonl"
   assert_output "$HOME"
   run cat "$submission/job.sbatch"
   assert_success
@@ -272,4 +280,93 @@ EOF
   assert_line --regexp "^sweep_program: trial=$ok run=fakerun00[12] args=--exit=0 key_len=40 exit=0\$"
   assert_line 'hpc: wandb agent finished 1 run(s), all succeeded'
   assert_equal "$(fake_state_field 'len(s["agents"]), len(s["runs"])')" "2 2"
+}
+
+# release_until_done TASK SECONDS: lift SLURM's requeue hold each time the
+# array task TASK (JOB_K) is requeued, until it ends; sets restarts.
+release_until_done() {
+  local task=$1 deadline=$((SECONDS + $2)) state
+  restarts=0
+  while :; do
+    state=$(job_field "$task" JobState)
+    case "$state" in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED) return 0 ;;
+    esac
+    ((SECONDS < deadline)) || fail "array task $task not done within $2 s ($state): $(job_log "$task" 2>&1 | tail -n 30)"
+    if [[ "$state" == PENDING && "$(job_field "$task" Restarts)" -gt "$restarts" ]]; then
+      restarts=$(job_field "$task" Restarts)
+      release_requeued "$task" "$restarts"
+    fi
+    sleep 0.5
+  done
+}
+
+@test "-w sweep: a run that reaches its wall time checkpoints, is marked preempting, the task is requeued, gets the same run back from W&B and ends bitwise equal to an uninterrupted run" {
+  exp=wwall
+  local data
+  data=$(digits_dataset)
+  # One grid point; ~45 s of training (180 steps x 0.25 s) in a 2-minute task
+  # whose wall-time signal is due 80 s before the end: the run is interrupted.
+  cat >"$BATS_TEST_TMPDIR/sweep.yml" <<EOF
+program: hpc_harness/train.py
+command:
+  - \${env}
+  - \${interpreter}
+  - -m
+  - hpc_harness.train
+  - \${args}
+method: grid
+parameters:
+  lr: {value: 0.004}
+  seed: {value: 5}
+  epochs: {value: 4}
+  signal-check-every: {value: 1}
+  checkpoint-every-s: {value: 0}
+  step-sleep: {value: 0.25}
+  log-every: {value: 5}
+  wandb: {value: offline}
+  data-dir: {value: "$data"}
+EOF
+  export FAKE_LIFETIME=420
+  start_fake_wandb "$BATS_TEST_TMPDIR/sweep.yml"
+  submit -W none -g 1 -c 1 -t 2 --signal-lead 80 -e "$exp" -w "$SWEEP_PATH" --sweep-count 1
+  local task="${job_id}_0" run_dir="$SCRATCH/$project/$exp/runs/fakerun001"
+  release_until_done "$task" 400
+  assert_job_state "$task" COMPLETED
+  ((restarts >= 1)) || fail "the task was never requeued: $(job_log "$task")"
+  echo "# requeued $restarts time(s)" >&3
+  run job_log "$task"
+  assert_output --partial 'received SIGUSR1'
+  assert_output --partial 'wandb_agent.sh: received SIGUSR1; forwarding it to the wandb agent and its run'
+  assert_output --partial 'hpc_harness: wandb run fakerun001 marked preempting'
+  assert_output --partial 'wandb run fakerun001 checkpointed at SIGUSR1; exiting 42'
+  assert_output --regexp "requeued $task \\(restart 1 of at most [0-9]+\\)"
+  assert_output --regexp "resum(ed|ing) from .*runs/fakerun001/checkpoints/ckpt_step"
+  assert_output --partial 'hpc: wandb agent finished 1 run(s), all succeeded'
+  refute_output --partial fakerun002
+  # The task ran one run, fakerun001, every time: preempted, ..., then finished.
+  run cat "$SCRATCH/$project/$exp/trials/0/wandb_runs.txt"
+  assert_equal "${lines[0]}" 'fakerun001 42'
+  assert_equal "${lines[${#lines[@]} - 1]}" 'fakerun001 0'
+  assert_equal "${#lines[@]}" $((restarts + 1))
+  # W&B's side: one run, handed out once per start, finished; no new point used.
+  assert_equal "$(fake_state_field 'len(s["runs"]), s["next_point"], s["runs"]["fakerun001"]["state"], len(s["runs"]["fakerun001"]["issued"])')" \
+    "1 1 finished $((restarts + 1))"
+  assert_file_exists "$run_dir/checkpoints/last.pt"
+  # The uninterrupted run with the same hyperparameters (here, without the sleep
+  # between steps, which changes no number) ends with the same weights, bitwise.
+  OMP_NUM_THREADS=1 WANDB_MODE=disabled "$REPO_ROOT/.venv/bin/python" -m hpc_harness.train \
+    --lr 0.004 --seed 5 --epochs 4 --signal-check-every 1 --checkpoint-every-s 0 --log-every 5 \
+    --wandb disabled --data-dir "$data" --ckpt-dir "$BATS_TEST_TMPDIR/straight" >"$BATS_TEST_TMPDIR/straight.log" 2>&1 ||
+    fail "the uninterrupted run failed: $(tail "$BATS_TEST_TMPDIR/straight.log")"
+  run "$REPO_ROOT/.venv/bin/python" -c '
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=False)["model"]
+b = torch.load(sys.argv[2], weights_only=False)["model"]
+assert a.keys() == b.keys(), (a.keys(), b.keys())
+diff = [k for k in a if not torch.equal(a[k], b[k])]
+print("differ:", diff) if diff else print("bitwise equal")
+' "$BATS_TEST_TMPDIR/straight/last.pt" "$run_dir/checkpoints/last.pt"
+  assert_success
+  assert_output "bitwise equal"
 }
