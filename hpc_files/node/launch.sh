@@ -10,8 +10,8 @@
 # Signals: SLURM delivers a step's signals to every process of the step, so
 # the program receives USR1/TERM directly. torchrun forwards them too when it
 # supports --signals-to-handle (each torchrun flag is probed on its own); an
-# older torchrun is made to ignore USR1, so it does not tear its workers down
-# while they checkpoint.
+# older torchrun is made to ignore the wall-time signal (USR1 unless --signal
+# says otherwise), so it does not tear its workers down while they checkpoint.
 set -euo pipefail
 
 # shellcheck source=lib.sh
@@ -104,13 +104,16 @@ build_command() {
       fi
       torchrun_flags
       if ((torchrun_has_signals)); then
-        command_argv+=("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+        local signals=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+        # The wall-time signal (--signal) too, where it is another one.
+        [[ -z "$wall_signal" || ",$signals," == *",SIG$wall_signal,"* ]] || signals+=",SIG$wall_signal"
+        command_argv+=("--signals-to-handle=$signals")
         if ((torchrun_has_shutdown_timeout)); then
           local grace=$((HPC_SIGNAL_LEAD > 45 ? HPC_SIGNAL_LEAD - 15 : 30))
           command_argv+=(--shutdown-timeout="$grace")
         fi
       else
-        ignore_usr1=1
+        ignore_wall_signal=1
       fi
       command_argv+=("${torchrun_program[@]}")
       if [[ -n "${HPC_PASS_LOCAL_RANK:-}" ]]; then
@@ -137,7 +140,9 @@ record_exit() {
 main() {
   local status=0
   command_argv=()
-  ignore_usr1=0
+  ignore_wall_signal=0
+  # The wall-time signal: --signal's, USR1 by default, none with --no-signal.
+  wall_signal=${HPC_SIGNAL-USR1}
   if uses_mimic_tmpdir; then
     SLURM_TMPDIR=$(mimic_tmpdir "${SLURMD_NODENAME:-$(hostname -s)}")
     export SLURM_TMPDIR
@@ -149,10 +154,10 @@ main() {
   build_command
   # The program handles the signals; this shell only outlives it to record
   # its status (traps run after the foreground program ends).
-  trap ':' USR1 TERM
-  if ((ignore_usr1)); then
+  trap ':' TERM ${wall_signal:+"$wall_signal"}
+  if ((ignore_wall_signal)) && [[ -n "$wall_signal" ]]; then
     (
-      trap '' USR1
+      trap '' "$wall_signal"
       runtime_exec "${command_argv[@]}"
     ) || status=$?
   else

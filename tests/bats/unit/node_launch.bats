@@ -69,6 +69,17 @@ parser.add_argument("--shutdown-timeout")'
   assert_line 'argv:--shutdown-timeout=75'
 }
 
+@test "--signal USR2: torchrun forwards USR2 too; --no-signal: the default list" {
+  run_py 'parser.add_argument("--signals-to-handle")'
+  experiment 'python train.py'
+  HPC_SIGNAL=USR2 launch
+  assert_success
+  assert_line 'argv:--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2'
+  HPC_SIGNAL='' launch
+  assert_success
+  assert_line 'argv:--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'
+}
+
 @test "old torchrun (neither flag): neither is passed" {
   run_py 'parser.add_argument("--nnodes")'
   experiment 'python train.py'
