@@ -57,6 +57,13 @@ main() {
     return 0
   fi
   project_paths
+  if [[ -n "${opt_prune_data_cache:-}" ]]; then
+    validate_scratch
+    apply_defaults
+    scratch_paths
+    prune_data_cache
+    return 0
+  fi
   load_site
   apply_defaults
   validate_settings

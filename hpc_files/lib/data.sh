@@ -131,6 +131,7 @@ data_manifest() {
 # bash takes ~1 s per million files to copy and compare strings that large.
 stage_data_tarball() {
   local status lock_fd tmp_tar tmp_manifest tar_status bytes
+  local -a progress=()
   [[ -n "$plan_data_tarball" ]] || return 0
   [[ -d "$plan_data_cache" ]] || mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
   data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
@@ -157,13 +158,18 @@ stage_data_tarball() {
   # The manifest is taken before tar: a file changed while tar reads it
   # makes the next submission rebuild.
   data_manifest >"$tmp_manifest" || die "cannot list the --data paths in $scratch_dir"
+  bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
+  if [[ -t 2 ]]; then
+    # On a terminal: what tar has written so far, every 10 MiB or so.
+    progress=(--checkpoint=1000 "--checkpoint-action=ttyout=$HPC_PROG: data: %T of $((bytes / 1048576)) MiB\r")
+  fi
   tar_status=0
   case "$opt_compress" in
-    none) tar -C "$scratch_dir" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
-    *) tar -C "$scratch_dir" --use-compress-program="$opt_compress" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
+    none) tar -C "$scratch_dir" ${progress[@]+"${progress[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
+    *) tar -C "$scratch_dir" ${progress[@]+"${progress[@]}"} --use-compress-program="$opt_compress" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
   esac
+  [[ ! -t 2 ]] || printf '\r\033[K' >&2
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
-  bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||
     die "cannot write $plan_data_tarball.meta"
   # Tarball first, manifest last: a manifest only ever describes a complete tarball.
@@ -190,4 +196,41 @@ data_cache_matches() {
     [[ "$line" != tarball_bytes=* ]] || recorded+="$sep${line#tarball_bytes=}" sep=$'\n'
   done <"$plan_data_tarball.meta"
   [[ "$size" == "${recorded%"${recorded##*[!$'\n']}"}" ]]
+}
+
+# prune_data_cache: --prune-data-cache. Removes the cached tarballs (and
+# their manifest, meta and lock files) that no submission folder's job.sbatch
+# names; a tarball being built or waited for (its lock held) stays.
+prune_data_cache() {
+  local cache="$scratch_dir/.hpc_data_cache" line tarball name lock_fd bytes freed=0 removed=0 kept=0
+  local -A named=()
+  if [[ ! -d "$cache" ]]; then
+    info "data cache: $cache does not exist; nothing to prune"
+    return 0
+  fi
+  while IFS= read -r line; do
+    [[ "$line" =~ (data-[0-9a-f]+\.tar(\.zst|\.gz)?) ]] && named[${BASH_REMATCH[1]}]=1
+  done < <(grep -h '^export HPC_DATA_TARBALL=' "$scratch_dir"/*/*/job.sbatch 2>/dev/null)
+  for tarball in "$cache"/data-*.tar "$cache"/data-*.tar.zst "$cache"/data-*.tar.gz; do
+    [[ -f "$tarball" ]] || continue
+    name=${tarball##*/}
+    if [[ -n "${named[$name]:-}" ]]; then
+      kept=$((kept + 1))
+      continue
+    fi
+    exec {lock_fd}>"$tarball.lock" || die "cannot open $tarball.lock"
+    if ! flock -n "$lock_fd"; then
+      exec {lock_fd}>&-
+      info "data cache: keeping $name (a submission is building or reading it)"
+      kept=$((kept + 1))
+      continue
+    fi
+    bytes=$(stat -c %s "$tarball")
+    rm -f -- "$tarball" "$tarball.manifest" "$tarball.meta" "$tarball.lock" || die "cannot remove $tarball"
+    exec {lock_fd}>&-
+    freed=$((freed + bytes))
+    removed=$((removed + 1))
+    info "data cache: removed $name ($bytes bytes)"
+  done
+  info "data cache: removed $removed tarball(s), $((freed / 1048576)) MiB; kept $kept named by a submission folder or in use"
 }

@@ -66,6 +66,7 @@ declare -A FLAG_SETTING=(
   [--no-submit]=no_submit
   [--no-snapshot]=no_snapshot
   [--no-signal]=no_signal
+  [--prune-data-cache]=prune_data_cache
   [--wait]=wait
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
@@ -137,6 +138,8 @@ Data and environment:
                               as one cached tarball into \$SLURM_TMPDIR on every node
                               (repeatable; several paths may follow one flag)
   --compress none|zstd|pigz   compress the data tarball (default: $DEFAULT_COMPRESS)
+  --prune-data-cache          remove the cached data tarballs of \$SCRATCH/<project>
+                              that no submission folder names, then exit
   --stage-out DIR             copy \$SLURM_TMPDIR/DIR back to the result folder
                               (\$scratch_dir/<exp>/DIR; array task K: <exp>/trials/K/DIR;
                               several nodes: DIR/<node>) at the end and before a requeue

@@ -87,11 +87,16 @@ parse_memory_mb() {
   esac
 }
 
-validate_settings() {
+# validate_scratch: SCRATCH is an absolute path the scripts can quote.
+validate_scratch() {
   [[ -n "${SCRATCH:-}" ]] || usage_error "SCRATCH is not set; export SCRATCH=/path/to/your/scratch (the toolkit keeps logs, checkpoints and data under \$SCRATCH/<project>)"
   [[ "$SCRATCH" == /* ]] || usage_error "SCRATCH must be an absolute path, got '$SCRATCH'"
   [[ "$SCRATCH" != *$'\n'* ]] || usage_error "SCRATCH must not contain a newline"
   [[ "$SCRATCH" != *[\"\\]* ]] || usage_error "SCRATCH must not contain '\"' or '\\' (the log path goes in a quoted #SBATCH line), got '$SCRATCH'"
+}
+
+validate_settings() {
+  validate_scratch
 
   require_uint --gpus "$opt_gpus" 0 "${site_max_gpus_per_node:-64}"
   to_decimal "$opt_gpus" opt_gpus

@@ -337,3 +337,29 @@ tarballs() {
   SCRATCH="$BATS_TEST_TMPDIR/a\"b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
   SCRATCH="$BATS_TEST_TMPDIR/a\\b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
 }
+
+@test "--prune-data-cache removes the tarballs no submission folder names and keeps the others" {
+  make_data
+  submit_ok -e keep -C "$ONE_LINE" -d 'ds one'
+  submit_ok -e drop -C "$ONE_LINE" -d labels
+  assert_equal "$(tarballs | wc -l)" 2
+  local kept
+  kept=$(grep -h '^export HPC_DATA_TARBALL=' "$(submission_dirs keep)/job.sbatch")
+  kept=${kept##*/}
+  kept=${kept%\'}
+  rm -rf "$(submission_dirs drop)"
+  run --separate-stderr "$SUBMITTER" --prune-data-cache </dev/null
+  assert_success
+  assert_equal "$(tarballs | sed 's|.*/||')" "$kept"
+  [[ "$stderr" == *"data cache: removed 1 tarball(s), 0 MiB; kept 1 named by a submission folder or in use"* ]] ||
+    fail "stderr: $stderr"
+  assert_equal "$(find "$cache" -name 'data-*' ! -name "$kept*" | wc -l)" 0
+}
+
+@test "data: building the tarball on a terminal shows how far tar has got" {
+  make_data
+  head -c 30000000 /dev/zero >"$SCRATCH/$PROJECT/ds one/big.bin"
+  run script -qec "$(printf '%q ' "$SUBMITTER" -e tty -C "$ONE_LINE" -d 'ds one') </dev/null" /dev/null
+  assert_success
+  [[ "$output" == *"job_submitter.sh: data: W: "*" of 28 MiB"* ]] || fail "no progress line in: $output"
+}
