@@ -20,9 +20,15 @@ What it does for you:
 - autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
 - checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
   0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
-  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
+  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
+  chosen by rank 0 for every rank (checkpoint.load_latest_shared). A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
-  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored;
+  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
+  ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
+- run identity: every checkpoint and ``<ckpt_dir>/run.json`` hold the run's fingerprint
+  (``run_config()`` minus checkpoint.RESUME_FREE_KEYS); resuming with another raises
+  checkpoint.RunMismatch before training; ``fresh`` moves the old folder aside; a run resumed
+  at its end says "already finished" and keeps ``last.pt``;
 - SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
   ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
   checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
