@@ -200,3 +200,22 @@ def test_reduce_lr_on_plateau_is_stepped_with_the_test_loss(tmp_path) -> None:
     assert trainer.train() == "finished"
     # epoch 0 sets the best loss; epochs 1 and 2 do not improve it: halved twice
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def _resume_with_another_lr(rank: int, world_size: int, ck: str) -> str:
+    from hpc_harness import checkpoint as ckpt
+
+    trainer = _small_trainer(gloo_context(rank, world_size), ck, hparams={"lr": 0.2})
+    try:
+        trainer.train()
+    except ckpt.RunMismatch as exc:
+        return str(exc)
+    return "trained"
+
+
+def test_a_run_mismatch_stops_every_rank_before_training(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    first = _small_trainer(hdist.setup(verbose=False), ck, max_steps=5, hparams={"lr": 0.1})
+    assert first.train() == "max_steps"
+    messages = spawn_gloo(_resume_with_another_lr, 2, ck)
+    assert all("lr (0.1 -> 0.2)" in m for m in messages), messages
