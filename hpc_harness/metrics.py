@@ -7,9 +7,11 @@ readers (``hpc-plot``) keep the last row for each (name, step).
 
 wandb modes (``--wandb``):
     auto      (default) online when wandb is importable and an API key is configured
-              (``WANDB_API_KEY`` or ``wandb login``'s netrc entry), otherwise disabled;
+              (``WANDB_API_KEY`` or ``wandb login``'s netrc entry for the server),
+              otherwise disabled;
               ``HPC_WANDB`` in the environment overrides the default.
-    online    needs a key and a reachable api.wandb.ai; otherwise falls back to offline.
+    online    needs a key and a reachable server (``WANDB_BASE_URL`` for a self-hosted one,
+              else api.wandb.ai); otherwise falls back to offline.
     offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
     disabled  no wandb at all (it is not even imported).
 The run id is kept in ``<run_dir>/wandb_run_id`` and reused with ``resume="allow"``, so a
@@ -40,20 +42,34 @@ CSV_NAME = "metrics.csv"
 CSV_FIELDS = ("time", "step", "epoch", "name", "value")
 
 
+def wandb_server() -> tuple[str, int]:
+    """(host, port) of the W&B server: ``WANDB_BASE_URL`` (self-hosted) or api.wandb.ai."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    host = url.hostname or "api.wandb.ai"
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    return host, port or (80 if url.scheme == "http" else 443)
+
+
 def _has_api_key() -> bool:
+    """``WANDB_API_KEY``, or a netrc entry for the server (``wandb login`` writes one)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = os.path.join(os.path.expanduser("~"), ".netrc")
     try:
         with open(netrc) as f:
-            return "api.wandb.ai" in f.read()
+            return wandb_server()[0] in f.read().split()
     except OSError:
         return False
 
 
-def _online_reachable(host: str = "api.wandb.ai", timeout: float = 3.0) -> bool:
+def _online_reachable(timeout: float = 3.0) -> bool:
     try:
-        with socket.create_connection((host, 443), timeout=timeout):
+        with socket.create_connection(wandb_server(), timeout=timeout):
             return True
     except OSError:
         return False
@@ -76,7 +92,9 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         if not _has_api_key():
             return "offline", "no wandb API key"
         if not _online_reachable():
-            return "offline", "api.wandb.ai not reachable"
+            host, port = wandb_server()
+            where = host if port == 443 and host == "api.wandb.ai" else f"{host}:{port}"
+            return "offline", f"{where} not reachable"
     return requested, "requested"
 
 

@@ -20,9 +20,15 @@ What it does for you:
 - autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
 - checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
   0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
-  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads. A resumed
+  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
+  chosen by rank 0 for every rank (checkpoint.load_latest_shared). A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
-  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored;
+  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
+  ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
+- run identity: every checkpoint and ``<ckpt_dir>/run.json`` hold the run's fingerprint
+  (``run_config()`` minus checkpoint.RESUME_FREE_KEYS); resuming with another raises
+  checkpoint.RunMismatch before training; ``fresh`` moves the old folder aside; a run resumed
+  at its end says "already finished" and keeps ``last.pt``;
 - SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
   ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
   checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
@@ -42,7 +48,9 @@ about ``2 * signal_check_s`` seconds plus one step: each rank proposes the step 
 takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
 smallest wins), and every rank reads the same interval at the same step. A fixed
 ``signal_check_every`` (steps) turns that off.
-Override ``_compute_loss`` for batches that are not ``(inputs, targets)``.
+Override ``_compute_loss`` for batches that are not ``(inputs, targets)``. A
+``ReduceLROnPlateau`` scheduler is stepped with ``test_loss`` at each epoch end (the others
+every step).
 """
 
 from __future__ import annotations
@@ -143,11 +151,18 @@ class Trainer:
         self.model = self.strategy.wrap(model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
+        # ReduceLROnPlateau is stepped with a metric at each epoch end, the others every step
+        self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if self._plateau and eval_data is None:
+            raise ValueError(
+                "ReduceLROnPlateau is stepped with test_loss at each epoch end: pass eval_data"
+            )
         self.precision = make_precision(config.precision, self.device, log=self._print)
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
         self.batch_size = train_loader.batch_size or 1
+        self.collate_fn = train_loader.collate_fn or default_collate  # evaluate() uses it too
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
@@ -286,7 +301,7 @@ class Trainer:
             scaler.update()
         else:
             self.optimizer.step()
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self._plateau:
             self.scheduler.step()
         self._loss_sum.add_(loss.detach())
 
@@ -388,32 +403,51 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy on ``eval_data``, sharded over ranks (every sample counted once)."""
+        """``test_loss`` (and ``test_acc`` for class scores) on ``eval_data``, sharded over ranks,
+        every sample counted once. Batches are built with the training DataLoader's
+        ``collate_fn`` and scored with ``loss_fn`` (a batch mean, PyTorch's default reduction);
+        a subclass that overrides ``_compute_loss`` gets its own loss and no accuracy. Every
+        rank runs the same number of forward passes (a rank short of samples repeats a batch
+        and discards it): ddp and fsdp forwards are collective."""
         if self.eval_data is None:
             return {}
         self.model.eval()
+        custom = type(self)._compute_loss is not Trainer._compute_loss
         n = len(self.eval_data)
-        per_rank = -(-n // self.world_size)
         mine = list(range(self.rank, n, self.world_size))
-        valid = torch.zeros(per_rank, dtype=torch.bool)
-        valid[: len(mine)] = True
-        mine += [mine[0] if mine else 0] * (per_rank - len(mine))  # same batch count everywhere
+        per_rank = -(-n // self.world_size)  # the most samples a rank has
+        batches = -(-per_rank // self.batch_size)  # the same on every rank
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        for lo in range(0, per_rank, self.batch_size):
-            idx = mine[lo : lo + self.batch_size]
-            inputs, targets = self._to_device(default_collate([self.eval_data[i] for i in idx]))
-            keep = valid[lo : lo + self.batch_size].to(self.device)
+        scored_acc = False
+        for b in range(batches):
+            idx = mine[b * self.batch_size : (b + 1) * self.batch_size]
+            counted = len(idx)
+            if not idx:  # this rank has run out: a forward for the others' sake, discarded
+                idx = mine[: self.batch_size] or [0]
+            batch = self._to_device(self.collate_fn([self.eval_data[i] for i in idx]))
             with self.precision.autocast():
-                out = self.model(inputs)
-            losses = F.cross_entropy(out.float(), targets, reduction="none")
-            sums[0] += losses[keep].sum().double()
-            sums[1] += (out.argmax(dim=1) == targets)[keep].sum().double()
-            sums[2] += keep.sum().double()
+                if custom:
+                    loss, out, targets = self._compute_loss(batch), None, None
+                else:
+                    inputs, targets = batch
+                    out = self.model(inputs)
+                    loss = self.loss_fn(out.float(), targets)
+            if not counted:
+                continue
+            sums[0] += loss.double() * counted
+            sums[2] += counted
+            if out is not None and out.dim() == 2 and targets.dim() == 1:
+                if not targets.dtype.is_floating_point:
+                    sums[1] += (out.argmax(dim=1) == targets).sum().double()
+                    scored_acc = True
         if self.world_size > 1 and dist.is_initialized():
             dist.all_reduce(sums)
         self.model.train()
         total = max(sums[2].item(), 1.0)
-        return {"test_loss": sums[0].item() / total, "test_acc": sums[1].item() / total}
+        metrics = {"test_loss": sums[0].item() / total}
+        if scored_acc:
+            metrics["test_acc"] = sums[1].item() / total
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -617,6 +651,8 @@ class Trainer:
                             + " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
                         )
                         self.logger.log(self.global_step, self.epoch, self.metrics)
+                    if self._plateau:
+                        self.scheduler.step(self.metrics["test_loss"])
                     self.epoch += 1
                     self.step_in_epoch = 0
                 if status == "max_steps":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 
+import pytest
 import torch
 from conftest import gloo_context, spawn_gloo
 from torch import nn
@@ -141,3 +142,80 @@ def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_p
     a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class DictData(torch.utils.data.Dataset):
+    """Regression samples as dicts: needs the user's collate_fn, and a loss that is not CE."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x, self.y = torch.randn(n, 3, generator=g), torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+def collate_dicts(items: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([it["x"] for it in items]), torch.stack([it["y"] for it in items])
+
+
+def _regression_trainer(ck: str, **kw) -> Trainer:
+    cfg = TrainConfig(epochs=kw.pop("epochs", 1), ckpt_dir=ck, log_every=0, checkpoint_every_s=0)
+    torch.manual_seed(0)
+    return Trainer(
+        nn.Linear(3, 1),
+        kw.pop("make_optimizer", lambda p: torch.optim.SGD(p, lr=0.01)),
+        DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
+        hdist.setup(verbose=False),
+        cfg,
+        loss_fn=torch.nn.functional.mse_loss,
+        eval_data=DictData(11, 1),
+        **kw,
+    )
+
+
+def test_evaluate_uses_the_users_loss_fn_and_collate_fn(tmp_path) -> None:
+    trainer = _regression_trainer(str(tmp_path / "ck"))
+    metrics = trainer.evaluate()
+    data = DictData(11, 1)
+    with torch.no_grad():
+        expected = torch.nn.functional.mse_loss(trainer.model(data.x), data.y).item()
+    assert metrics["test_loss"] == pytest.approx(expected, rel=1e-5)
+    assert "test_acc" not in metrics  # regression: no argmax accuracy
+
+
+def test_reduce_lr_on_plateau_is_stepped_with_the_test_loss(tmp_path) -> None:
+    trainer = _regression_trainer(
+        str(tmp_path / "ck"),
+        epochs=3,
+        # the optimizer holds a parameter outside the model: the test loss cannot improve
+        make_optimizer=lambda p: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+        make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt, patience=0, factor=0.5
+        ),
+    )
+    assert trainer.train() == "finished"
+    # epoch 0 sets the best loss; epochs 1 and 2 do not improve it: halved twice
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def _resume_with_another_lr(rank: int, world_size: int, ck: str) -> str:
+    from hpc_harness import checkpoint as ckpt
+
+    trainer = _small_trainer(gloo_context(rank, world_size), ck, hparams={"lr": 0.2})
+    try:
+        trainer.train()
+    except ckpt.RunMismatch as exc:
+        return str(exc)
+    return "trained"
+
+
+def test_a_run_mismatch_stops_every_rank_before_training(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    first = _small_trainer(hdist.setup(verbose=False), ck, max_steps=5, hparams={"lr": 0.1})
+    assert first.train() == "max_steps"
+    messages = spawn_gloo(_resume_with_another_lr, 2, ck)
+    assert all("lr (0.1 -> 0.2)" in m for m in messages), messages
