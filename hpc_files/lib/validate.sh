@@ -72,13 +72,21 @@ parse_slurm_time() {
   emit "${2:-}" $((((days * 24 + h) * 60 + m) * 60 + s))
 }
 
-# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size.
+# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size
+# (a whole number with an optional K, M, G or T suffix, either case).
 parse_memory_mb() {
   emit "${2:-}" ""
   local value=$1 number unit
-  [[ "$value" =~ ^([0-9]{1,9})([KMGT]?)$ ]] || return 0
+  # SLURM takes the suffixes in either case (10g is 10G).
+  [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
   to_decimal "${BASH_REMATCH[1]}" number
   unit=${BASH_REMATCH[2]:-M}
+  case "$unit" in
+    k) unit=K ;;
+    m) unit=M ;;
+    g) unit=G ;;
+    t) unit=T ;;
+  esac
   case "$unit" in
     K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
     M) emit "${2:-}" "$number" ;;

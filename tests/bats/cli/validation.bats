@@ -90,6 +90,8 @@ setup() {
   source "$REPO_ROOT/hpc_files/lib/options.sh"
   for spelling in "${!OPTION_SETTING[@]}"; do
     [[ "$spelling" == --* ]] || continue
+    # --modules '' means "load none" (clears the site's modules).
+    [[ "$spelling" != --modules ]] || continue
     run --separate-stderr timeout 20 "$SUBMITTER" --dry-run -C "$ONE_LINE" "$spelling=" </dev/null
     ((status == 2)) || accepted+=("$spelling=")
   done
@@ -459,7 +461,7 @@ setup() {
   local file="$BATS_TEST_TMPDIR/my site/bad.conf"
   mkdir -p "${file%/*}"
   printf 'account = a b\n' >"$file"
-  refuse "--account accepts letters, digits, '.', '_', '-', got 'a b'" -- -C "$ONE_LINE" --site "$file"
+  refuse "$file:1: account expects names of letters, digits, '.', '_' and '-', separated by commas, got 'a b'" -- -C "$ONE_LINE" --site "$file"
 }
 
 # --- SCRATCH and data --------------------------------------------------------
