@@ -141,6 +141,17 @@ site_check_value() {
   esac
 }
 
+# site_env_names: the names the env lines set, once each, space separated
+# (for HPC_PASS_ENV: a container gets only the variables it is given).
+site_env_names() {
+  local entry names=" "
+  for entry in ${site_env[@]+"${site_env[@]}"}; do
+    [[ "$names" == *" ${entry%%=*} "* ]] || names+="${entry%%=*} "
+  done
+  names=${names# }
+  printf '%s' "${names% }"
+}
+
 list_shipped_sites() {
   local f names=""
   for f in "$HPC_FILES_DIR"/sites/*.conf; do

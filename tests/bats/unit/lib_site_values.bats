@@ -145,3 +145,13 @@ NCCL_SOCKET_IFNAME=^docker0,lo
 --constraint=ib
 export NCCL_DEBUG=INFO'
 }
+
+@test "site_env_names lists the names of the env lines, once each, for the container" {
+  site 'env = A=1' 'env = B_2=x=y' 'env = A=2'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "[%s]" "$(site_env_names)"'
+  assert_success
+  assert_output '[A B_2]'
+  site 'partition = x'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "[%s]" "$(site_env_names)"'
+  assert_output '[]'
+}
