@@ -95,6 +95,21 @@ parse_memory_mb() {
   esac
 }
 
+# validate_array_size TRIALS: refuse an array job SLURM would refuse at
+# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
+# (scontrol show config). Asked only for an array; when scontrol gives no
+# answer (no cluster here), nothing is refused and sbatch decides.
+validate_array_size() {
+  local trials=$1 config max
+  ((trials > 1)) || return 0
+  config=$(scontrol show config 2>/dev/null) || return 0
+  max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
+  [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
+  to_decimal "$max" max
+  ((trials <= max)) ||
+    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+}
+
 validate_settings() {
   [[ -n "${SCRATCH:-}" ]] || usage_error "SCRATCH is not set; export SCRATCH=/path/to/your/scratch (the toolkit keeps logs, checkpoints and data under \$SCRATCH/<project>)"
   [[ "$SCRATCH" == /* ]] || usage_error "SCRATCH must be an absolute path, got '$SCRATCH'"
@@ -270,19 +285,4 @@ validate_optional_settings() {
     [[ "$word" != *'"'* && "$word" != *\\* ]] ||
       usage_error "--sbatch-arg must not contain '\"' or '\\' (sbatch does not unescape #SBATCH lines), got '$word'"
   done
-}
-
-# validate_array_size TRIALS: refuse an array job SLURM would refuse at
-# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
-# (scontrol show config). Asked only for an array; when scontrol gives no
-# answer (no cluster here), nothing is refused and sbatch decides.
-validate_array_size() {
-  local trials=$1 config max
-  ((trials > 1)) || return 0
-  config=$(scontrol show config 2>/dev/null) || return 0
-  max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
-  [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
-  to_decimal "$max" max
-  ((trials <= max)) ||
-    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
 }

@@ -461,7 +461,7 @@ setup() {
   local file="$BATS_TEST_TMPDIR/my site/bad.conf"
   mkdir -p "${file%/*}"
   printf 'account = a b\n' >"$file"
-  refuse "$file:1: account expects names of letters, digits, '.', '_' and '-', separated by commas, got 'a b'" -- -C "$ONE_LINE" --site "$file"
+  refuse "$file:1: account expects names of letters, digits, '.', '_' and '-'" -- -C "$ONE_LINE" --site "$file"
 }
 
 # --- SCRATCH and data --------------------------------------------------------
