@@ -37,6 +37,21 @@ require_name() {
     usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
 }
 
+# validate_array_size TRIALS: refuse an array job SLURM would refuse at
+# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
+# (scontrol show config). Asked only for an array; when scontrol gives no
+# answer (no cluster here), nothing is refused and sbatch decides.
+validate_array_size() {
+  local trials=$1 config max
+  ((trials > 1)) || return 0
+  config=$(scontrol show config 2>/dev/null) || return 0
+  max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
+  [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
+  to_decimal "$max" max
+  ((trials <= max)) ||
+    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+}
+
 # parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM
 # time. Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 parse_slurm_time() {
@@ -93,21 +108,6 @@ parse_memory_mb() {
     G) emit "${2:-}" $((number * 1024)) ;;
     T) emit "${2:-}" $((number * 1024 * 1024)) ;;
   esac
-}
-
-# validate_array_size TRIALS: refuse an array job SLURM would refuse at
-# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
-# (scontrol show config). Asked only for an array; when scontrol gives no
-# answer (no cluster here), nothing is refused and sbatch decides.
-validate_array_size() {
-  local trials=$1 config max
-  ((trials > 1)) || return 0
-  config=$(scontrol show config 2>/dev/null) || return 0
-  max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
-  [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
-  to_decimal "$max" max
-  ((trials <= max)) ||
-    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
 }
 
 validate_settings() {
