@@ -24,8 +24,16 @@ container_command() {
   fi
 }
 
+# Besides those: every name in HPC_PASS_ENV (space separated): the site
+# profile's env names and an experiment line's NAME=value prefixes.
 export_container_environment() {
   local pattern name
+  local -a pass_names=()
+  read -r -a pass_names <<<"${HPC_PASS_ENV:-}"
+  for name in ${pass_names[@]+"${pass_names[@]}"}; do
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n "${!name+set}" ]] || continue
+    export "SINGULARITYENV_$name=${!name}" "APPTAINERENV_$name=${!name}"
+  done
   for pattern in "${RUNTIME_PASS_VARIABLES[@]}"; do
     for name in $(compgen -v); do
       # shellcheck disable=SC2053 # pattern matching on purpose (SLURM_* etc.)

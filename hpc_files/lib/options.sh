@@ -112,7 +112,8 @@ Resources:
   -p, --partition PARTITION   SLURM partition (default: the site's)
   --site NAME|FILE            site profile (default: \$HPC_SITE, else $DEFAULT_SITE);
                               NAME means hpc_files/sites/NAME.conf
-  --modules "MOD..."          environment modules to load on the nodes
+  --modules "MOD..."          environment modules to load on the nodes (default: the
+                              site's; --modules '' loads none)
   --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable)
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
@@ -193,7 +194,8 @@ looks_like_option() {
 set_setting() {
   local name=$1 value=$2 spelling=$3 current
   # An empty value would silently become the default; nobody means that.
-  [[ -n "$value" ]] || usage_error "$spelling expects a value, got an empty string"
+  # Except --modules '': load none, not even the site's.
+  [[ -n "$value" || "$name" == modules ]] || usage_error "$spelling expects a value, got an empty string"
   if [[ -n "${REPEATABLE_SETTING[$name]:-}" ]]; then
     eval "opt_${name}+=(\"\$value\")"
     OPT_GIVEN[$name]=1

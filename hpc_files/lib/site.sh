@@ -25,6 +25,7 @@ declare -A SITE_KEYS=(
   [max_nodes]=scalar          # refuse --num-nodes above this
   [array_throttle]=scalar     # default --array-throttle
   [container_runtime]=scalar  # singularity or apptainer
+  [slurm_conf]=scalar         # SLURM_CONF to use when unset (relative: to the toolkit's folder)
   [env]=list                  # NAME=VALUE exported in the job
   [sbatch]=list               # extra #SBATCH arguments
   [command]=list              # extra shell lines run before the launch
@@ -131,6 +132,10 @@ site_check_value() {
       [[ "$value" == /* && "$stripped" =~ ^[A-Za-z0-9_./+@:\ -]*$ ]] ||
         site_value_error "$where" "$key" "$value" "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
       ;;
+    slurm_conf)
+      [[ "$value" =~ ^[A-Za-z0-9_./+@:\ -]+$ ]] ||
+        site_value_error "$where" "$key" "$value" "a path of letters, digits, spaces and '_./+@:-' (relative: to the toolkit's folder)"
+      ;;
     env)
       [[ "$value" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] ||
         site_value_error "$where" "$key" "$value" "NAME=value with NAME of letters, digits and '_' (not a digit first)"
@@ -139,6 +144,17 @@ site_check_value() {
       [[ "$value" == -* ]] || site_value_error "$where" "$key" "$value" "an sbatch option starting with '-'"
       ;;
   esac
+}
+
+# site_env_names: the names the env lines set, once each, space separated
+# (for HPC_PASS_ENV: a container gets only the variables it is given).
+site_env_names() {
+  local entry names=" "
+  for entry in ${site_env[@]+"${site_env[@]}"}; do
+    [[ "$names" == *" ${entry%%=*} "* ]] || names+="${entry%%=*} "
+  done
+  names=${names# }
+  printf '%s' "${names% }"
 }
 
 list_shipped_sites() {
@@ -159,4 +175,16 @@ apply_site_defaults() {
   : "${site_provides_tmpdir:=auto}"
   : "${site_tmpdir_base:=/tmp}"
   : "${site_container_runtime:=}"
+  use_site_slurm_conf
+}
+
+# use_site_slurm_conf: export the site's slurm_conf as SLURM_CONF when none is
+# set and the file exists (the local cluster: sbatch, squeue and scontrol find
+# it without 'export SLURM_CONF=...'). A SLURM_CONF already set wins.
+use_site_slurm_conf() {
+  local conf=${site_slurm_conf:-}
+  [[ -n "$conf" && -z "${SLURM_CONF:-}" ]] || return 0
+  [[ "$conf" == /* ]] || conf="${HPC_FILES_DIR%/*}/$conf"
+  [[ -f "$conf" ]] || return 0
+  export SLURM_CONF="$conf"
 }

@@ -23,6 +23,15 @@ trials_python() {
   fi
 }
 
+# require_trials_python PYTHON: stop with one line unless PYTHON runs and is
+# 3.9+ (an old login node's python3 would die on trials.py with a traceback).
+require_trials_python() {
+  local version
+  version=$("$1" -c 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3])); sys.exit(sys.version_info < (3, 9))' 2>/dev/null) && return 0
+  [[ -n "$version" ]] || die "expanding trials needs python 3.9 or newer; cannot run '$1' (set HPC_PYTHON to a newer python, or pass --venv)"
+  die "expanding trials needs python 3.9 or newer; $1 is $version (set HPC_PYTHON to a newer python, or pass --venv)"
+}
+
 # trials_args: the experiment source as trials.py options (into trials_argv).
 trials_args() {
   trials_argv=(--prog "$HPC_PROG")
@@ -178,6 +187,7 @@ list_trials() {
   fi
   trials_args
   trials_python python
+  require_trials_python "$python"
   "$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --list
 }
 
@@ -202,5 +212,6 @@ write_trials() {
   fi
   trials_args
   trials_python python
+  require_trials_python "$python"
   trials_count=$("$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
 }

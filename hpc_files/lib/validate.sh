@@ -37,6 +37,21 @@ require_name() {
     usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
 }
 
+# validate_array_size TRIALS: refuse an array job SLURM would refuse at
+# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
+# (scontrol show config). Asked only for an array; when scontrol gives no
+# answer (no cluster here), nothing is refused and sbatch decides.
+validate_array_size() {
+  local trials=$1 config max
+  ((trials > 1)) || return 0
+  config=$(scontrol show config 2>/dev/null) || return 0
+  max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
+  [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
+  to_decimal "$max" max
+  ((trials <= max)) ||
+    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+}
+
 # parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM
 # time. Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 parse_slurm_time() {
@@ -72,13 +87,21 @@ parse_slurm_time() {
   emit "${2:-}" $((((days * 24 + h) * 60 + m) * 60 + s))
 }
 
-# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size.
+# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size
+# (a whole number with an optional K, M, G or T suffix, either case).
 parse_memory_mb() {
   emit "${2:-}" ""
   local value=$1 number unit
-  [[ "$value" =~ ^([0-9]{1,9})([KMGT]?)$ ]] || return 0
+  # SLURM takes the suffixes in either case (10g is 10G).
+  [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
   to_decimal "${BASH_REMATCH[1]}" number
   unit=${BASH_REMATCH[2]:-M}
+  case "$unit" in
+    k) unit=K ;;
+    m) unit=M ;;
+    g) unit=G ;;
+    t) unit=T ;;
+  esac
   case "$unit" in
     K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
     M) emit "${2:-}" "$number" ;;

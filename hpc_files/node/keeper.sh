@@ -70,6 +70,7 @@ prepare_local_dir() {
     # <base>/<user>/<job key> must be this user's own, private, and no links.
     local problem
     mkdir -p -- "${local_dir%/*/*/*}" || fail "cannot create ${local_dir%/*/*/*}"
+    problem=$(shared_base_ok "${local_dir%/*/*/*}") || fail "$problem"
     problem=$(private_dir "${local_dir%/*/*}") || fail "$problem"
     problem=$(private_dir "${local_dir%/*}") || fail "$problem"
     [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"

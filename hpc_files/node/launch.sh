@@ -76,6 +76,9 @@ build_command() {
   done
   for assignment in ${assignments[@]+"${assignments[@]}"}; do
     export "${assignment?}"
+    # A container gets only the variables it is given: these too.
+    HPC_PASS_ENV="${HPC_PASS_ENV:+$HPC_PASS_ENV }${assignment%%=*}"
+    export HPC_PASS_ENV
   done
   (($# > 0)) || {
     hpc_error "trial $(trial_index) has an empty command"

@@ -58,6 +58,10 @@ private_dir() {
     printf '%s is a symlink; refusing to use it (remove it, or ask whoever made it)' "$dir"
     return 1
   fi
+  if [[ ! -e "$dir" ]]; then
+    printf 'cannot create %s (is its parent writable by you?)' "$dir"
+    return 1
+  fi
   if [[ ! -d "$dir" ]]; then
     printf '%s exists and is not a folder; refusing to use it' "$dir"
     return 1
@@ -71,6 +75,22 @@ private_dir() {
     printf 'cannot make %s private (chmod 0700 failed)' "$dir"
     return 1
   }
+}
+
+# shared_base_ok BASE: BASE (the site's; a link to it is fine) does not let
+# other users rename what is in it: not group/world writable, or sticky as
+# /tmp is. Otherwise prints why (one line) and fails.
+shared_base_ok() {
+  local base=$1 mode
+  mode=$(stat -L -c %a -- "$base" 2>/dev/null) || {
+    printf 'cannot read the mode of %s' "$base"
+    return 1
+  }
+  # %a prints 3 or 4 octal digits; the sticky bit is 1000.
+  if ((8#$mode & 8#022)) && ! ((8#$mode & 8#1000)); then
+    printf '%s is writable by other users without the sticky bit (mode %s), so they could swap the folders in it; ask the admins to chmod +t it, or pick another tmpdir_base' "$base" "$mode"
+    return 1
+  fi
 }
 
 # first_node: MASTER_ADDR for rendezvous, the first host of the allocation.

@@ -33,3 +33,27 @@ dry() {
   assert_output --partial "--pass-local-rank=underscore|hyphen"
   assert_output --partial "--local_rank=N"
 }
+
+@test "-m takes lowercase suffixes as SLURM does: 10g is 10G" {
+  dry "${BASE[@]}" -m 10G
+  local upper=$output
+  dry "${BASE[@]}" -m 10g
+  assert_equal "$output" "$upper"
+  dry "${BASE[@]}" -m 512m
+  assert_line --partial "--mem=512M"
+}
+
+@test "--modules '' clears the site's modules" {
+  local site="$BATS_TEST_TMPDIR/site.conf"
+  printf 'modules = cuda/12.1 python/3.11\n' >"$site"
+  dry "${BASE[@]}" --site "$site"
+  assert_line --partial "module load cuda/12.1 python/3.11"
+  dry "${BASE[@]}" --site "$site" --modules ''
+  refute_output --partial "module load"
+  dry "${BASE[@]}" --site "$site" --modules=
+  refute_output --partial "module load"
+}
+
+@test "an empty value is still refused for other options" {
+  refuse "--partition expects a value, got an empty string" -- "${BASE[@]}" --partition ''
+}

@@ -99,6 +99,8 @@ setup() {
   source "$REPO_ROOT/hpc_files/lib/options.sh"
   for spelling in "${!OPTION_SETTING[@]}"; do
     [[ "$spelling" == --* ]] || continue
+    # --modules '' means "load none" (clears the site's modules).
+    [[ "$spelling" != --modules ]] || continue
     run --separate-stderr timeout 20 "$SUBMITTER" --dry-run -C "$ONE_LINE" "$spelling=" </dev/null
     ((status == 2)) || accepted+=("$spelling=")
   done

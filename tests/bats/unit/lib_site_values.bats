@@ -145,3 +145,45 @@ NCCL_SOCKET_IFNAME=^docker0,lo
 --constraint=ib
 export NCCL_DEBUG=INFO'
 }
+
+@test "site_env_names lists the names of the env lines, once each, for the container" {
+  site 'env = A=1' 'env = B_2=x=y' 'env = A=2'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "[%s]" "$(site_env_names)"'
+  assert_success
+  assert_output '[A B_2]'
+  site 'partition = x'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "[%s]" "$(site_env_names)"'
+  assert_output '[]'
+}
+
+# in_toolkit DIR CODE: like in_libs, with HPC_FILES_DIR=DIR/hpc_files.
+in_toolkit() {
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/options.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    eval "$2"' _ "$1/hpc_files" "$2"
+}
+
+@test "--site local finds the local cluster's slurm.conf when SLURM_CONF is unset" {
+  local toolkit="$BATS_TEST_TMPDIR/tool kit"
+  mkdir -p "$toolkit/.cluster/etc"
+  cp -r "$REPO_ROOT/hpc_files" "$toolkit/"
+  : >"$toolkit/.cluster/etc/slurm.conf"
+  unset SLURM_CONF
+  in_toolkit "$toolkit" 'parse_options --site local; load_site; printf "%s" "$SLURM_CONF"'
+  assert_success
+  assert_output "$toolkit/.cluster/etc/slurm.conf"
+  # A SLURM_CONF already set wins.
+  SLURM_CONF=/etc/other.conf in_toolkit "$toolkit" 'parse_options --site local; load_site; printf "%s" "$SLURM_CONF"'
+  assert_output /etc/other.conf
+  # No local cluster made: left unset (sbatch then says what it lacks).
+  rm "$toolkit/.cluster/etc/slurm.conf"
+  in_toolkit "$toolkit" 'parse_options --site local; load_site; printf "[%s]" "${SLURM_CONF:-}"'
+  assert_output '[]'
+}
+
+@test "slurm_conf must be a plain path" {
+  refused 'slurm_conf = $(touch "$PWNED")/slurm.conf' "a path of letters, digits, spaces and '_./+@:-' (relative: to the toolkit's folder)"
+}

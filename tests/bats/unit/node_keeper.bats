@@ -45,3 +45,11 @@ setup() {
   assert_failure 1
   assert_equal "$stderr" "hpc: error: nodeA: $base/alice is owned by nobody, not by $(id -un); refusing to use it"
 }
+
+@test "a base other users may rename in (0777, no sticky bit) is refused" {
+  chmod 0777 "$base"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_equal "$stderr" "hpc: error: nodeA: $base is writable by other users without the sticky bit (mode 777), so they could swap the folders in it; ask the admins to chmod +t it, or pick another tmpdir_base"
+  assert_not_exist "$base/alice"
+}

@@ -145,3 +145,35 @@ argv:end'
   assert_success
   assert_output "['x', '--local_rank=3']"
 }
+
+# container: the singularity stand-in (tests/bats/fixtures/standin) runs the
+# command with only the variables passed into the container.
+container() {
+  export HPC_RUNTIME=singularity HPC_CONTAINER="$BATS_TEST_TMPDIR/image.sif"
+  : >"$HPC_CONTAINER"
+  cp "$REPO_ROOT/singularity_hpc_files/runtime.sh" "$sub/node/runtime_singularity.sh"
+  export PATH="$REPO_ROOT/tests/bats/fixtures/standin:$PATH"
+  export STANDIN_ARGV_LOG="$BATS_TEST_TMPDIR/standin.log" STANDIN_IMAGE_PATH="$venv/bin:/usr/bin:/bin"
+  export HPC_CONTAINER_RUNTIME=singularity
+}
+
+@test "in a container, NAME=value prefixes and the names in HPC_PASS_ENV reach the command" {
+  container
+  export HPC_KIND=none SITE_ONLY=from-site NOT_LISTED=secret HPC_PASS_ENV="SITE_ONLY"
+  experiment 'LINE_VAR="a b" env'
+  launch
+  assert_success
+  assert_line 'LINE_VAR=a b'
+  assert_line 'SITE_ONLY=from-site'
+  refute_line --partial NOT_LISTED
+}
+
+@test "in a container, a bad name in HPC_PASS_ENV is skipped, not evaluated" {
+  container
+  export HPC_KIND=none HPC_PASS_ENV='A[$(touch $BATS_TEST_TMPDIR/pwned)] OK_NAME' OK_NAME=1
+  experiment 'env'
+  launch
+  assert_success
+  assert_line 'OK_NAME=1'
+  assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+}

@@ -80,3 +80,27 @@ setup() {
     c=$(SLURM_JOB_ID=501 master_port); [[ $a == "$b" && $a != "$c" ]]'
   assert_success
 }
+
+@test "shared_base_ok accepts a private or sticky base and refuses one others may rename in" {
+  mkdir -m 0755 "$base/private"
+  mkdir -m 1777 "$base/sticky"
+  mkdir -m 0777 "$base/open"
+  mkdir -m 0775 "$base/group"
+  chmod 0777 "$base/open"
+  chmod 0775 "$base/group"
+  in_lib 'shared_base_ok "$base/private" && shared_base_ok "$base/sticky" && echo fine'
+  assert_success
+  assert_output fine
+  in_lib 'shared_base_ok "$base/open"'
+  assert_failure 1
+  assert_output "$base/open is writable by other users without the sticky bit (mode 777), so they could swap the folders in it; ask the admins to chmod +t it, or pick another tmpdir_base"
+  in_lib 'shared_base_ok "$base/group"'
+  assert_failure 1
+  assert_output --partial "(mode 775)"
+}
+
+@test "private_dir says so when the folder cannot be created" {
+  in_lib 'private_dir "$base/no such parent/me"'
+  assert_failure 1
+  assert_output "cannot create $base/no such parent/me (is its parent writable by you?)"
+}

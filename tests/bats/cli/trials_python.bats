@@ -1,0 +1,51 @@
+#!/usr/bin/env bats
+# The python that expands trials on the login node (HPC_PYTHON, the venv's, or
+# python3) must be 3.9 or newer; an older one (CentOS 7's 3.6) is refused
+# with one line, before it can print a traceback.
+
+load '../test_helper'
+load 'cli_helper'
+
+setup() {
+  cli_setup
+  old="$BATS_TEST_TMPDIR/old python/python3.6"
+  mkdir -p "${old%/*}"
+  # Answers a version question as python 3.6.8 would; anything else gets
+  # the SyntaxError 3.6 gives trials.py.
+  cat >"$old" <<'STUB'
+#!/usr/bin/env bash
+if [[ "${1:-}" == -c ]]; then
+  exec python3 -c "import sys; sys.version_info = (3, 6, 8, 'final', 0)
+exec(compile(sys.argv[1], '<string>', 'exec'))" "$2"
+fi
+printf '  File "trials.py", line 54\n    from __future__ import annotations\nSyntaxError: future feature annotations is not defined\n' >&2
+exit 1
+STUB
+  chmod +x "$old"
+}
+
+@test "an old python is refused with one line naming it and its version" {
+  local message="job_submitter.sh: error: expanding trials needs python 3.9 or newer; $old is 3.6.8 (set HPC_PYTHON to a newer python, or pass --venv)"
+  # (--dry-run counts trials in a subshell whose failure job_submitter.sh
+  # does not check yet; --list-trials and a real submission do.)
+  HPC_PYTHON=$old run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_failure 1
+  assert_output ''
+  assert_equal "$stderr" "$message"
+  HPC_PYTHON=$old run --separate-stderr "$SUBMITTER" --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_failure 1
+  assert_output ''
+  assert_equal "$stderr" "$message"
+  assert_file_not_exists "$SBATCH_LOG"
+}
+
+@test "a missing HPC_PYTHON is refused with one line" {
+  HPC_PYTHON="$BATS_TEST_TMPDIR/no such python" run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_failure 1
+  assert_equal "$stderr" "job_submitter.sh: error: expanding trials needs python 3.9 or newer; cannot run '$BATS_TEST_TMPDIR/no such python' (set HPC_PYTHON to a newer python, or pass --venv)"
+}
+
+@test "the usual python still expands a sweep" {
+  run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_success
+}

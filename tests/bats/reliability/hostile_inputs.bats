@@ -1,0 +1,76 @@
+#!/usr/bin/env bats
+# Hostile input found by the adversarial review of issue 13, on the real local
+# cluster: site profiles, shared node-local folders, inherited squeue
+# settings, experiment lines. Each test name reads "<injected>: <what holds>".
+
+load '../test_helper'
+
+teardown() {
+  cancel_test_jobs
+  [[ -z "${sleeper:-}" ]] || scancel "$sleeper" 2>/dev/null || true
+}
+
+setup() {
+  cluster_test_setup
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME"
+  sleeper=""
+  pwned="$BATS_TEST_TMPDIR/pwned"
+}
+
+@test "a site profile with \$(...) in numeric keys, inline comments and env lines without NAME=: refused with file, line and key; nothing run, nothing created" {
+  local site="$BATS_TEST_TMPDIR/my site.conf" line
+  for line in "max_cpus_per_node = SECONDS[\$(touch $pwned)]" "max_nodes = a[\$(touch $pwned)]" \
+    'env = NOEQ' 'env = A B=1' "partition = \$(touch $pwned)" 'provides_tmpdir = maybe # comment'; do
+    printf 'partition = notmpdir   # inline comment\n%s\n' "$line" >"$site"
+    run --separate-stderr "$SUBMITTER" --site "$site" -W none -g 0 -- true
+    assert_failure 2
+    assert_equal "${#stderr_lines[@]}" 1
+    assert_regex "$stderr" "^job_submitter.sh: error: $site:2: [a-z_]+ expects "
+  done
+  assert_not_exist "$pwned"
+  run find "$SCRATCH" -mindepth 1
+  assert_output ''
+}
+
+@test "another user's symlink at <base>/<user> under a shared node-local base: the job fails naming the link; nothing behind it is touched" {
+  local base="$BATS_TEST_TMPDIR/shared base" elsewhere="$BATS_TEST_TMPDIR/victim" site="$BATS_TEST_TMPDIR/shared.conf"
+  mkdir -p "$base" "$elsewhere"
+  echo keep >"$elsewhere/precious.txt"
+  ln -s "$elsewhere" "$base/$(id -un)"
+  printf 'partition = notmpdir\nprovides_tmpdir = no\ntmpdir_base = %s\n' "$base" >"$site"
+  TEST_SITE=$site submit -W none -g 0 -t 5 -e shared_base -- echo should-not-run
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" FAILED
+  run job_log "$job_id"
+  assert_output --partial "$base/$(id -un) is a symlink; refusing to use it"
+  refute_output --partial should-not-run
+  assert_equal "$(ls -A "$elsewhere")" precious.txt
+  assert_equal "$(cat "$elsewhere/precious.txt")" keep
+}
+
+@test "SQUEUE_STATES=PENDING and SQUEUE_PARTITION inherited by the node cleanup: a running job's folder is kept" {
+  local base="$BATS_TEST_TMPDIR/ssd" me
+  me="$base/$(id -un)"
+  sleeper=$(sbatch --parsable -p notmpdir -o /dev/null --job-name=cleanup_sleeper --wrap 'sleep 120')
+  sleeper=${sleeper%%;*}
+  wait_job_state "$sleeper" 60 RUNNING
+  mkdir -p "$me/$sleeper/node1" "$me/999999/node1"
+  echo live >"$me/$sleeper/node1/f.txt"
+  SQUEUE_STATES=PENDING SQUEUE_PARTITION=urgent run timeout 300 "$REPO_ROOT/plai_cleanups/submit_plai_cleanup" --base "$base" -p notmpdir --wait
+  assert_success
+  assert_line "node1: kept $me/$sleeper (job $sleeper is in squeue)"
+  assert_line "node1: removed $me/999999/node1 (job 999999 is not in squeue)"
+  assert_file_exist "$me/$sleeper/node1/f.txt"
+}
+
+@test "an experiment line 'NAME=value program' with an unset \$VAR: runs as in the shell (the variable set for the program, the unset one empty)" {
+  local configs="$BATS_TEST_TMPDIR/configs.txt"
+  # shellcheck disable=SC2016 # the node expands these, as the user wrote them
+  printf '%s\n' 'GREETING="hello there" bash -c '\''echo "greeting=$GREETING unset=[$1]"'\'' _ "$NOT_SET_ON_THE_NODE"' >"$configs"
+  submit -W none -g 0 -t 5 -e line_env -C "$configs"
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_line "greeting=hello there unset=[]"
+}
