@@ -329,7 +329,7 @@ parameters:
 EOF
   export FAKE_LIFETIME=420
   start_fake_wandb "$BATS_TEST_TMPDIR/sweep.yml"
-  submit -W none -g 1 -c 1 -t 2 --signal-lead 80 -e "$exp" -w "$SWEEP_PATH" --sweep-count 1
+  submit -W none -g 1 -c 1 -t 2 --signal-lead 80 --max-requeues 20 -e "$exp" -w "$SWEEP_PATH" --sweep-count 1
   local task="${job_id}_0" run_dir="$SCRATCH/$project/$exp/runs/fakerun001"
   release_until_done "$task" 400
   assert_job_state "$task" COMPLETED
