@@ -337,7 +337,7 @@ EOF
   echo "# requeued $restarts time(s)" >&3
   run job_log "$task"
   assert_output --partial 'received SIGUSR1'
-  assert_output --partial 'wandb_agent.sh: received SIGUSR1; forwarding it to the wandb agent and its run'
+  assert_output --partial 'wandb_agent.sh: received SIGUSR1; forwarding it to the wandb run'
   assert_output --partial 'hpc_harness: wandb run fakerun001 marked preempting'
   assert_output --partial 'wandb run fakerun001 checkpointed at SIGUSR1; exiting 42'
   assert_output --regexp "requeued $task \\(restart 1 of at most [0-9]+\\)"
