@@ -11,10 +11,10 @@
 # Signals (USR1 at the wall time, TERM at preemption): this script, the agent
 # and the run all trap them; none dies of them. The script forwards the signal
 # to the run's shim, and USR1 also to the agent (started with --forward-signals,
-# so it passes signals on to its run and waits for it); the shim forwards it to the program
-# and repeats USR1 every second until the program exits, because the program
-# starts with USR1 ignored until it installs its own handler (a signal that
-# comes while it imports is then not lost, and does not kill it). The harness
+# so it passes signals on to its run and waits for it); the shim forwards it to
+# the program. The program starts with USR1 ignored, and the shim delivers USR1
+# once the program catches it (its handler shows in /proc/PID/status): a signal
+# that comes while it imports is then neither lost nor fatal. The harness
 # checkpoints, tells W&B the run is preempting, and exits 42.
 #
 # Requeue: W&B hands a preempted run (marked preempting, then exited non-zero)
