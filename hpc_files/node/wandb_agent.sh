@@ -10,11 +10,11 @@
 #
 # Signals (USR1 at the wall time, TERM at preemption): this script, the agent
 # and the run all trap them; none dies of them. The script forwards the signal
-# to the agent (started with --forward-signals, so it passes it on to its run
-# and waits for it) and to the run's shim; the shim forwards it to the program
-# and repeats USR1 every second until the program exits, because the program
-# starts with USR1 ignored until it installs its own handler (a signal that
-# comes while it imports is then not lost, and does not kill it). The harness
+# to the run's shim, and USR1 also to the agent (started with --forward-signals,
+# so it passes signals on to its run and waits for it); the shim forwards it to
+# the program. The program starts with USR1 ignored, and the shim delivers USR1
+# once the program catches it (its handler shows in /proc/PID/status): a signal
+# that comes while it imports is then neither lost nor fatal. The harness
 # checkpoints, tells W&B the run is preempting, and exits 42.
 #
 # Requeue: W&B hands a preempted run (marked preempting, then exited non-zero)
@@ -41,8 +41,13 @@ on_signal() {
   local sig=$1 pidfile
   signal_seen=$sig
   printf '%s\n' "$sig" >"$status_dir/signal"
-  hpc_log "wandb_agent.sh: received SIG$sig; forwarding it to the wandb agent and its run"
-  [[ -z "$agent_pid" ]] || kill -s "$sig" "$agent_pid" 2>/dev/null || true
+  hpc_log "wandb_agent.sh: received SIG$sig; forwarding it to the wandb run"
+  # USR1 also to the agent, which passes it on (--forward-signals). Not TERM:
+  # the agent counts TERMs (wait, then terminate, then SIGKILL its run at the
+  # third), and SLURM may already have sent it one or two.
+  if [[ "$sig" == USR1 && -n "$agent_pid" ]]; then
+    kill -s USR1 "$agent_pid" 2>/dev/null || true
+  fi
   for pidfile in "$status_dir"/*.pid; do
     [[ -e "$pidfile" && ! -e "${pidfile%.pid}.status" ]] || continue
     kill -s "$sig" "$(<"$pidfile")" 2>/dev/null || true
@@ -65,38 +70,57 @@ write_shim() {
   cat >"$status_dir/bin/python" <<SHIM
 #!/usr/bin/env bash
 # Written by wandb_agent.sh: runs one wandb run in its own folder, forwards
-# USR1/TERM to it (USR1 again every second until it exits) and records its
-# exit status.
+# USR1/TERM to it and records its exit status. The program starts with USR1
+# ignored; a USR1 is delivered once the program catches it (its handler shows
+# in /proc/PID/status), so an early one is neither lost nor fatal.
 set -uo pipefail
 run=\${WANDB_RUN_ID:-run\$\$}
 export HPC_TRIAL_DIR=$(printf '%q' "$runs")/"\$run"
 mkdir -p "\$HPC_TRIAL_DIR"
 pending=""
 child=""
+usr1=\$(kill -l USR1)
+catches_usr1() {
+  local mask
+  mask=\$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/\$child/status" 2>/dev/null) || return 1
+  [[ -n "\$mask" ]] && (((16#\$mask >> (usr1 - 1)) & 1))
+}
+deliver() {
+  [[ -n "\$pending" && -n "\$child" ]] || return 0
+  [[ "\$pending" != USR1 ]] || catches_usr1 || return 0
+  kill -s "\$pending" "\$child" 2>/dev/null || true
+  pending=""
+}
 on_signal() {
   pending=\$1
-  [[ -z "\$child" ]] || kill -s "\$1" "\$child" 2>/dev/null || true
+  deliver
 }
+# Ignored from before the fork, so that the program never sees USR1's default.
+trap '' USR1
+$(printf '%q' "$real_python") "\$@" &
+child=\$!
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
 printf '%s\n' "\$\$" >$(printf '%q' "$status_dir")/"\$run.pid"
-(
-  trap '' USR1
-  exec $(printf '%q' "$real_python") "\$@"
-) &
-child=\$!
-[[ ! -e $(printf '%q' "$status_dir/signal") ]] || pending=\$(<$(printf '%q' "$status_dir/signal"))
-status=0
+if [[ -e $(printf '%q' "$status_dir/signal") ]]; then
+  pending=\$(<$(printf '%q' "$status_dir/signal"))
+fi
 while :; do
-  if [[ "\$pending" == USR1 ]]; then
-    kill -s USR1 "\$child" 2>/dev/null || true
-    sleep 1
-    ! kill -0 "\$child" 2>/dev/null || continue
+  if [[ -n "\$pending" ]]; then
+    deliver
+    if [[ -n "\$pending" ]] && kill -0 "\$child" 2>/dev/null; then
+      sleep 0.2
+      continue
+    fi
   fi
   wait "\$child"
   status=\$?
-  if ((status > 128)) && kill -0 "\$child" 2>/dev/null; then
-    continue
+  if ((status > 128)); then
+    # A trapped signal ends wait early: wait again while the program runs,
+    # and take its own status if it ended meanwhile.
+    ! kill -0 "\$child" 2>/dev/null || continue
+    wait "\$child"
+    status=\$?
   fi
   break
 done
@@ -123,19 +147,21 @@ agent_argv() {
 
 run_agent() {
   agent_status=0
-  # USR1 ignored until the agent starts its run (it then forwards it): an
-  # early wall-time signal reaches the run through the shim instead.
-  (
-    trap '' USR1
-    PATH="$status_dir/bin:$PATH" exec "${argv[@]}"
-  ) &
+  # USR1 ignored (from before the fork) until the agent starts its run and
+  # forwards signals: an early wall-time signal reaches the run via the shim.
+  trap '' USR1
+  PATH="$status_dir/bin:$PATH" "${argv[@]}" &
   agent_pid=$!
+  trap 'on_signal USR1' USR1
+  [[ -z "$signal_seen" ]] || hpc_log "wandb_agent.sh: SIG$signal_seen came before the agent started; its run gets it"
   while :; do
     # wait returns early (status > 128) when a trapped signal arrives.
     agent_status=0
     wait "$agent_pid" || agent_status=$?
-    if ((agent_status > 128)) && kill -0 "$agent_pid" 2>/dev/null; then
-      continue
+    if ((agent_status > 128)); then
+      ! kill -0 "$agent_pid" 2>/dev/null || continue
+      agent_status=0
+      wait "$agent_pid" || agent_status=$?
     fi
     break
   done

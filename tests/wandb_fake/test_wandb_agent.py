@@ -263,3 +263,26 @@ def test_a_run_that_exits_non_zero_without_preempting_is_failed_not_reissued(tmp
         [(rc, _)] = finish(start_agents(fake, tmp_path, 1))
         assert rc == 0
         assert len(fake.runs) == 2
+
+
+def test_read_records_reads_a_run_file_of_many_blocks(tmp_path):
+    """The fake reads what a run recorded from its .wandb file (32 KiB blocks; records that
+    span blocks): here ~1 MB, every history row, the preempting record and the exit code."""
+    from fake_wandb import read_records
+
+    script = """\
+import sys, wandb
+run = wandb.init(project="p", id="big00001", dir=sys.argv[1])
+for i in range(3000):
+    run.log({"a": i * 1.5, "b": "x" * (i % 50)}, step=i)
+run.mark_preempting()
+run.finish(exit_code=42)
+"""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, check=True, timeout=120)
+    [path] = tmp_path.rglob("run-big00001.wandb")
+    assert path.stat().st_size > 10 * 32768
+    kinds = [r.WhichOneof("record_type") for r in read_records(path)]
+    assert kinds.count("history") == 3000
+    assert "preempting" in kinds
+    assert [r.exit.exit_code for r in read_records(path) if r.HasField("exit")] == [42]

@@ -119,20 +119,23 @@ def saved(work: Path) -> dict:
     return json.loads(found.read_text())
 
 
-@pytest.mark.parametrize("to", ["wrapper", "tree"])
+# "tree twice": SLURM's own signal to every process, then batch.sh's, forwarded by srun.
+@pytest.mark.parametrize("to", ["wrapper", "tree", "tree twice"])
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
 def test_a_signal_reaches_the_run_which_checkpoints_and_the_wrapper_exits_42(work, sig, to):
     with FakeWandb(work / "sweep.yml", lifetime=120, offline_root=work) as fake:
         proc = start_wrapper(fake, work)
         wait_for(work / "ready", proc)
-        for pid in [proc.pid] if to == "wrapper" else descendants(proc.pid):
-            os.kill(pid, sig)
+        for _ in range(2 if to == "tree twice" else 1):
+            for pid in [proc.pid] if to == "wrapper" else descendants(proc.pid):
+                os.kill(pid, sig)
+            time.sleep(0.3)
         out, _ = proc.communicate(timeout=60)
         fake.refresh()
         [(run_id, run)] = fake.runs.items()
     assert proc.returncode == 42, out
     name = sig.name.removeprefix("SIG")
-    assert f"received SIG{name}; forwarding it to the wandb agent and its run" in out
+    assert f"received SIG{name}; forwarding it to the wandb run" in out
     assert f"wandb run {run_id} checkpointed at SIG{name}; exiting 42" in out
     info = saved(work)
     assert info["run_id"] == run_id and name in info["signals"]

@@ -329,7 +329,7 @@ parameters:
 EOF
   export FAKE_LIFETIME=420
   start_fake_wandb "$BATS_TEST_TMPDIR/sweep.yml"
-  submit -W none -g 1 -c 1 -t 2 --signal-lead 80 -e "$exp" -w "$SWEEP_PATH" --sweep-count 1
+  submit -W none -g 1 -c 1 -t 2 --signal-lead 80 --max-requeues 20 -e "$exp" -w "$SWEEP_PATH" --sweep-count 1
   local task="${job_id}_0" run_dir="$SCRATCH/$project/$exp/runs/fakerun001"
   release_until_done "$task" 400
   assert_job_state "$task" COMPLETED
@@ -337,7 +337,7 @@ EOF
   echo "# requeued $restarts time(s)" >&3
   run job_log "$task"
   assert_output --partial 'received SIGUSR1'
-  assert_output --partial 'wandb_agent.sh: received SIGUSR1; forwarding it to the wandb agent and its run'
+  assert_output --partial 'wandb_agent.sh: received SIGUSR1; forwarding it to the wandb run'
   assert_output --partial 'hpc_harness: wandb run fakerun001 marked preempting'
   assert_output --partial 'wandb run fakerun001 checkpointed at SIGUSR1; exiting 42'
   assert_output --regexp "requeued $task \\(restart 1 of at most [0-9]+\\)"
