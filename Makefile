@@ -64,7 +64,7 @@ bats-unit-bash42: deps
 
 # Integration tests submit real jobs to the local cluster.
 bats-integration: cluster-up
-	@bats -r tests/bats/integration tests/bats/reliability/security.bats
+	@bats -r tests/bats/integration tests/bats/reliability/security.bats tests/bats/reliability/hostile_inputs.bats
 
 pytest: cluster-up
 	@$(PY) -m pytest -q

@@ -77,6 +77,9 @@ main() {
   plan_data
   plan_runtime_settings
   check_wandb_credentials
+  prepare_trials
+  plan_array "$trials_count"
+  validate_array_size "$plan_trial_count"
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0
@@ -84,7 +87,6 @@ main() {
   make_submission_dir
   plan_submission_folder "$submission_dir"
   fill_submission_dir "$@"
-  plan_array "$trials_count"
   render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   stage_data_tarball
   warn_if_other_command_checkpointed

@@ -143,12 +143,13 @@ EOF
   [[ -z "$plan_data_tarball" ]] || export_line HPC_DATA_TARBALL "$plan_data_tarball"
   [[ "$opt_compress" == none ]] || export_line HPC_COMPRESS "$opt_compress"
   [[ -z "${opt_stage_out:-}" ]] || export_line HPC_STAGE_OUT "$opt_stage_out"
-  [[ -z "${opt_pass_local_rank:-}" ]] || export_line HPC_PASS_LOCAL_RANK 1
+  [[ -z "${opt_pass_local_rank:-}" ]] || export_line HPC_PASS_LOCAL_RANK "$opt_pass_local_rank"
   if ((${#site_env[@]} > 0)); then
-    printf "\n# Site '%s': environment.\n" "$site_name"
+    printf "\n# Site '%s': environment (a container gets these names too).\n" "$site_name"
     for entry in "${site_env[@]}"; do
       export_line "${entry%%=*}" "${entry#*=}"
     done
+    export_line HPC_PASS_ENV "$(site_env_names)"
   fi
   if [[ -n "${opt_modules:-}" ]]; then
     printf '\n# Environment modules (Lmod or Environment Modules).\n'

@@ -77,17 +77,20 @@ remove_unsubmitted_dir() {
   fi
 }
 
+# prepare_trials: the trials manifest, written (or refused) before anything
+# is created under SCRATCH, into a temporary folder (trials_dir) that
+# fill_submission_dir moves into the submission folder; sets trials_count.
+prepare_trials() {
+  trials_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials.XXXXXX") || die "mktemp failed"
+  register_cleanup "$trials_dir"
+  write_trials "$trials_dir"
+}
+
 # preview_submission: --dry-run. The batch script as a submission would
-# write it, with the trials expanded (and refused) exactly as then, in a
-# temporary folder; nothing else is written.
+# write it; nothing is written.
 preview_submission() {
-  local dir
-  dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-preview.XXXXXX") || die "mktemp failed"
-  register_cleanup "$dir"
-  write_trials "$dir"
   plan_preview=1
   plan_submission_folder "$plan_exp_dir/<YYYYmmdd-HHMMSS-XXXX>"
-  plan_array "$trials_count"
   render_script
 }
 
@@ -107,7 +110,7 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  write_trials "$dir"
+  cp "$trials_dir/trials.jsonl" "$trials_dir/commands.txt" "$dir/" || die "cannot write the trials into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
 }

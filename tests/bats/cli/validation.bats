@@ -569,3 +569,12 @@ setup() {
 @test "time: D-HH:MM with hours above 23" {
   refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1-24:00
 }
+
+@test "an array above the cluster's MaxArraySize is refused before sbatch, by --dry-run too" {
+  local bin="$BATS_TEST_TMPDIR/scontrol-bin"
+  mkdir -p "$bin"
+  printf '#!/usr/bin/env bash\nprintf "MaxArraySize            = 3\\n"\n' >"$bin/scontrol"
+  chmod +x "$bin/scontrol"
+  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
+  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
+}
