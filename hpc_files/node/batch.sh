@@ -208,10 +208,11 @@ report_first_failure() {
 
 # requeue_already_requested: someone (Lightning) ran 'scontrol requeue' on
 # this job while it ran; SLURM then shows it REQUEUED (or pending again).
+# (Not 'Requeue' anywhere in the line: every job shows its Requeue=0|1 flag.)
 requeue_already_requested() {
-  local state
-  state=$(scontrol show job -o "$(job_key)" 2>/dev/null | sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p')
-  [[ "$state" == REQUEUED || "$state" == REQUEUE_HOLD || "$state" == PENDING || "$(scontrol show job -o "$(job_key)" 2>/dev/null)" == *Reason=*Requeue* ]]
+  local job
+  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || return 1
+  [[ " $job " =~ \ JobState=(REQUEUED|REQUEUE_HOLD|PENDING)\  ]]
 }
 
 requeue_or_stop() {
