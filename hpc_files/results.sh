@@ -29,7 +29,8 @@ the mean unless all failed). Metrics come from each trial's metrics.csv.
 
   -s, --sort METRIC[:max|min]  sort by METRIC's final value (default: the sweep
                      file's metric: name and goal when it was logged, else
-                     the first metric; max unless the name says loss/error)
+                     the first of --metrics, else the first logged metric;
+                     max unless the name says loss/error)
   --no-group         one row per trial (seeds not grouped)
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)

@@ -818,8 +818,10 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
                     f"{prog}: note: the sweep's metric {name!r} was not logged; "
                     "sorting by the first metric\n"
                 )
-            if logged:
-                sort = (logged[0], "min" if lower_is_better(logged[0]) else "max")
+            first = next((m for m in metrics_filter or [] if m in logged), None)
+            first = first or (logged[0] if logged else None)
+            if first:
+                sort = (first, "min" if lower_is_better(first) else "max")
     shown_metrics = logged
     if metrics_filter is not None:
         unknown = [m for m in metrics_filter if m not in logged]
