@@ -839,7 +839,7 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     if csv_out:
         try:
             with open(csv_out, "w", newline="", encoding="utf-8") as fh:
-                csv.writer(fh).writerows(csv_rows)
+                csv.writer(fh, lineterminator="\n").writerows(csv_rows)
         except OSError as exc:
             raise RuntimeFailure(f"--csv: cannot write {csv_out!r}: {exc.strerror}") from None
         sys.stdout.write(f"wrote {csv_out}\n")
