@@ -517,7 +517,8 @@ def results_table(
     group: bool,
     metric_names: list[str],
 ) -> tuple[list[str], list[list[str]], list[list[str]]]:
-    """(header, rows as shown, rows for the CSV) sorted by the sort metric's final value."""
+    """(header, rows as shown, rows for the CSV) sorted by the sort metric's final value
+    (mean over a row's trials that did not fail); rows whose every trial failed go last."""
     goals = {sort[0]: sort[1]} if sort else {}
     rows = build_rows(trials, metric_names, group, goals)
     if sort:
@@ -525,7 +526,9 @@ def results_table(
 
         def key(row: Row) -> tuple:
             mean = row.mean(sort[0])
-            return (mean is None, sign * mean if mean is not None else 0, row.trials[0].index)
+            all_failed = all(t.failed for t in row.trials)
+            value = sign * mean if mean is not None else 0
+            return (all_failed, mean is None, value, row.trials[0].index)
 
         rows.sort(key=key)
     param_names: list[str] = []
@@ -596,7 +599,7 @@ def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
             by_x.setdefault(x, []).append(y)
         mx = sorted(by_x)
         ax.plot(mx, [statistics.fmean(by_x[x]) for x in mx], color="C1", marker="_")
-        if numeric and len(mx) > 2 and min(mx) > 0 and max(mx) / min(mx) >= 100:
+        if numeric and len(mx) >= 2 and min(mx) > 0 and max(mx) / min(mx) >= 100:
             ax.set_xscale("log")
         ax.set_xlabel(name)
         ax.set_ylabel(f"{metric} ({goal})")

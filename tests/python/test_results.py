@@ -68,6 +68,17 @@ def test_grouped_seeds_mean_std_sorted_by_sweep_metric_failed_kept(scratch, caps
     assert table[3][5] == "0.62 ± 0.02828"
 
 
+def test_a_configuration_whose_every_trial_failed_sorts_last(scratch, capsys) -> None:
+    for k in (0, 1):
+        log = scratch / "proj" / "hpc_outputs" / f"proj_grid_500_{k}.out"
+        log.write_text(log.read_text().replace("exit code 0", "exit code 3"))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "-m", "test_acc")
+    table = rows(lines)
+    # (0.01, 16) logged 0.81 before failing, above two finished configurations, yet last.
+    assert [r[0] for r in table] == ["2,3", "4,5", "6,7", "0,1"]
+    assert table[3][3:6] == ["2", "failed (exit 3)", "0.81 ± 0.01414"]
+
+
 def test_no_group_one_row_per_trial_and_sort_override(scratch, capsys) -> None:
     code, lines, _ = run(
         capsys, "results", "--project", "proj", "grid", "--no-group", "--sort", "test_loss:max"
@@ -75,8 +86,9 @@ def test_no_group_one_row_per_trial_and_sort_override(scratch, capsys) -> None:
     assert code == 0
     assert lines[1] == "8 trial(s); sorted by test_loss (max)"
     table = rows(lines)
-    assert [r[0] for r in table] == ["5", "6", "7", "4", "0", "1", "2", "3"]
-    assert table[0][1:5] == ["16", "0.1", "1", "failed (exit 3)"]
+    # A failed trial stays in the table, after the others.
+    assert [r[0] for r in table] == ["6", "7", "4", "0", "1", "2", "3", "5"]
+    assert table[7][1:5] == ["16", "0.1", "1", "failed (exit 3)"]
     code, lines, _ = run(
         capsys, "results", "--project", "proj", "grid", "--no-group", "-s", "test_loss"
     )

@@ -50,8 +50,10 @@ trials  hidden  lr    n  state                          test_acc        best tes
   run "$RESULTS" grid --no-group --sort test_acc:min -m test_acc
   assert_success
   assert_line --index 2 --regexp '^trial +hidden +lr +seed +state +test_acc +best test_acc$'
-  assert_line --index 3 --regexp '^5 +16 +0\.1 +1 +failed \(exit 3\) +0\.1 +0\.05$'
-  assert_line --index 10 --regexp '^3 +32 +0\.01 +1 +finished +0\.92 +0\.87$'
+  assert_line --index 3 --regexp '^6 +32 +0\.1 +0 +finished +0\.6 +0\.55$'
+  assert_line --index 9 --regexp '^3 +32 +0\.01 +1 +finished +0\.92 +0\.87$'
+  # The failed trial stays, after the others.
+  assert_line --index 10 --regexp '^5 +16 +0\.1 +1 +failed \(exit 3\) +0\.1 +0\.05$'
   run "$RESULTS" grid --no-group --sort=test_loss -m test_acc
   assert_line --index 1 '8 trial(s); sorted by test_loss (min)'
   assert_line --index 3 --regexp '^3 '
