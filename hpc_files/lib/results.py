@@ -369,8 +369,6 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
         if state == "COMPLETED":
             return "finished", False, restarts
         if state in ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):
-            if state == "PENDING" and restarts:
-                return "requeued", False, restarts
             return state.lower(), False, restarts
         return f"{state.lower()} (exit {code})", True, restarts
     if log is None:
@@ -389,6 +387,8 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
 
 
 def with_restarts(state: str, restarts: int) -> str:
+    if state == "requeued":
+        return f"requeued {max(restarts, 1)}x"
     return f"{state}, requeued {restarts}x" if restarts else state
 
 

@@ -228,3 +228,19 @@ def test_metrics_keep_the_last_row_per_step_after_a_resume(tmp_path) -> None:
     assert results.final_and_best(series["loss"], "loss") == (0.7, 0.6)
     assert results.final_and_best(series["loss"], "loss", "max") == (0.7, 0.9)
     os.remove(path)
+
+
+def test_requeued_trials_say_so_once(scratch, capsys, monkeypatch) -> None:
+    # Task 2 pending again after its requeue (SLURM knows it); task 3's log ends with a
+    # requeue and SLURM has forgotten it.
+    log = scratch / "proj" / "hpc_outputs" / "proj_grid_500_3.out"
+    log.write_text(
+        "hpc: job 500_3 (trial 3) on node1, restart 0, started 2026-11-23 12:00:00\n"
+        "hpc: requeued 500_3 (restart 1 of at most 10); it resumes from the checkpoint\n"
+    )
+    text = "JobId=502 ArrayJobId=500 ArrayTaskId=2 JobState=PENDING Restarts=1 ExitCode=0:0\n"
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
+    states = {r[0]: r[4] for r in rows(lines)}
+    assert states["2"] == "pending, requeued 1x"
+    assert states["3"] == "requeued 1x"
