@@ -26,7 +26,9 @@ submission whose job id is JOBID) under \$SCRATCH/$project/: its trials, its
 parameters, n, state, and for every metric its final and best value (mean ± std
 over the seeds of the configuration; failed trials are listed but left out of
 the mean unless all failed; a configuration whose every trial failed sorts
-last). Metrics come from each trial's metrics.csv.
+last). Metrics come from each trial's metrics.csv; for a wandb sweep array
+(-w), from each task's run (<exp>/runs/<run id>/), its parameters from the
+run's run.json.
 
   -s, --sort METRIC[:max|min]  sort by METRIC's final value (default: the sweep
                      file's metric: name and goal when it was logged, else

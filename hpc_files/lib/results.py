@@ -392,12 +392,52 @@ def with_restarts(state: str, restarts: int) -> str:
     return f"{state}, requeued {restarts}x" if restarts else state
 
 
+def wandb_run(trial_dir: str) -> str | None:
+    """The wandb run a task of a wandb sweep array ran (the last line of the task's
+    ``wandb_runs.txt``: run id and exit status), or None for any other submission."""
+    text = _read_text(os.path.join(trial_dir, "wandb_runs.txt")) or ""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    return lines[-1][0] if lines else None
+
+
+def run_fingerprint(run_dir: str) -> dict[str, Any]:
+    """The harness's ``run.json`` fingerprint (the run's arguments) in RUN_DIR or one below."""
+    for folder in (run_dir, os.path.join(run_dir, "checkpoints")):
+        text = _read_text(os.path.join(folder, "run.json"))
+        if text:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
+                return data["fingerprint"]
+    return {}
+
+
 def collect(sub: Submission, project: str) -> list[Trial]:
     tasks = scontrol_tasks(sub.job_id)
     raw_params = [{k: v for k, v in t.get("params", {}).items() if k != "seed"} for t in sub.trials]
     argvs = [strip_seed(list(t.get("argv", []))) for t in sub.trials]
     if not any(raw_params):
         raw_params = argv_params(argvs)
+    # A wandb sweep array: K identical trials, each task's run (and its files, under
+    # <exp>/runs/<run id>) chosen by the W&B server; the parameters are the run's.
+    run_ids = [wandb_run(sub.trial_dir(int(t.get("trial", k)))) for k, t in enumerate(sub.trials)]
+    run_dirs = [os.path.join(os.path.dirname(sub.path), "runs", r) if r else None for r in run_ids]
+    if any(run_ids):
+        prints = [run_fingerprint(d) if d else {} for d in run_dirs]
+        keys: list[str] = []
+        for fp in prints:
+            keys += [k for k in fp if k not in keys]
+        varying = [k for k in keys if len({json.dumps(fp.get(k)) for fp in prints}) > 1]
+        raw_params = [
+            {"run": r or "-", **{k: fp.get(k, "") for k in varying if k != "seed"}}
+            for r, fp in zip(run_ids, prints)
+        ]
+        argvs = [[json.dumps(p, sort_keys=True, default=str)] for p in raw_params]
+        for p, fp in zip(raw_params, prints):
+            if "seed" in varying:
+                p["seed"] = fp.get("seed", "")
     trials = []
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
@@ -407,8 +447,12 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         params = dict(raw_params[k])
         if "seed" in record.get("params", {}):
             params["seed"] = record["params"]["seed"]
-        trial = Trial(index, params, tuple(argvs[k]), state, failed, restarts)
-        trial.metrics = read_metrics(find_metrics_csv(sub.trial_dir(index), sub.array))
+        config = tuple(argvs[k])
+        if run_ids[k]:  # a run's own arguments define its configuration, not the task's
+            config = (json.dumps({x: v for x, v in params.items() if x not in ("run", "seed")}),)
+        trial = Trial(index, params, config, state, failed, restarts)
+        folder = run_dirs[k] or sub.trial_dir(index)
+        trial.metrics = read_metrics(find_metrics_csv(folder, sub.array))
         trials.append(trial)
     return trials
 

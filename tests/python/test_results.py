@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -244,3 +245,40 @@ def test_requeued_trials_say_so_once(scratch, capsys, monkeypatch) -> None:
     states = {r[0]: r[4] for r in rows(lines)}
     assert states["2"] == "pending, requeued 1x"
     assert states["3"] == "requeued 1x"
+
+
+def test_wandb_sweep_array_reads_each_tasks_run(scratch, capsys) -> None:
+    # -w sweep: 3 identical tasks; W&B chose each run; its files are under runs/<run id>.
+    exp = scratch / "proj" / "wsweep"
+    sub = exp / "20261123-130000-wand"
+    sub.mkdir(parents=True)
+    (sub / "job.sbatch").write_text("#SBATCH --array=0-2\n")
+    (sub / "job_id").write_text("800\n")
+    argv = '["bash","hpc_files/node/wandb_agent.sh","agent","--count","1","e/p/s"]'
+    (sub / "trials.jsonl").write_text(
+        "".join(f'{{"argv":{argv},"params":{{}},"trial":{k}}}\n' for k in range(3))
+    )
+    logs = scratch / "proj" / "hpc_outputs"
+    for k, (run_id, lr, acc, code) in enumerate(
+        [("aaaa1111", 0.01, 0.9, 0), ("bbbb2222", 0.1, 0.95, 0), ("cccc3333", 0.5, 0.2, 7)]
+    ):
+        (exp / "trials" / str(k)).mkdir(parents=True)
+        (exp / "trials" / str(k) / "wandb_runs.txt").write_text(f"{run_id} {code}\n")
+        ck = exp / "runs" / run_id / "checkpoints"
+        ck.mkdir(parents=True)
+        (ck / "run.json").write_text(
+            json.dumps({"fingerprint": {"epochs": 2, "lr": lr, "seed": 0}, "written": "x"})
+        )
+        (ck / "metrics.csv").write_text(f"time,step,epoch,name,value\n1,45,0,test_acc,{acc}\n")
+        (logs / f"proj_wsweep_800_{k}.out").write_text(
+            f"hpc: job 800_{k} (trial {k}) on node1, restart 0, started 2026-11-23 13:00:00\n"
+            f"hpc: training step ended with exit code {code} at 2026-11-23 13:00:30\n"
+        )
+    code, lines, err = run(capsys, "results", "--project", "proj", "wsweep")
+    assert code == 0, err
+    assert lines[2].split() == "trial run lr state test_acc best test_acc".split()
+    assert rows(lines) == [
+        ["1", "bbbb2222", "0.1", "finished", "0.95", "0.95"],
+        ["0", "aaaa1111", "0.01", "finished", "0.9", "0.9"],
+        ["2", "cccc3333", "0.5", "failed (exit 7)", "0.2", "0.2"],
+    ]
