@@ -6,7 +6,7 @@
 #
 #   hpc_files/status.sh                 the newest submission of the project
 #   hpc_files/status.sh EXP             the newest submission of experiment EXP
-#   hpc_files/status.sh JOBID           the submission whose job id is JOBID
+#   hpc_files/status.sh JOBID           the submission whose job id is JOBID (or JOBID_TASK)
 #   hpc_files/status.sh EXP --watch 10  redraw every 10 s (a terminal only)
 #
 # The table work is hpc_files/lib/results.py (python3, standard library).
@@ -21,7 +21,7 @@ usage() {
 usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]
 
 One row per task of the newest submission (of experiment EXP, or the one whose
-job id is JOBID; default: the newest under \$SCRATCH/$project/ across
+job id is JOBID or JOBID_TASK; default: the newest under \$SCRATCH/$project/ across
 experiments): task, state (SLURM's while it knows the job, else from the log:
 finished, failed (exit N), requeued), restarts, elapsed, last progress line
 (the harness's 'step S/T epoch E loss L', else the last metrics.csv row).

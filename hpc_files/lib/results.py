@@ -139,9 +139,10 @@ def find_submission(project_dir: str, target: str | None, prog: str) -> Submissi
         raise UsageError(f"no submissions under {project_dir}")
     if target is None:
         return load_submission(subs[-1])
-    if target.isdigit():
+    job = re.fullmatch(r"(\d+)(?:_\d+)?", target)  # 500, or an array task: 500_3
+    if job:
         for sub in reversed(subs):
-            if (_read_text(os.path.join(sub, "job_id")) or "").strip() == target:
+            if (_read_text(os.path.join(sub, "job_id")) or "").strip() == job.group(1):
                 return load_submission(sub)
     of_exp = [s for s in subs if os.path.basename(os.path.dirname(s)) == target]
     if of_exp:

@@ -87,6 +87,10 @@ OUT
   run "$STATUS" 400
   assert_success
   assert_line --index 0 "grid  $SCRATCH/$project/grid/20261122-090000-old1"
+  # An array task's id (squeue's 500_3) names its array's submission.
+  run "$STATUS" 500_3
+  assert_success
+  assert_line --index 1 'job 500, 8 task(s); states from logs'
 }
 
 @test "--watch refuses a stdout that is not a terminal; on a terminal it clears and redraws" {
