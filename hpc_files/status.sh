@@ -27,6 +27,7 @@ finished, failed (exit N), requeued), restarts, elapsed, last progress line
 (the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
 
   --watch [SECONDS]  clear and redraw every SECONDS (default 5) until Ctrl-C;
+                     (a number after --watch is SECONDS: give a JOBID first);
                      stdout must be a terminal
   --project NAME     the project folder under \$SCRATCH (default: $project,
                      the folder holding hpc_files/)
