@@ -131,7 +131,7 @@ def submissions(project_dir: str) -> list[str]:
     return sorted(found, key=lambda p: (os.path.basename(p)[:15], os.path.getmtime(p)))
 
 
-def find_submission(project_dir: str, target: str | None, prog: str) -> Submission:
+def find_submission(project_dir: str, target: str | None) -> Submission:
     """The newest submission of experiment TARGET, the one whose job id is TARGET, or the
     newest of all (TARGET None)."""
     subs = submissions(project_dir)
@@ -786,7 +786,7 @@ def cmd_status(argv: Sequence[str], prog: str) -> int:
     if watch is not None and not sys.stdout.isatty():
         raise UsageError("--watch redraws a terminal; stdout is not one (drop --watch)")
     while True:
-        sub = find_submission(project_dir, target, prog)
+        sub = find_submission(project_dir, target)
         text = status_text(sub, project)
         if watch is None:
             sys.stdout.write(text)
@@ -843,7 +843,7 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     if target is None:
         raise UsageError("give the experiment (or job id) to show: results.sh EXP")
     project, project_dir = _project_dir(project)
-    sub = find_submission(project_dir, target, prog)
+    sub = find_submission(project_dir, target)
     trials = collect(sub, project)
     logged: list[str] = []
     for t in trials:
