@@ -1,0 +1,923 @@
+#!/usr/bin/env python3
+"""Read submissions back: a live status table (status.sh) and a results table (results.sh).
+
+Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` and
+``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per call),
+never ``sacct`` (accounting is off on many small clusters)::
+
+    python3 hpc_files/lib/results.py status  --project NAME [EXP | JOBID] [--watch [S]]
+    python3 hpc_files/lib/results.py results --project NAME EXP [--sort M[:max|min]]
+                                    [--no-group] [--metrics A,B] [--csv F] [--plot F.png]
+
+Where things are (written by job_submitter.sh and the batch script):
+
+* a submission folder ``$SCRATCH/<project>/<exp>/<YYYYmmdd-HHMMSS-XXXX>/`` holds
+  ``job.sbatch`` (``#SBATCH --array=`` for an array), ``job_id``, ``trials.jsonl`` (one
+  trial per line: ``trial``, ``params``, ``argv``) and ``sweep.yml`` for a sweep;
+* the log of a plain job is ``$SCRATCH/<project>/hpc_outputs/<project>_<exp>_<id>.out``,
+  of array task K ``..._<arrayid>_K.out``; every run appends ``hpc: job KEY (trial K) on
+  NODES, restart N, started DATE`` and ends with ``hpc: training step ended with exit code
+  N at DATE`` or ``hpc: requeued KEY (restart N ...)``; the harness prints ``hpc_harness:
+  step S/T epoch E loss L ...``;
+* results: a plain job's folder is ``$SCRATCH/<project>/<exp>/``, array task K's is
+  ``.../<exp>/trials/K/``; the harness's ``metrics.csv`` (long format: time, step, epoch,
+  name, value) is there or one folder below (``checkpoints/`` by default).
+
+Errors: one line ``PROG: error: MESSAGE`` on stderr; exit 2 for bad input (unknown
+experiment, unknown metric, --watch without a terminal), 1 for a failure to write.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+STAMP = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9]+$")
+START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), started (.+)$")
+ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
+REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
+KILLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+PROGRESS = re.compile(r"^hpc_harness: step (\d+)/(\d+) epoch (\d+) loss (\S+)")
+LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IGNORECASE)
+SCONTROL_FIELDS = ("JobId", "ArrayJobId", "ArrayTaskId", "JobState", "Restarts", "RunTime")
+
+
+class UsageError(Exception):
+    """Bad input: one line, exit 2."""
+
+
+class RuntimeFailure(Exception):
+    """A failure to read or write: one line, exit 1."""
+
+
+# ---------------------------------------------------------------- submissions
+
+
+@dataclass
+class Submission:
+    path: str
+    exp: str
+    job_id: str | None
+    array: bool
+    trials: list[dict]
+
+    @property
+    def project_dir(self) -> str:
+        return os.path.dirname(os.path.dirname(self.path))
+
+    def log_path(self, project: str, task: int) -> str | None:
+        if not self.job_id:
+            return None
+        key = f"{self.job_id}_{task}" if self.array else self.job_id
+        return os.path.join(self.project_dir, "hpc_outputs", f"{project}_{self.exp}_{key}.out")
+
+    def trial_dir(self, task: int) -> str:
+        exp_dir = os.path.dirname(self.path)
+        return os.path.join(exp_dir, "trials", str(task)) if self.array else exp_dir
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def load_submission(path: str) -> Submission:
+    trials: list[dict] = []
+    text = _read_text(os.path.join(path, "trials.jsonl")) or ""
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                trials.append(json.loads(line))
+            except ValueError:
+                raise RuntimeFailure(f"{path}/trials.jsonl: a line is not JSON") from None
+    if not trials:
+        trials = [{"trial": 0, "params": {}, "argv": []}]
+    job_id = (_read_text(os.path.join(path, "job_id")) or "").strip() or None
+    sbatch = _read_text(os.path.join(path, "job.sbatch")) or ""
+    array = re.search(r"^#SBATCH --array=", sbatch, re.MULTILINE) is not None
+    exp = os.path.basename(os.path.dirname(path))
+    return Submission(path, exp, job_id, array, trials)
+
+
+def submissions(project_dir: str) -> list[str]:
+    """Every submission folder under the project's scratch folder, oldest first."""
+    found = []
+    try:
+        exps = sorted(os.listdir(project_dir))
+    except OSError:
+        return []
+    for exp in exps:
+        exp_dir = os.path.join(project_dir, exp)
+        if exp == "hpc_outputs" or exp.startswith(".") or not os.path.isdir(exp_dir):
+            continue
+        for name in os.listdir(exp_dir):
+            sub = os.path.join(exp_dir, name)
+            if STAMP.match(name) and os.path.isfile(os.path.join(sub, "job.sbatch")):
+                found.append(sub)
+    return sorted(found, key=lambda p: (os.path.basename(p)[:15], os.path.getmtime(p)))
+
+
+def find_submission(project_dir: str, target: str | None) -> Submission:
+    """The newest submission of experiment TARGET, the one whose job id is TARGET, or the
+    newest of all (TARGET None)."""
+    subs = submissions(project_dir)
+    if not subs:
+        raise UsageError(f"no submissions under {project_dir}")
+    if target is None:
+        return load_submission(subs[-1])
+    job = re.fullmatch(r"(\d+)(?:_\d+)?", target)  # 500, or an array task: 500_3
+    if job:
+        for sub in reversed(subs):
+            if (_read_text(os.path.join(sub, "job_id")) or "").strip() == job.group(1):
+                return load_submission(sub)
+    of_exp = [s for s in subs if os.path.basename(os.path.dirname(s)) == target]
+    if of_exp:
+        return load_submission(of_exp[-1])
+    exps = sorted({os.path.basename(os.path.dirname(s)) for s in subs})
+    raise UsageError(
+        f"no experiment or job id {target!r} under {project_dir} (experiments: {', '.join(exps)})"
+    )
+
+
+# ---------------------------------------------------------------- SLURM and logs
+
+
+def parse_scontrol(text: str) -> dict[int, dict[str, str]]:
+    """``scontrol show job -o`` output -> {task index: fields}; a pending range
+    (``ArrayTaskId=2-7%2``, ``4,6-7``) gives one entry per task; a plain job is task 0."""
+    tasks: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        fields: dict[str, str] = {}
+        for word in line.split(" "):
+            key, eq, value = word.partition("=")
+            if eq and key in SCONTROL_FIELDS + ("ExitCode",):
+                fields[key] = value
+        if "JobState" not in fields:
+            continue
+        spec = fields.get("ArrayTaskId")
+        if spec is None:
+            tasks[0] = fields
+            continue
+        for part in spec.split("%")[0].split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit():
+                for k in range(int(low), int(high or low) + 1):
+                    tasks.setdefault(k, fields)
+    return tasks
+
+
+def scontrol_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
+    """One ``scontrol show job -o`` call for the whole job; {} when SLURM forgot it."""
+    if not job_id or shutil.which("scontrol") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return parse_scontrol(out.stdout) if out.returncode == 0 else {}
+
+
+@dataclass
+class LogInfo:
+    starts: int = 0
+    restart: int = 0
+    exit_code: int | None = None
+    requeued: bool = False
+    started: str | None = None
+    ended: str | None = None
+    progress: str | None = None
+    error: str | None = None
+    killed: str | None = None
+
+
+def read_log(path: str | None) -> LogInfo | None:
+    """What a task's log says about its runs (None: no log yet)."""
+    text = _read_text(path) if path else None
+    if text is None:
+        return None
+    info = LogInfo()
+    for line in text.splitlines():
+        if m := START.match(line):
+            info.starts += 1
+            info.restart = int(m.group(4))
+            info.started, info.ended = m.group(5), None
+            info.exit_code, info.requeued, info.error, info.killed = None, False, None, None
+        elif m := ENDED.match(line):
+            info.exit_code, info.ended = int(m.group(1)), m.group(2)
+        elif m := REQUEUED.match(line):
+            info.requeued = True
+        elif m := KILLED.search(line):
+            info.killed = "timeout" if m.group(1) == "TIME LIMIT" else "cancelled"
+        elif line.startswith("hpc: error: "):
+            info.error = line[len("hpc: error: ") :]
+        elif m := PROGRESS.match(line):
+            info.progress = f"step {m.group(1)}/{m.group(2)} epoch {m.group(3)} loss {m.group(4)}"
+    return info
+
+
+def _seconds(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def format_elapsed(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def find_metrics_csv(trial_dir: str, array: bool) -> str | None:
+    """metrics.csv in the trial folder or one folder below (the harness: checkpoints/)."""
+    direct = os.path.join(trial_dir, "metrics.csv")
+    if os.path.isfile(direct):
+        return direct
+    try:
+        names = sorted(os.listdir(trial_dir))
+    except OSError:
+        return None
+    for name in names:
+        if name == "trials" and not array or STAMP.match(name):
+            continue
+        candidate = os.path.join(trial_dir, name, "metrics.csv")
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def read_metrics(path: str | None) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(step, value), ...]} by step, the last row per (name, step) kept (rows are
+    logged again after a resume), in the order names first appear."""
+    series: dict[str, dict[int, float]] = {}
+    if not path:
+        return {}
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            for row in csv.DictReader(fh):
+                try:
+                    step, value = int(row["step"]), float(row["value"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if row.get("name"):
+                    series.setdefault(row["name"], {})[step] = value
+    except OSError:
+        return {}
+    return {name: sorted(points.items()) for name, points in series.items()}
+
+
+def lower_is_better(name: str) -> bool:
+    return LOWER_IS_BETTER.search(name) is not None
+
+
+def final_and_best(points: list[tuple[int, float]], name: str, goal: str | None = None):
+    values = [v for _, v in points if not math.isnan(v)]
+    if not values:
+        return None, None
+    minimize = goal == "min" if goal else lower_is_better(name)
+    return points[-1][1], (min(values) if minimize else max(values))
+
+
+# ---------------------------------------------------------------- trials and state
+
+
+@dataclass
+class Trial:
+    index: int
+    params: dict[str, Any]
+    config: tuple
+    state: str
+    failed: bool
+    restarts: int
+    metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+def strip_seed(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--seed":
+            skip = True
+        elif not word.startswith("--seed="):
+            out.append(word)
+    return out
+
+
+def argv_params(argvs: list[list[str]]) -> list[dict[str, str]]:
+    """Parameters of configs-file trials (params {}): the --key value / --key=value words
+    whose values differ between trials; a word that is no option is ``arg<N>``."""
+    parsed = []
+    for argv in argvs:
+        params: dict[str, str] = {}
+        i = 0
+        while i < len(argv):
+            word = argv[i]
+            if word.startswith("--") and len(word) > 2:
+                key, eq, value = word[2:].partition("=")
+                if not eq:
+                    if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                        value, i = argv[i + 1], i + 1
+                    else:
+                        value = "true"
+                params[key] = value
+            else:
+                params[f"arg{i}"] = word
+            i += 1
+        parsed.append(params)
+    keys: list[str] = []
+    for p in parsed:
+        keys += [k for k in p if k not in keys]
+    varying = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    return [{k: p.get(k, "") for k in varying} for p in parsed]
+
+
+def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str, bool, int]:
+    """(state text, failed?, restarts) from SLURM (when it still knows the task) or the log."""
+    restarts = log.restart if log else 0
+    if fields:
+        restarts = max(restarts, int(fields.get("Restarts", "0") or 0))
+        state = fields["JobState"]
+        code = fields.get("ExitCode", "0:0").split(":")[0]
+        if state == "COMPLETED":
+            return "finished", False, restarts
+        if state in ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):
+            return state.lower(), False, restarts
+        return f"{state.lower()} (exit {code})", True, restarts
+    if log is None:
+        return "not started", False, 0
+    if log.exit_code is not None:
+        if log.exit_code == 0:
+            return "finished", False, restarts
+        return f"failed (exit {log.exit_code})", True, restarts
+    if log.requeued:
+        return "requeued", False, restarts
+    if log.killed:
+        return log.killed, True, restarts
+    if log.error:
+        return "failed", True, restarts
+    return "stopped (no end line in its log)", True, restarts
+
+
+def with_restarts(state: str, restarts: int) -> str:
+    if state == "requeued":
+        return f"requeued {max(restarts, 1)}x"
+    return f"{state}, requeued {restarts}x" if restarts else state
+
+
+def wandb_run(trial_dir: str) -> str | None:
+    """The wandb run a task of a wandb sweep array ran (the last line of the task's
+    ``wandb_runs.txt``: run id and exit status), or None for any other submission."""
+    text = _read_text(os.path.join(trial_dir, "wandb_runs.txt")) or ""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    return lines[-1][0] if lines else None
+
+
+def run_fingerprint(run_dir: str) -> dict[str, Any]:
+    """The harness's ``run.json`` fingerprint (the run's arguments) in RUN_DIR or one below."""
+    for folder in (run_dir, os.path.join(run_dir, "checkpoints")):
+        text = _read_text(os.path.join(folder, "run.json"))
+        if text:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
+                return data["fingerprint"]
+    return {}
+
+
+def collect(sub: Submission, project: str) -> list[Trial]:
+    tasks = scontrol_tasks(sub.job_id)
+    raw_params = [{k: v for k, v in t.get("params", {}).items() if k != "seed"} for t in sub.trials]
+    argvs = [strip_seed(list(t.get("argv", []))) for t in sub.trials]
+    if not any(raw_params):
+        raw_params = argv_params(argvs)
+    # A wandb sweep array: K identical trials, each task's run (and its files, under
+    # <exp>/runs/<run id>) chosen by the W&B server; the parameters are the run's.
+    run_ids = [wandb_run(sub.trial_dir(int(t.get("trial", k)))) for k, t in enumerate(sub.trials)]
+    run_dirs = [os.path.join(os.path.dirname(sub.path), "runs", r) if r else None for r in run_ids]
+    if any(run_ids):
+        prints = [run_fingerprint(d) if d else {} for d in run_dirs]
+        keys: list[str] = []
+        for fp in prints:
+            keys += [k for k in fp if k not in keys]
+        varying = [k for k in keys if len({json.dumps(fp.get(k)) for fp in prints}) > 1]
+        raw_params = [
+            {"run": r or "-", **{k: fp.get(k, "") for k in varying if k != "seed"}}
+            for r, fp in zip(run_ids, prints)
+        ]
+        argvs = [[json.dumps(p, sort_keys=True, default=str)] for p in raw_params]
+        for p, fp in zip(raw_params, prints):
+            if "seed" in varying:
+                p["seed"] = fp.get("seed", "")
+    trials = []
+    for k, record in enumerate(sub.trials):
+        index = int(record.get("trial", k))
+        log = read_log(sub.log_path(project, index))
+        fields = tasks.get(index) if sub.array or index == 0 else None
+        state, failed, restarts = trial_state(fields, log)
+        params = dict(raw_params[k])
+        if "seed" in record.get("params", {}):
+            params["seed"] = record["params"]["seed"]
+        config = tuple(argvs[k])
+        if run_ids[k]:  # a run's own arguments define its configuration, not the task's
+            config = (json.dumps({x: v for x, v in params.items() if x not in ("run", "seed")}),)
+        trial = Trial(index, params, config, state, failed, restarts)
+        folder = run_dirs[k] or sub.trial_dir(index)
+        trial.metrics = read_metrics(find_metrics_csv(folder, sub.array))
+        trials.append(trial)
+    return trials
+
+
+# ---------------------------------------------------------------- tables
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    return "\n".join(lines) + "\n"
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}"
+
+
+def sweep_metric(path: str) -> tuple[str | None, str | None]:
+    """(metric name, 'max'|'min') from a wandb sweep file's ``metric:``."""
+    text = _read_text(path)
+    if text is None:
+        return None, None
+    try:
+        import yaml
+
+        spec = yaml.safe_load(text)
+        metric = spec.get("metric") if isinstance(spec, dict) else None
+    except ImportError:
+        block = re.search(r"^metric:\s*\n((?:[ \t]+.*\n?)+)", text, re.MULTILINE)
+        metric = {}
+        for key in ("name", "goal"):
+            m = re.search(
+                rf"^\s+{key}:\s*['\"]?([^'\"\s#]+)", block.group(1) if block else "", re.M
+            )
+            if m:
+                metric[key] = m.group(1)
+    except Exception:  # a broken sweep file only loses the default sort
+        return None, None
+    if not isinstance(metric, dict) or not metric.get("name"):
+        return None, None
+    goal = str(metric.get("goal", "maximize"))
+    return str(metric["name"]), ("min" if goal.startswith("min") else "max")
+
+
+def param_text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+@dataclass
+class Row:
+    trials: list[Trial]
+    values: dict[str, tuple[list[float], list[float]]]  # metric -> (finals, bests)
+
+    def mean(self, metric: str, which: int = 0) -> float | None:
+        vals = self.values.get(metric, ([], []))[which]
+        return statistics.fmean(vals) if vals else None
+
+
+def build_rows(trials: list[Trial], metric_names: list[str], group: bool, goals: dict) -> list[Row]:
+    buckets: dict[tuple, list[Trial]] = {}
+    for t in trials:
+        key = t.config if group else (t.index,)
+        buckets.setdefault(key, []).append(t)
+    rows = []
+    for members in buckets.values():
+        counted = [t for t in members if not t.failed] or members
+        values = {}
+        for name in metric_names:
+            finals, bests = [], []
+            for t in counted:
+                final, best = final_and_best(t.metrics.get(name, []), name, goals.get(name))
+                if final is not None:
+                    finals.append(final)
+                    bests.append(best)
+            values[name] = (finals, bests)
+        rows.append(Row(members, values))
+    return rows
+
+
+def state_summary(members: list[Trial]) -> str:
+    if len(members) == 1:
+        return with_restarts(members[0].state, members[0].restarts)
+    counts: dict[str, int] = {}
+    for t in members:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    text = ", ".join(s if n == len(members) else f"{n} {s}" for s, n in counts.items())
+    requeues = sum(t.restarts for t in members)
+    return f"{text}, requeued {requeues}x" if requeues else text
+
+
+def cell(vals: list[float], grouped: bool) -> str:
+    if not vals:
+        return "-"
+    if not grouped:
+        return fmt(vals[0])
+    if len(vals) == 1:
+        return fmt(vals[0])
+    return f"{fmt(statistics.fmean(vals))} ± {fmt(statistics.stdev(vals))}"
+
+
+def results_table(
+    trials: list[Trial],
+    sort: tuple[str, str] | None,
+    group: bool,
+    metric_names: list[str],
+) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """(header, rows as shown, rows for the CSV) sorted by the sort metric's final value
+    (mean over a row's trials that did not fail); rows whose every trial failed go last."""
+    goals = {sort[0]: sort[1]} if sort else {}
+    rows = build_rows(trials, metric_names, group, goals)
+    if sort:
+        sign = -1 if sort[1] == "max" else 1
+
+        def key(row: Row) -> tuple:
+            mean = row.mean(sort[0])
+            all_failed = all(t.failed for t in row.trials)
+            value = sign * mean if mean is not None else 0
+            return (all_failed, mean is None, value, row.trials[0].index)
+
+        rows.sort(key=key)
+    param_names: list[str] = []
+    for t in trials:
+        param_names += [k for k in t.params if k not in param_names and not (group and k == "seed")]
+    grouped = group and any(len(r.trials) > 1 for r in rows)
+    header = ["trial" + ("s" if grouped else "")] + param_names + (["n"] if grouped else [])
+    header.append("state")
+    csv_header = list(header)
+    for name in metric_names:
+        header += [name, f"best {name}"]
+        csv_header += [name, f"{name}_std", f"best {name}", f"best {name}_std"]
+    shown, plain = [], []
+    for row in rows:
+        first = row.trials[0]
+        ids = ",".join(str(t.index) for t in row.trials)
+        params = [param_text(first.params.get(k, "")) for k in param_names]
+        head = [ids] + params
+        if grouped:
+            n = len(row.values[sort[0]][0]) if sort and sort[0] in row.values else len(row.trials)
+            head.append(str(n))
+        head.append(state_summary(row.trials))
+        line, cline = list(head), list(head)
+        for name in metric_names:
+            finals, bests = row.values[name]
+            line += [cell(finals, grouped), cell(bests, grouped)]
+            for vals in (finals, bests):
+                cline.append(repr(statistics.fmean(vals)) if vals else "")
+                cline.append(repr(statistics.stdev(vals)) if len(vals) > 1 else "")
+        shown.append(line)
+        plain.append(cline)
+    return header, shown, [csv_header] + plain
+
+
+def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
+    """One panel per parameter: the metric's final value of every trial that reported it
+    (failed trials left out), with the mean per value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    for t in trials:
+        names += [k for k in t.params if k not in names and k != "seed"]
+    points = []
+    for t in trials:
+        final, _ = final_and_best(t.metrics.get(metric, []), metric, goal)
+        if final is not None and not t.failed:
+            points.append((t, final))
+    if not names:
+        names = ["trial"]
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        xs = [t.index if name == "trial" else t.params.get(name) for t, _ in points]
+        ys = [v for _, v in points]
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+        if not numeric:
+            labels = sorted({str(x) for x in xs})
+            xs = [labels.index(str(x)) for x in xs]
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, rotation=30, ha="right")
+        ax.scatter(xs, ys, alpha=0.6)
+        by_x: dict[Any, list[float]] = {}
+        for x, y in zip(xs, ys):
+            by_x.setdefault(x, []).append(y)
+        mx = sorted(by_x)
+        ax.plot(mx, [statistics.fmean(by_x[x]) for x in mx], color="C1", marker="_")
+        if numeric and len(mx) >= 2 and min(mx) > 0 and max(mx) / min(mx) >= 100:
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel(f"{metric} ({goal})")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise RuntimeFailure(f"--plot: cannot write {out!r}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def status_text(sub: Submission, project: str) -> str:
+    tasks = scontrol_tasks(sub.job_id)
+    rows = []
+    for k, record in enumerate(sub.trials):
+        index = int(record.get("trial", k))
+        log = read_log(sub.log_path(project, index))
+        fields = tasks.get(index) if sub.array or index == 0 else None
+        restarts = log.restart if log else 0
+        if fields:
+            state = fields["JobState"]
+            restarts = max(restarts, int(fields.get("Restarts", "0") or 0))
+            if state not in ("PENDING", "RUNNING", "COMPLETED"):
+                state += f" (exit {fields.get('ExitCode', '?').split(':')[0]})"
+            elapsed = fields.get("RunTime", "-")
+        else:
+            state, _, restarts = trial_state(None, log)
+            start = _seconds(log.started) if log else None
+            end = _seconds(log.ended) if log and log.ended else None
+            if log and not log.ended:  # SLURM forgot it and the log has no end: unknown
+                start = None
+            elapsed = format_elapsed(end - start if start and end else None)
+        progress = (log.progress if log else None) or last_metrics_progress(sub, index) or "-"
+        rows.append([str(index), state, str(restarts), elapsed, progress])
+    where = "SLURM" if tasks else "logs"
+    head = (
+        f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}, "
+        f"{len(sub.trials)} task(s); states from {where}\n"
+    )
+    return head + render_table(["task", "state", "restarts", "elapsed", "progress"], rows)
+
+
+def last_metrics_progress(sub: Submission, index: int) -> str | None:
+    series = read_metrics(find_metrics_csv(sub.trial_dir(index), sub.array))
+    if not series:
+        return None
+    step = max(points[-1][0] for points in series.values())
+    parts = [f"step {step}"]
+    for name, points in series.items():
+        if points[-1][0] == step:
+            parts.append(f"{name} {fmt(points[-1][1])}")
+    return " ".join(parts)
+
+
+class Parser:
+    """A small option parser: ``--opt value``, ``--opt=value``, errors as one line."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, str | None]:
+        if self.i >= len(self.argv):
+            raise StopIteration
+        word = self.argv[self.i]
+        self.i += 1
+        if word == "--":
+            rest = self.argv[self.i :]
+            self.i = len(self.argv)
+            if len(rest) > 1:
+                raise UsageError(f"unexpected argument {rest[1]!r}")
+            return ("", rest[0]) if rest else ("--", None)
+        if word.startswith("--") and "=" in word:
+            name, _, value = word.partition("=")
+            return name, value
+        if word.startswith("-") and word != "-":
+            return word, None
+        return "", word
+
+    def value(self, name: str, inline: str | None) -> str:
+        if inline is not None:
+            return inline
+        if self.i >= len(self.argv):
+            raise UsageError(f"{name} expects a value")
+        self.i += 1
+        return self.argv[self.i - 1]
+
+    def optional_value(self, inline: str | None) -> str | None:
+        if inline is not None:
+            return inline
+        if self.i < len(self.argv) and re.fullmatch(r"\d+(\.\d+)?", self.argv[self.i]):
+            self.i += 1
+            return self.argv[self.i - 1]
+        return None
+
+
+def _project_dir(project: str | None) -> tuple[str, str]:
+    scratch = os.environ.get("SCRATCH", "")
+    if not scratch:
+        raise UsageError("SCRATCH is not set (the folder job_submitter.sh writes under)")
+    if not project:
+        raise UsageError("--project expects a name")
+    return project, os.path.join(scratch, project)
+
+
+def cmd_status(argv: Sequence[str], prog: str) -> int:
+    project = target = None
+    watch: float | None = None
+    p = Parser(argv)
+    for name, inline in p:
+        if name == "--project":
+            project = p.value(name, inline)
+        elif name == "--watch":
+            text = p.optional_value(inline) or "5"
+            try:
+                watch = float(text)
+            except ValueError:
+                watch = -1
+            if not watch > 0:
+                raise UsageError(f"--watch expects seconds > 0, got {text!r}")
+        elif name == "" and target is None and inline is not None:
+            target = inline
+        elif name in ("", "--"):
+            if inline is not None:
+                raise UsageError(f"unexpected argument {inline!r}")
+        else:
+            raise UsageError(f"unknown option {name!r} (see --help)")
+    project, project_dir = _project_dir(project)
+    if watch is not None and not sys.stdout.isatty():
+        raise UsageError("--watch redraws a terminal; stdout is not one (drop --watch)")
+    while True:
+        sub = find_submission(project_dir, target)
+        text = status_text(sub, project)
+        if watch is None:
+            sys.stdout.write(text)
+            return 0
+        stamp = time.strftime("%H:%M:%S")
+        sys.stdout.write(f"\033[H\033[2J{text}\n(every {watch:g} s, {stamp}; Ctrl-C ends)\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def parse_sort(text: str) -> tuple[str, str | None]:
+    name, colon, goal = text.rpartition(":")
+    if not colon or goal not in ("max", "min"):
+        return text, None
+    if not name:
+        raise UsageError(f"--sort expects METRIC or METRIC:max|min, got {text!r}")
+    return name, goal
+
+
+def cmd_results(argv: Sequence[str], prog: str) -> int:
+    project = target = csv_out = plot_out = None
+    sort_text: str | None = None
+    metrics_filter: list[str] | None = None
+    group = True
+    p = Parser(argv)
+    for name, inline in p:
+        if name == "--project":
+            project = p.value(name, inline)
+        elif name in ("-s", "--sort"):
+            sort_text = p.value(name, inline)
+            if not sort_text:
+                raise UsageError("--sort expects METRIC or METRIC:max|min, got ''")
+        elif name == "--no-group":
+            group = False
+        elif name in ("-m", "--metrics"):
+            metrics_filter = [m for m in p.value(name, inline).split(",") if m]
+        elif name == "--csv":
+            csv_out = p.value(name, inline)
+        elif name == "--plot":
+            plot_out = p.value(name, inline)
+        elif name == "" and target is None and inline is not None:
+            target = inline
+        elif name in ("", "--"):
+            if inline is not None:
+                raise UsageError(f"unexpected argument {inline!r}")
+        else:
+            raise UsageError(f"unknown option {name!r} (see --help)")
+    for opt, path in (("--csv", csv_out), ("--plot", plot_out)):
+        if path == "":
+            raise UsageError(f"{opt} expects a file name, got ''")
+    if target is None:
+        raise UsageError("give the experiment (or job id) to show: results.sh EXP")
+    project, project_dir = _project_dir(project)
+    sub = find_submission(project_dir, target)
+    trials = collect(sub, project)
+    logged: list[str] = []
+    for t in trials:
+        logged += [m for m in t.metrics if m not in logged]
+    sort: tuple[str, str] | None = None
+    if sort_text is not None:
+        name, goal = parse_sort(sort_text)
+        if name not in logged:
+            raise UsageError(
+                f"--sort: no trial logged {name!r} (logged: {', '.join(logged) or 'nothing'})"
+            )
+        sort = (name, goal or ("min" if lower_is_better(name) else "max"))
+    else:
+        name, goal = sweep_metric(os.path.join(sub.path, "sweep.yml"))
+        if name and name in logged:
+            sort = (name, goal or "max")
+        else:
+            if name:
+                sys.stderr.write(
+                    f"{prog}: note: the sweep's metric {name!r} was not logged; "
+                    "sorting by the first metric\n"
+                )
+            first = next((m for m in metrics_filter or [] if m in logged), None)
+            first = first or (logged[0] if logged else None)
+            if first:
+                sort = (first, "min" if lower_is_better(first) else "max")
+    shown_metrics = logged
+    if metrics_filter is not None:
+        unknown = [m for m in metrics_filter if m not in logged]
+        if unknown:
+            raise UsageError(
+                f"--metrics: no trial logged {unknown[0]!r} (logged: {', '.join(logged) or '-'})"
+            )
+        shown_metrics = metrics_filter
+        if sort and sort[0] not in shown_metrics:
+            shown_metrics = [sort[0]] + shown_metrics
+    header, rows, csv_rows = results_table(trials, sort, group, shown_metrics)
+    where = f"sorted by {sort[0]} ({sort[1]})" if sort else "no metrics logged yet"
+    sys.stdout.write(f"{sub.exp}  {sub.path}\n{len(trials)} trial(s); {where}\n")
+    sys.stdout.write(render_table(header, rows))
+    if csv_out:
+        try:
+            with open(csv_out, "w", newline="", encoding="utf-8") as fh:
+                csv.writer(fh, lineterminator="\n").writerows(csv_rows)
+        except OSError as exc:
+            raise RuntimeFailure(f"--csv: cannot write {csv_out!r}: {exc.strerror}") from None
+        sys.stdout.write(f"wrote {csv_out}\n")
+    if plot_out:
+        if not sort:
+            raise UsageError("--plot: no trial logged a metric yet")
+        plot_results(trials, sort[0], sort[1], plot_out)
+        sys.stdout.write(f"wrote {plot_out}\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args else ""
+    prog = os.environ.get("HPC_PROG", f"{command}.sh")
+    try:
+        if command == "status":
+            return cmd_status(args, prog)
+        if command == "results":
+            return cmd_results(args, prog)
+        raise UsageError(f"expected 'status' or 'results', got {command!r}")
+    except UsageError as exc:
+        sys.stderr.write(f"{prog}: error: {' '.join(str(exc).splitlines())}\n")
+        return 2
+    except RuntimeFailure as exc:
+        sys.stderr.write(f"{prog}: error: {' '.join(str(exc).splitlines())}\n")
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

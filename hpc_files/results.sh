@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# results.sh: the results of an experiment's newest submission, one row per
+# trial (or per configuration, its seeds grouped as mean ± std): parameters
+# from trials.jsonl, state (finished, failed (exit N), requeued N times,
+# pending/running) and the final and best value of every metric in each
+# trial's metrics.csv, sorted by one metric. Optionally a CSV and a PNG.
+#
+#   hpc_files/results.sh EXP
+#   hpc_files/results.sh EXP --sort test_loss:min --no-group
+#   hpc_files/results.sh EXP --csv results.csv --plot results.png
+#
+# The table work is hpc_files/lib/results.py (python3; matplotlib for --plot).
+set -euo pipefail
+
+HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+project_root=${HPC_FILES_DIR%/*}
+project=${project_root##*/}
+
+usage() {
+  cat <<USAGE
+usage: results.sh EXP|JOBID [--sort METRIC[:max|min]] [--no-group] [--metrics A,B]
+                  [--csv FILE] [--plot FILE.png] [--project NAME]
+
+One row per configuration of the newest submission of experiment EXP (or the
+submission whose job id is JOBID) under \$SCRATCH/$project/: its trials, its
+parameters, n, state, and for every metric its final and best value (mean ± std
+over the seeds of the configuration; failed trials are listed but left out of
+the mean unless all failed; a configuration whose every trial failed sorts
+last). Metrics come from each trial's metrics.csv; for a wandb sweep array
+(-w), from each task's run (<exp>/runs/<run id>/), its parameters from the
+run's run.json.
+
+  -s, --sort METRIC[:max|min]  sort by METRIC's final value (default: the sweep
+                     file's metric: name and goal when it was logged, else
+                     the first of --metrics, else the first logged metric;
+                     max unless the name says loss/error)
+  --no-group         one row per trial (seeds not grouped)
+  -m, --metrics A,B  show only these metrics (default: every logged metric)
+  --csv FILE         also write the table as CSV (mean and std in own columns)
+  --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --project NAME     the project folder under \$SCRATCH (default: $project,
+                     the folder holding hpc_files/)
+  -h, --help         show this help
+USAGE
+}
+
+for arg in "$@"; do
+  [[ "$arg" != -- ]] || break
+  if [[ "$arg" == -h || "$arg" == --help ]]; then
+    usage
+    exit 0
+  fi
+done
+
+python=python3
+[[ ! -x "$project_root/.venv/bin/python" ]] || python="$project_root/.venv/bin/python"
+HPC_PROG=results.sh exec "$python" "$HPC_FILES_DIR/lib/results.py" results --project "$project" "$@"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# status.sh: where a submission stands, one row per task (array task or the
+# plain job): state, restarts (requeues), elapsed time and the last progress
+# line. States come from one 'scontrol show job -o' call while SLURM still
+# knows the job, else from the task's log; no sacct is needed.
+#
+#   hpc_files/status.sh                 the newest submission of the project
+#   hpc_files/status.sh EXP             the newest submission of experiment EXP
+#   hpc_files/status.sh JOBID           the submission whose job id is JOBID (or JOBID_TASK)
+#   hpc_files/status.sh EXP --watch 10  redraw every 10 s (a terminal only)
+#
+# The table work is hpc_files/lib/results.py (python3, standard library).
+set -euo pipefail
+
+HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+project_root=${HPC_FILES_DIR%/*}
+project=${project_root##*/}
+
+usage() {
+  cat <<USAGE
+usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]
+
+One row per task of the newest submission (of experiment EXP, or the one whose
+job id is JOBID or JOBID_TASK; default: the newest under \$SCRATCH/$project/ across
+experiments): task, state (SLURM's while it knows the job, else from the log:
+finished, failed (exit N), requeued), restarts, elapsed, last progress line
+(the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
+
+  --watch [SECONDS]  clear and redraw every SECONDS (default 5) until Ctrl-C;
+                     (a number after --watch is SECONDS: give a JOBID first);
+                     stdout must be a terminal
+  --project NAME     the project folder under \$SCRATCH (default: $project,
+                     the folder holding hpc_files/)
+  -h, --help         show this help
+USAGE
+}
+
+for arg in "$@"; do
+  [[ "$arg" != -- ]] || break
+  if [[ "$arg" == -h || "$arg" == --help ]]; then
+    usage
+    exit 0
+  fi
+done
+
+python=python3
+[[ ! -x "$project_root/.venv/bin/python" ]] || python="$project_root/.venv/bin/python"
+HPC_PROG=status.sh exec "$python" "$HPC_FILES_DIR/lib/results.py" status --project "$project" "$@"

@@ -1,0 +1,127 @@
+#!/usr/bin/env bats
+# hpc_files/status.sh on fabricated submission folders and logs (no cluster):
+# which submission it picks, task rows from the logs or from one scontrol
+# call, a requeued task's restart, --watch only on a terminal, and refusals.
+
+load '../test_helper'
+
+STATUS="$REPO_ROOT/hpc_files/status.sh"
+
+setup() {
+  make_scratch
+  project=${REPO_ROOT##*/}
+  "$REPO_ROOT/.venv/bin/python" "$FIXTURES/results/fabricate.py" "$SCRATCH" "$project"
+  # scontrol: logs each call; answers from $SCONTROL_OUT, or fails as SLURM
+  # does for a job it has forgotten.
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  mkdir -p "$bin"
+  export SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" SCONTROL_OUT="$BATS_TEST_TMPDIR/scontrol.out"
+  cat >"$bin/scontrol" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$SCONTROL_LOG"
+if [[ -f "$SCONTROL_OUT" ]]; then cat "$SCONTROL_OUT"; exit 0; fi
+echo "slurm_load_jobs error: Invalid job id specified" >&2
+exit 1
+STUB
+  chmod +x "$bin/scontrol"
+  export PATH="$bin:$PATH"
+}
+
+@test "-h and --help print the usage and exit 0, without SCRATCH" {
+  local spelling
+  for spelling in -h --help; do
+    run --separate-stderr env -u SCRATCH "$STATUS" grid "$spelling"
+    assert_success
+    assert_line --index 0 'usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]'
+    assert_equal "$stderr" ""
+  done
+}
+
+@test "--help lists every option the parser accepts" {
+  local opts opt
+  opts=$(sed -n '/^def cmd_status/,/^def /p' "$REPO_ROOT/hpc_files/lib/results.py" | grep -oE '"--?[a-z][a-z-]*"' | tr -d '"' | sort -u)
+  [[ -n "$opts" ]] || fail "no options found in cmd_status"
+  run "$STATUS" --help
+  for opt in $opts; do
+    assert_output --partial "  $opt"
+  done
+}
+
+@test "with SLURM done with the job, rows come from the logs: the requeued task shows 1 restart, the failed one its exit code" {
+  run --separate-stderr "$STATUS"
+  assert_success
+  assert_line --index 0 "grid  $SCRATCH/$project/grid/20261123-120000-new2"
+  assert_line --index 1 'job 500, 8 task(s); states from logs'
+  assert_line --index 2 --regexp '^task +state +restarts +elapsed +progress$'
+  assert_line --index 5 --regexp '^2 +finished +1 +00:00:42 +step 40/47 epoch 0 loss 0\.4000$'
+  assert_line --index 8 --regexp '^5 +failed \(exit 3\) +0 +00:00:42 +step 20/47 epoch 0 loss 0\.5000$'
+  assert_equal "${#lines[@]}" 11
+  # One scontrol call for the whole array.
+  run cat "$SCONTROL_LOG"
+  assert_output 'show job -o 500'
+}
+
+@test "while SLURM knows the job: its states and restarts, one scontrol call for every task" {
+  cat >"$SCONTROL_OUT" <<'OUT'
+JobId=501 ArrayJobId=500 ArrayTaskId=3-7%2 ArrayTaskThrottle=2 JobName=x JobState=PENDING Reason=JobArrayTaskLimit Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:00 TimeLimit=00:10:00
+JobId=502 ArrayJobId=500 ArrayTaskId=2 JobName=x JobState=RUNNING Reason=None Requeue=1 Restarts=1 BatchFlag=1 ExitCode=0:0 RunTime=00:01:05 TimeLimit=00:10:00
+JobId=503 ArrayJobId=500 ArrayTaskId=1 JobName=x JobState=FAILED Reason=NonZeroExitCode Requeue=1 Restarts=0 BatchFlag=1 ExitCode=3:0 RunTime=00:00:09 TimeLimit=00:10:00
+JobId=500 ArrayJobId=500 ArrayTaskId=0 JobName=x JobState=COMPLETED Reason=None Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:30 TimeLimit=00:10:00
+OUT
+  run --separate-stderr "$STATUS" 500
+  assert_success
+  assert_line --index 1 'job 500, 8 task(s); states from SLURM'
+  assert_line --index 3 --regexp '^0 +COMPLETED +0 +00:00:30 '
+  assert_line --index 4 --regexp '^1 +FAILED \(exit 3\) +0 +00:00:09 '
+  assert_line --index 5 --regexp '^2 +RUNNING +1 +00:01:05 +step 40/47 epoch 0 loss 0\.4000$'
+  assert_equal "$(grep -cE '^[3-7] +PENDING ' <<<"$output")" 5
+  run cat "$SCONTROL_LOG"
+  assert_output 'show job -o 500'
+}
+
+@test "EXP picks that experiment's newest submission; a job id picks its own" {
+  run "$STATUS" single
+  assert_success
+  assert_line --index 1 'job 600, 1 task(s); states from logs'
+  assert_line --index 3 --regexp '^0 +finished +0 '
+  run "$STATUS" 400
+  assert_success
+  assert_line --index 0 "grid  $SCRATCH/$project/grid/20261122-090000-old1"
+  # An array task's id (squeue's 500_3) names its array's submission.
+  run "$STATUS" 500_3
+  assert_success
+  assert_line --index 1 'job 500, 8 task(s); states from logs'
+}
+
+@test "--watch refuses a stdout that is not a terminal; on a terminal it clears and redraws" {
+  run --separate-stderr "$STATUS" grid --watch 1
+  assert_failure 2
+  assert_output ''
+  assert_equal "$stderr" 'status.sh: error: --watch redraws a terminal; stdout is not one (drop --watch)'
+  command -v script >/dev/null || skip "no 'script' to give it a terminal"
+  run timeout 4 script -qec "$(printf '%q ' "$STATUS" grid --watch 1)" /dev/null
+  assert_equal "$(grep -c $'\e\[H\e\[2J' <<<"$output")" "$(grep -c '^task ' <<<"$output")"
+  (($(grep -c '^task ' <<<"$output") >= 2)) || fail "not redrawn: $output"
+}
+
+@test "refusals: exit 2, one line on stderr, nothing on stdout" {
+  local cases=(
+    "unknown option '--bogus' (see --help)|--bogus"
+    "--watch expects seconds > 0, got '0'|--watch=0"
+    "unexpected argument 'two'|grid;two"
+    "no experiment or job id '\$(touch x)' under $SCRATCH/$project (experiments: configs, grid, single)|\$(touch x)"
+  )
+  local case expected args
+  for case in "${cases[@]}"; do
+    expected=${case%%|*}
+    IFS=";" read -ra args <<<"${case#*|}"
+    run --separate-stderr "$STATUS" "${args[@]}"
+    assert_failure 2
+    assert_output ''
+    assert_equal "$stderr" "status.sh: error: $expected"
+  done
+  assert_file_not_exists x
+  run --separate-stderr env -u SCRATCH "$STATUS"
+  assert_failure 2
+  assert_equal "$stderr" 'status.sh: error: SCRATCH is not set (the folder job_submitter.sh writes under)'
+}

@@ -1,0 +1,284 @@
+"""hpc_files/lib/results.py: the tables behind status.sh and results.sh, on fabricated
+submission folders, logs and metrics.csv files (no cluster)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+results = _load("hpc_results", REPO / "hpc_files" / "lib" / "results.py")
+fabricate = _load("hpc_results_fixture", REPO / "tests/bats/fixtures/results/fabricate.py")
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "scratch space"
+    fabricate.fabricate(str(root), "proj")
+    monkeypatch.setenv("SCRATCH", str(root))
+    # SLURM has forgotten every fabricated job: states come from the logs.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    return root
+
+
+def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, list[str], str]:
+    code = results.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def rows(lines: list[str]) -> list[list[str]]:
+    """Table rows (after the two heading lines and the header), split on 2+ spaces."""
+    import re
+
+    return [re.split(r"\s{2,}", line) for line in lines[3:] if not line.startswith("wrote ")]
+
+
+def test_grouped_seeds_mean_std_sorted_by_sweep_metric_failed_kept(scratch, capsys) -> None:
+    code, lines, err = run(capsys, "results", "--project", "proj", "grid", "-m", "test_acc")
+    assert code == 0, err
+    assert "20261123-120000-new2" in lines[0]  # the newest submission, not the older one
+    assert lines[1] == "8 trial(s); sorted by test_acc (max)"
+    assert lines[2].split() == "trials hidden lr n state test_acc best test_acc".split()
+    table = rows(lines)
+    assert [r[0] for r in table] == ["2,3", "0,1", "4,5", "6,7"]
+    assert table[0] == ["2,3", "32", "0.01", "2", "finished, requeued 1x", "0.91 ± 0.01414"] + [
+        "0.91 ± 0.01414"
+    ]
+    # The failed seed stays in the table, is named with its exit code, and is left out
+    # of the mean (its 0.10 would drag 0.70 down to 0.40).
+    assert table[2][3:6] == ["1", "1 finished, 1 failed (exit 3)", "0.7"]
+    assert table[3][5] == "0.62 ± 0.02828"
+
+
+def test_a_configuration_whose_every_trial_failed_sorts_last(scratch, capsys) -> None:
+    for k in (0, 1):
+        log = scratch / "proj" / "hpc_outputs" / f"proj_grid_500_{k}.out"
+        log.write_text(log.read_text().replace("exit code 0", "exit code 3"))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "-m", "test_acc")
+    table = rows(lines)
+    # (0.01, 16) logged 0.81 before failing, above two finished configurations, yet last.
+    assert [r[0] for r in table] == ["2,3", "4,5", "6,7", "0,1"]
+    assert table[3][3:6] == ["2", "failed (exit 3)", "0.81 ± 0.01414"]
+
+
+def test_no_group_one_row_per_trial_and_sort_override(scratch, capsys) -> None:
+    code, lines, _ = run(
+        capsys, "results", "--project", "proj", "grid", "--no-group", "--sort", "test_loss:max"
+    )
+    assert code == 0
+    assert lines[1] == "8 trial(s); sorted by test_loss (max)"
+    table = rows(lines)
+    # A failed trial stays in the table, after the others.
+    assert [r[0] for r in table] == ["6", "7", "4", "0", "1", "2", "3", "5"]
+    assert table[7][1:5] == ["16", "0.1", "1", "failed (exit 3)"]
+    code, lines, _ = run(
+        capsys, "results", "--project", "proj", "grid", "--no-group", "-s", "test_loss"
+    )
+    assert [r[0] for r in rows(lines)][:2] == ["3", "2"]  # a loss sorts ascending by default
+
+
+def test_unknown_sort_metric_is_a_usage_error(scratch, capsys) -> None:
+    code, _, err = run(capsys, "results", "--project", "proj", "grid", "--sort", "val_acc")
+    assert code == 2
+    assert err == (
+        "results.sh: error: --sort: no trial logged 'val_acc' "
+        "(logged: train_loss, test_loss, test_acc)\n"
+    )
+
+
+def test_csv_has_mean_and_std_columns(scratch, tmp_path, capsys) -> None:
+    out = tmp_path / "out dir" / "r.csv"
+    out.parent.mkdir()
+    code, lines, _ = run(
+        capsys, "results", "--project", "proj", "grid", "-m", "test_acc", "--csv", str(out)
+    )
+    assert code == 0 and lines[-1] == f"wrote {out}"
+    with open(out, newline="") as fh:
+        table = list(csv.reader(fh))
+    assert table[0] == "trials hidden lr n state test_acc test_acc_std".split() + [
+        "best test_acc",
+        "best test_acc_std",
+    ]
+    assert table[1][:5] == ["2,3", "32", "0.01", "2", "finished, requeued 1x"]
+    assert float(table[1][5]) == pytest.approx(0.91)
+    assert float(table[1][6]) == pytest.approx(0.0141421, rel=1e-4)
+    assert table[3][4] == "1 finished, 1 failed (exit 3)" and table[3][6] == ""
+
+
+def test_plot_writes_a_png(scratch, tmp_path, capsys) -> None:
+    out = tmp_path / "r.png"
+    code, _, err = run(capsys, "results", "--project", "proj", "grid", "--plot", str(out))
+    assert code == 0, err
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_single_job_and_configs_array(scratch, capsys) -> None:
+    code, lines, _ = run(capsys, "results", "--project", "proj", "single")
+    assert code == 0
+    assert rows(lines) == [["0", "finished", "0.5", "0.5", "0.4", "0.4", "0.75", "0.75"]]
+    # Configs-file lines carry no params: the words that differ between lines are shown.
+    code, lines, _ = run(capsys, "results", "--project", "proj", "configs", "-m", "test_acc")
+    assert lines[2].split() == "trial lr state test_acc best test_acc".split()
+    assert rows(lines) == [
+        ["0", "0.1", "finished", "0.5", "0.5"],
+        ["1", "0.01", "stopped (no end line in its log)", "-", "-"],
+    ]
+
+
+def test_status_from_logs_shows_requeued_and_failed_tasks(scratch, capsys) -> None:
+    code, lines, _ = run(capsys, "status", "--project", "proj")  # newest of all: grid
+    assert code == 0
+    assert lines[1] == "job 500, 8 task(s); states from logs"
+    table = rows(lines)
+    assert table[2] == ["2", "finished", "1", "00:00:42", "step 40/47 epoch 0 loss 0.4000"]
+    assert table[5][:3] == ["5", "failed (exit 3)", "0"]
+    code, lines, _ = run(capsys, "status", "--project", "proj", "600")  # by job id
+    assert "single" in lines[0] and rows(lines)[0][:2] == ["0", "finished"]
+
+
+def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatch) -> None:
+    calls = []
+    text = (
+        "JobId=501 ArrayJobId=500 ArrayTaskId=3-7%2 JobState=PENDING Restarts=0 "
+        "ExitCode=0:0 RunTime=00:00:00\n"
+        "JobId=502 ArrayJobId=500 ArrayTaskId=2 JobState=RUNNING Restarts=1 ExitCode=0:0 "
+        "RunTime=00:01:05\n"
+        "JobId=503 ArrayJobId=500 ArrayTaskId=1 JobState=FAILED Restarts=0 ExitCode=3:0 "
+        "RunTime=00:00:09\n"
+        "JobId=500 ArrayJobId=500 ArrayTaskId=0 JobState=COMPLETED Restarts=0 ExitCode=0:0 "
+        "RunTime=00:00:30\n"
+    )
+
+    def fake(job_id: str) -> dict:
+        calls.append(job_id)
+        return results.parse_scontrol(text)
+
+    monkeypatch.setattr(results, "scontrol_tasks", fake)
+    code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
+    assert code == 0 and calls == ["500"]
+    table = rows(lines)
+    assert table[0][:4] == ["0", "COMPLETED", "0", "00:00:30"]
+    assert table[1][:4] == ["1", "FAILED (exit 3)", "0", "00:00:09"]
+    assert table[2] == ["2", "RUNNING", "1", "00:01:05", "step 40/47 epoch 0 loss 0.4000"]
+    assert [r[1] for r in table[3:]] == ["PENDING"] * 5
+
+
+def test_status_progress_falls_back_to_metrics_csv(scratch, capsys) -> None:
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
+    log.write_text("hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n")
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][4] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
+
+
+def test_watch_refuses_a_non_terminal(scratch, capsys) -> None:
+    code, _, err = run(capsys, "status", "--project", "proj", "--watch", "2")
+    assert code == 2
+    assert err == (
+        "status.sh: error: --watch redraws a terminal; stdout is not one (drop --watch)\n"
+    )
+
+
+def test_unknown_experiment_names_the_known_ones(scratch, capsys) -> None:
+    code, _, err = run(capsys, "results", "--project", "proj", "nope")
+    assert code == 2
+    assert err.startswith("results.sh: error: no experiment or job id 'nope' under ")
+    assert err.endswith("(experiments: configs, grid, single)\n")
+
+
+def test_parse_scontrol_expands_ranges_and_plain_jobs() -> None:
+    tasks = results.parse_scontrol(
+        "JobId=9 ArrayJobId=9 ArrayTaskId=0,2-3 JobState=PENDING Restarts=0\n"
+    )
+    assert sorted(tasks) == [0, 2, 3]
+    assert (
+        results.parse_scontrol("JobId=7 JobState=RUNNING Restarts=2 RunTime=00:00:01")[0][
+            "Restarts"
+        ]
+        == "2"
+    )
+
+
+def test_metrics_keep_the_last_row_per_step_after_a_resume(tmp_path) -> None:
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        "time,step,epoch,name,value\n1,10,0,loss,0.9\n1,20,0,loss,0.5\n"
+        "2,20,0,loss,0.6\n2,30,0,loss,0.7\n"
+    )
+    series = results.read_metrics(str(path))
+    assert series == {"loss": [(10, 0.9), (20, 0.6), (30, 0.7)]}
+    assert results.final_and_best(series["loss"], "loss") == (0.7, 0.6)
+    assert results.final_and_best(series["loss"], "loss", "max") == (0.7, 0.9)
+    os.remove(path)
+
+
+def test_requeued_trials_say_so_once(scratch, capsys, monkeypatch) -> None:
+    # Task 2 pending again after its requeue (SLURM knows it); task 3's log ends with a
+    # requeue and SLURM has forgotten it.
+    log = scratch / "proj" / "hpc_outputs" / "proj_grid_500_3.out"
+    log.write_text(
+        "hpc: job 500_3 (trial 3) on node1, restart 0, started 2026-11-23 12:00:00\n"
+        "hpc: requeued 500_3 (restart 1 of at most 10); it resumes from the checkpoint\n"
+    )
+    text = "JobId=502 ArrayJobId=500 ArrayTaskId=2 JobState=PENDING Restarts=1 ExitCode=0:0\n"
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
+    states = {r[0]: r[4] for r in rows(lines)}
+    assert states["2"] == "pending, requeued 1x"
+    assert states["3"] == "requeued 1x"
+
+
+def test_wandb_sweep_array_reads_each_tasks_run(scratch, capsys) -> None:
+    # -w sweep: 3 identical tasks; W&B chose each run; its files are under runs/<run id>.
+    exp = scratch / "proj" / "wsweep"
+    sub = exp / "20261123-130000-wand"
+    sub.mkdir(parents=True)
+    (sub / "job.sbatch").write_text("#SBATCH --array=0-2\n")
+    (sub / "job_id").write_text("800\n")
+    argv = '["bash","hpc_files/node/wandb_agent.sh","agent","--count","1","e/p/s"]'
+    (sub / "trials.jsonl").write_text(
+        "".join(f'{{"argv":{argv},"params":{{}},"trial":{k}}}\n' for k in range(3))
+    )
+    logs = scratch / "proj" / "hpc_outputs"
+    for k, (run_id, lr, acc, code) in enumerate(
+        [("aaaa1111", 0.01, 0.9, 0), ("bbbb2222", 0.1, 0.95, 0), ("cccc3333", 0.5, 0.2, 7)]
+    ):
+        (exp / "trials" / str(k)).mkdir(parents=True)
+        (exp / "trials" / str(k) / "wandb_runs.txt").write_text(f"{run_id} {code}\n")
+        ck = exp / "runs" / run_id / "checkpoints"
+        ck.mkdir(parents=True)
+        (ck / "run.json").write_text(
+            json.dumps({"fingerprint": {"epochs": 2, "lr": lr, "seed": 0}, "written": "x"})
+        )
+        (ck / "metrics.csv").write_text(f"time,step,epoch,name,value\n1,45,0,test_acc,{acc}\n")
+        (logs / f"proj_wsweep_800_{k}.out").write_text(
+            f"hpc: job 800_{k} (trial {k}) on node1, restart 0, started 2026-11-23 13:00:00\n"
+            f"hpc: training step ended with exit code {code} at 2026-11-23 13:00:30\n"
+        )
+    code, lines, err = run(capsys, "results", "--project", "proj", "wsweep")
+    assert code == 0, err
+    assert lines[2].split() == "trial run lr state test_acc best test_acc".split()
+    assert rows(lines) == [
+        ["1", "bbbb2222", "0.1", "finished", "0.95", "0.95"],
+        ["0", "aaaa1111", "0.01", "finished", "0.9", "0.9"],
+        ["2", "cccc3333", "0.5", "failed (exit 7)", "0.2", "0.2"],
+    ]
