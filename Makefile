@@ -17,8 +17,8 @@ CLUSTER := local_cluster/cluster.sh
 export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
-.PHONY: help deps demo test test-unit test-integration lint shellcheck ruff \
-	check-bash42 bats bats-unit bats-unit-bash42 bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
+.PHONY: help deps demo test lint shellcheck ruff \
+	check-bash42 bats-unit bats-unit-bash42 bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
 	bench bench-smoke
 
 help:

@@ -1,7 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
-# libraries that job_submitter.sh sources together; shellcheck -x on
-# job_submitter.sh checks them as a whole.)
+# shellcheck shell=bash
 # Data staging, submit side (-d): the paths, relative to $scratch_dir, become
 # ONE tarball in a cache folder on scratch, named by a digest of the sorted
 # path list. It is reused only while its manifest (every file's path, size and

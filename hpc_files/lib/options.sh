@@ -1,7 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
-# libraries that job_submitter.sh sources together; shellcheck -x on
-# job_submitter.sh checks them as a whole.)
+# shellcheck shell=bash
 # Command-line options of job_submitter.sh: the table of spellings, the parser
 # and the help text beside it. Sourced; defines functions and the tables only.
 # Parsed values land in opt_<name> variables; which ones the user gave is in

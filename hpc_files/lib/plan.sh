@@ -1,7 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
-# libraries that job_submitter.sh sources together; shellcheck -x on
-# job_submitter.sh checks them as a whole.)
+# shellcheck shell=bash
 # The resource layout: from nodes N, GPUs per node G and CPUs per GPU C to the
 # numbers sbatch gets, per distributed kind. Pure arithmetic on validated
 # settings; sets plan_* variables. Sourced; functions only.

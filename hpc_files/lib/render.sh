@@ -1,7 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
-# libraries that job_submitter.sh sources together; shellcheck -x on
-# job_submitter.sh checks them as a whole.)
+# shellcheck shell=bash
 # Rendering: the batch script as a pure function of the validated settings and
 # the plan. It runs no command and reads no clock, so --dry-run is byte-stable
 # and golden files can test it; what varies (job id, node names, the

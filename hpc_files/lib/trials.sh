@@ -1,7 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: the opt_*, site_* and plan_* variables are shared by the
-# libraries that job_submitter.sh sources together; shellcheck -x on
-# job_submitter.sh checks them as a whole.)
+# shellcheck shell=bash
 # Experiments -> trials. A configs file, a sweep file, '--seeds' and a command
 # after '--' all become one manifest as hpc_harness/trials.py defines it:
 # trials.jsonl (one JSON object per trial) and commands.txt (line K+1 is trial

@@ -150,8 +150,8 @@ start_keepers() {
     ((ok >= nodes)) && break
     if ! kill -0 "$keeper_pid" 2>/dev/null; then
       wait "$keeper_pid" 2>/dev/null
-      failed=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
-      ((failed >= nodes)) && break
+      ok=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
+      ((ok >= nodes)) && break
       hpc_error "the staging step ended before every node reported (see above)"
       return 1
     fi
@@ -188,7 +188,8 @@ run_training_step() {
   step_pid=""
 }
 
-# first_failure: the task that failed first (the others were then killed).
+# report_first_failure: names the task that failed first (srun then killed
+# the others) and makes its exit code the step's.
 report_first_failure() {
   local dir file status first="" first_status
   dir="$(run_dir)/exit"

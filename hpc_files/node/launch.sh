@@ -17,8 +17,9 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# python_program ARGV...: if ARGV runs python ([/usr/bin/env] python[3] [-u]
-# (-m MODULE | SCRIPT) ARGS), print how torchrun takes it; else fail.
+# torchrun_program_args ARGV...: the program words torchrun takes for ARGV,
+# into torchrun_program: '-m MODULE ARGS' or 'SCRIPT ARGS' when ARGV runs
+# python ([/usr/bin/env] python[3] [-u] ...), else '--no-python ARGV'.
 torchrun_program_args() {
   local -a words=("$@")
   if [[ "${words[0]}" == /usr/bin/env || "${words[0]}" == env ]]; then
