@@ -228,7 +228,10 @@ requeue_or_stop() {
     hpc_error "checkpointed, but this job was already requeued $restarts time(s) (--max-requeues $HPC_MAX_REQUEUES); not requeueing. Resubmit to continue from the checkpoint."
     exit 1
   fi
-  if scontrol requeue "$key"; then
+  # Requeueing a running job makes SLURM send TERM to it, scontrol included:
+  # scontrol ignores it (an ignored signal stays ignored across exec), and a
+  # scontrol that failed anyway counts when SLURM shows the job requeued.
+  if (trap '' TERM && exec scontrol requeue "$key") || requeue_already_requested; then
     hpc_log "requeued $key (restart $((restarts + 1)) of at most $HPC_MAX_REQUEUES); it resumes from the checkpoint"
     exit 0
   fi

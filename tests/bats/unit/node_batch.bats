@@ -38,3 +38,23 @@ scontrol_says() {
     assert_success
   done
 }
+
+@test "requeue_or_stop: scontrol requeue survives the TERM that requeueing sends to the job" {
+  # This scontrol gets the TERM during 'requeue', as when SLURM requeues the
+  # running job whose batch shell runs it.
+  cat >"$bin/scontrol" <<'STUB'
+#!/usr/bin/env bash
+if [[ "$1" == requeue ]]; then
+  kill -TERM $$
+  sleep 0.2
+  echo "requeue done" >&2
+  exit 0
+fi
+echo "JobId=77 JobState=RUNNING Reason=None Requeue=1"
+STUB
+  chmod +x "$bin/scontrol"
+  HPC_MAX_REQUEUES=3 SLURM_RESTART_COUNT=0 signal_seen=USR1 run requeue_or_stop
+  assert_success
+  assert_output --partial 'requeue done'
+  assert_output --partial 'hpc: requeued 77 (restart 1 of at most 3)'
+}
