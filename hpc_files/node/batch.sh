@@ -26,13 +26,15 @@ step_status=0
 
 # shellcheck disable=SC2317 # on_signal and on_exit are called from traps
 on_signal() {
-  local sig=$1
+  local sig=$1 now
   [[ -n "$signal_seen" ]] || signal_seen=$sig
+  # printf, not $(date): a trap that forks can make bash lose the step's status.
+  printf -v now '%(%F %T)T' -1
   if [[ -n "$step_pid" ]] && kill -0 "$step_pid" 2>/dev/null; then
-    hpc_log "received SIG$sig at $(date '+%F %T'); forwarding it to the training step"
+    hpc_log "received SIG$sig at $now; forwarding it to the training step"
     kill -s "$sig" "$step_pid" 2>/dev/null || true
   else
-    hpc_log "received SIG$sig at $(date '+%F %T') before the training step started"
+    hpc_log "received SIG$sig at $now outside the training step"
   fi
 }
 
@@ -172,20 +174,44 @@ training_step_argv() {
 }
 
 run_training_step() {
+  local status
   training_step_argv
   "${step_argv[@]}" &
   step_pid=$!
-  # wait returns early (status > 128) when a trapped signal arrives; the step
-  # is still running then, so wait again.
+  # A signal that came between '&' and here found no step to forward to.
+  [[ -z "$signal_seen" ]] || kill -s "$signal_seen" "$step_pid" 2>/dev/null || true
+  # wait returns early (status > 128) when a trapped signal arrives: while the
+  # step runs, wait again. When it ended meanwhile, its own status (an exit 42
+  # must not become 138) comes from a second wait or, where bash no longer has
+  # it (127, or -1 when it was reaped while a trap ran), from what its tasks
+  # recorded.
   while :; do
     wait "$step_pid"
     step_status=$?
-    if ((step_status > 128)) && kill -0 "$step_pid" 2>/dev/null; then
-      continue
+    ((step_status >= 0 && step_status <= 128)) && break
+    kill -0 "$step_pid" 2>/dev/null && continue
+    wait "$step_pid" 2>/dev/null
+    status=$?
+    if ((status >= 0 && status != 127)); then
+      step_status=$status
+    else
+      recorded_step_status
     fi
     break
   done
   step_pid=""
+}
+
+# recorded_step_status: the largest exit status the step's tasks recorded
+# (launch.sh's exit files) into step_status; unchanged when none did.
+recorded_step_status() {
+  local file status node max=-1
+  for file in "$(run_dir)"/exit/task*; do
+    [[ -f "$file" ]] || continue
+    read -r status node <"$file" || continue
+    [[ "$status" =~ ^[0-9]+$ ]] && ((status > max)) && max=$status
+  done
+  ((max < 0)) || step_status=$max
 }
 
 # report_first_failure: names the task that failed first (srun then killed
@@ -219,7 +245,8 @@ requeue_already_requested() {
 requeue_or_stop() {
   local restarts=${SLURM_RESTART_COUNT:-0} key
   key=$(job_key)
-  stop_keeper
+  # The keeper stops on exit (the EXIT trap), after the requeue: stopping it
+  # first could wait for a long extraction past the wall time (TIMEOUT).
   if [[ "$signal_seen" == TERM ]]; then
     hpc_log "checkpointed after SIGTERM (preemption or scancel); SLURM requeues preempted jobs itself"
     exit "$HPC_REQUEUE_EXIT_CODE"

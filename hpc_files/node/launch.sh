@@ -141,12 +141,32 @@ record_exit() {
   printf '%s %s\n' "$status" "${SLURMD_NODENAME:-?}" >"$dir/task${SLURM_PROCID:-0}"
 }
 
+# signal_before_start: a signal came before the program started (during the
+# torchrun probe, say: seconds in a container). Nothing ran, so nothing is
+# lost: the wall-time signal asks for a requeue (the marker, exit 42), TERM
+# ends the task.
+signal_before_start() {
+  if [[ "$pending_signal" == "$wall_signal" ]]; then
+    hpc_log "SIG$pending_signal came before the program started; asking for a requeue without running it"
+    printf '{"reason": "signal before the program started"}\n' >"${HPC_REQUEUE_MARKER:?}"
+    record_exit "$HPC_REQUEUE_EXIT_CODE"
+    exit "$HPC_REQUEUE_EXIT_CODE"
+  fi
+  record_exit 143
+  exit 143
+}
+
 main() {
   local status=0
   command_argv=()
   ignore_wall_signal=0
   # The wall-time signal: --signal's, USR1 by default, none with --no-signal.
   wall_signal=${HPC_SIGNAL-USR1}
+  # Until the program runs, a signal is remembered rather than fatal.
+  pending_signal=""
+  trap 'pending_signal=TERM' TERM
+  # shellcheck disable=SC2064 # the signal's name is fixed now, on purpose
+  [[ -z "$wall_signal" ]] || trap "pending_signal=$wall_signal" "$wall_signal"
   if uses_mimic_tmpdir; then
     SLURM_TMPDIR=$(mimic_tmpdir "${SLURMD_NODENAME:-$(hostname -s)}")
     export SLURM_TMPDIR
@@ -156,6 +176,7 @@ main() {
   load_runtime
   # shellcheck disable=SC2119 # see build_command
   build_command
+  [[ -z "$pending_signal" ]] || signal_before_start
   # The program handles the signals; this shell only outlives it to record
   # its status (traps run after the foreground program ends).
   trap ':' TERM ${wall_signal:+"$wall_signal"}

@@ -58,3 +58,45 @@ STUB
   assert_output --partial 'requeue done'
   assert_output --partial 'hpc: requeued 77 (restart 1 of at most 3)'
 }
+
+# step_runs COMMAND: the training step is this bash command (not srun).
+step_runs() {
+  step_command=$1
+  # shellcheck disable=SC2317 # called by run_training_step
+  training_step_argv() { step_argv=(bash -c "$step_command"); }
+}
+
+# run_step: run_training_step with the batch shell's USR1 trap; prints the status.
+run_step() {
+  trap 'on_signal USR1' USR1
+  run_training_step
+  echo "step_status=$step_status"
+}
+
+@test "run_training_step: a step that exits 42 just as the wall-time signal interrupts the wait keeps its 42" {
+  # The step signals this shell (so wait is interrupted) and exits at once;
+  # it ignores the USR1 this shell forwards back, as a checkpointing program
+  # that handles it would.
+  # Like launch.sh, it records its status in the run folder first.
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$(run_dir)/exit"
+  # shellcheck disable=SC2016 # expanded by the step
+  step_runs 'trap "" USR1; echo "42 node1" >"$HPC_SUBMISSION_DIR/runs/77/exit/task0"; kill -USR1 $PPID; exit 42'
+  run run_step
+  assert_success
+  assert_line 'step_status=42'
+}
+
+@test "run_training_step: a signal that came before the step had a pid is forwarded once it has one" {
+  # Whether the step is ready for it is the step's affair (it may still be
+  # starting, as with a signal from SLURM); this checks that it is sent.
+  step_runs 'trap "exit 42" USR1; sleep 0.3; exit 0'
+  signal_seen=USR1
+  # shellcheck disable=SC2317 # called by run_training_step
+  kill() {
+    [[ "$1" != -s ]] || echo "sent SIG$2 to the step"
+    builtin kill "$@"
+  }
+  run run_step
+  assert_line 'sent SIGUSR1 to the step'
+}

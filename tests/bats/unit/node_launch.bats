@@ -177,3 +177,23 @@ container() {
   assert_line 'OK_NAME=1'
   assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
 }
+
+@test "a wall-time signal during the torchrun probe (before the program starts): no program, the requeue marker, exit 42" {
+  # The probe's python tells the test it runs, then waits a little: the test
+  # sends USR1 to launch.sh meanwhile.
+  local ready="$BATS_TEST_TMPDIR/probe running"
+  printf '#!/bin/sh\n: >"%s"\nsleep 1\nexec %s "$@"\n' "$ready" "$(command -v python3)" >"$venv/bin/python"
+  run_py 'parser.add_argument("--signals-to-handle")'
+  experiment 'python train.py'
+  export HPC_REQUEUE_MARKER="$BATS_TEST_TMPDIR/marker"
+  bash "$sub/node/launch.sh" >"$BATS_TEST_TMPDIR/out" 2>&1 &
+  local pid=$! status=0
+  until [[ -e "$ready" ]]; do sleep 0.05; done
+  kill -USR1 "$pid"
+  wait "$pid" || status=$?
+  assert_equal "$status" 42
+  assert_file_exists "$HPC_REQUEUE_MARKER"
+  run cat "$BATS_TEST_TMPDIR/out"
+  assert_output --partial 'SIGUSR1 came before the program started; asking for a requeue without running it'
+  refute_output --partial 'argv:train.py'
+}
