@@ -234,12 +234,15 @@ report_first_failure() {
 }
 
 # requeue_already_requested: someone (Lightning) ran 'scontrol requeue' on
-# this job while it ran; SLURM then shows it REQUEUED (or pending again).
-# (Not 'Requeue' anywhere in the line: every job shows its Requeue=0|1 flag.)
+# this job while it ran: SLURM counts the restart at once (Restarts= above
+# this run's SLURM_RESTART_COUNT, the job COMPLETING), then shows it
+# REQUEUED or pending again. (Not 'Requeue' anywhere in the line: every job
+# shows its Requeue=0|1 flag.)
 requeue_already_requested() {
   local job
   job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || return 1
-  [[ " $job " =~ \ JobState=(REQUEUED|REQUEUE_HOLD|PENDING)\  ]]
+  [[ " $job " =~ \ JobState=(REQUEUED|REQUEUE_HOLD|PENDING)\  ]] && return 0
+  [[ " $job " =~ \ Restarts=([0-9]+)\  ]] && ((BASH_REMATCH[1] > ${SLURM_RESTART_COUNT:-0}))
 }
 
 requeue_or_stop() {

@@ -28,6 +28,16 @@ scontrol_says() {
   scontrol_says 'JobId=77 JobName=x JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0'
   run requeue_already_requested
   assert_failure
+  # Its second run, not requeued again.
+  scontrol_says 'JobId=77 JobName=x JobState=COMPLETING Reason=None Requeue=1 Restarts=1'
+  SLURM_RESTART_COUNT=1 run requeue_already_requested
+  assert_failure
+}
+
+@test "requeue_already_requested: requeued by the program while it ran (COMPLETING, Restarts counted at once)" {
+  scontrol_says 'JobId=77 JobName=x JobState=COMPLETING Reason=None Requeue=1 Restarts=1'
+  SLURM_RESTART_COUNT=0 run requeue_already_requested
+  assert_success
 }
 
 @test "requeue_already_requested: REQUEUED, REQUEUE_HOLD or PENDING again means someone requeued it" {
