@@ -66,6 +66,7 @@ random_name() {
 # submission folder is ours to remove; a setup job already queued for it
 # would find nothing, so it goes too.
 remove_unsubmitted_dir() {
+  wait # for record_git_state, which may still be writing into the folder
   if [[ -n "${setup_job_id:-}" && -z "${job_id:-}" ]]; then
     scancel "$setup_job_id" 2>/dev/null || warn "could not cancel the venv setup job $setup_job_id; scancel it"
   fi
@@ -93,8 +94,11 @@ preview_submission() {
 
 # fill_submission_dir ARGV...: everything the queued job will read.
 fill_submission_dir() {
-  local dir=$submission_dir
-  record_git_state "$dir/git.txt"
+  local dir=$submission_dir git_state_pid
+  # git's three processes run beside the snapshot's tar, on another core
+  # (bench/submit_latency.sh measures what it saves).
+  record_git_state "$dir/git.txt" &
+  git_state_pid=$!
   [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$dir/code.tar"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
@@ -110,6 +114,7 @@ fill_submission_dir() {
   cp "$trials_dir/trials.jsonl" "$trials_dir/commands.txt" "$dir/" || die "cannot write the trials into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
+  wait "$git_state_pid" || die "cannot write $dir/git.txt"
 }
 
 # record_git_state FILE: what the snapshot is: the project's commit, 'git
@@ -119,7 +124,8 @@ record_git_state() {
   {
     printf 'commit: %s\n' "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo 'not a git repository')"
     printf 'status:\n'
-    git -C "$source_dir" status --porcelain 2>/dev/null || true
+    # No index refresh: ls-files of the snapshot may read it meanwhile.
+    GIT_OPTIONAL_LOCKS=0 git -C "$source_dir" status --porcelain 2>/dev/null || true
     printf 'diff:\n'
     git -C "$source_dir" diff HEAD 2>/dev/null || true
   } >"$1" || die "cannot write $1"
