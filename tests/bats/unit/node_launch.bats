@@ -197,3 +197,16 @@ container() {
   assert_output --partial 'SIGUSR1 came before the program started; asking for a requeue without running it'
   refute_output --partial 'argv:train.py'
 }
+
+@test "a conda env (conda-meta/): CONDA_PREFIX and its activate.d scripts, which may read unset variables" {
+  mkdir -p "$venv/conda-meta" "$venv/etc/conda/activate.d"
+  # shellcheck disable=SC2016 # the activation script's own text
+  printf 'export CUDA_FROM_CONDA="yes${NOT_SET_ANYWHERE}"\n' >"$venv/etc/conda/activate.d/cuda.sh"
+  export HPC_KIND=none SHOW_VARS="CONDA_PREFIX CUDA_FROM_CONDA VIRTUAL_ENV"
+  experiment 'show'
+  launch
+  assert_success
+  assert_line "CONDA_PREFIX=$venv"
+  assert_line "CUDA_FROM_CONDA=yes"
+  assert_line "VIRTUAL_ENV=<unset>"
+}
