@@ -27,10 +27,10 @@ submit_probe() {
   run grep -c '^task ' "$out_a"
   assert_output 4
   for rank in 0 1; do
-    assert_file_contains "$out_a" "node=node1 procid=$rank localid=$rank gpus=0,1 ongpus=2 cpus=3 tmpdir=.*/node1/job$job_a\$"
+    assert_file_contains "$out_a" "node=node1 procid=$rank localid=$rank gpus=[0-3],[0-3] ongpus=2 cpus=3 tmpdir=.*/node1/job$job_a\$"
   done
   for rank in 2 3; do
-    assert_file_contains "$out_a" "node=node2 procid=$rank localid=$((rank - 2)) gpus=0,1 ongpus=2 cpus=3 tmpdir=.*/node2/job$job_a\$"
+    assert_file_contains "$out_a" "node=node2 procid=$rank localid=$((rank - 2)) gpus=[0-3],[0-3] ongpus=2 cpus=3 tmpdir=.*/node2/job$job_a\$"
   done
   run grep -c 'tmpdir=none$' "$out_b"
   assert_output 4

@@ -27,13 +27,14 @@ submit_and_wait() {
 
 
 @test "lightning 2 nodes x 2 GPUs: one task per GPU, ranks 0-3, each with its GPUs and CPUs" {
+  # Which 2 of a node's 4 fake GPUs: whichever a job still ending left free.
   submit_and_wait -n 2 -g 2 -c 3 -W lightning -e lt -- "$PROGRAMS/probe.sh"
   assert_equal "$status" 0
   run job_log "$job_id"
-  assert_line --regexp '^probe rank=0 procid=0 localid=0 local_rank= world=4 node=node1 gpus=0,1 cpus=3 '
-  assert_line --regexp '^probe rank=1 procid=1 localid=1 local_rank= world=4 node=node1 gpus=0,1 cpus=3 '
-  assert_line --regexp '^probe rank=2 procid=2 localid=0 local_rank= world=4 node=node2 gpus=0,1 cpus=3 '
-  assert_line --regexp '^probe rank=3 procid=3 localid=1 local_rank= world=4 node=node2 gpus=0,1 cpus=3 '
+  assert_line --regexp '^probe rank=0 procid=0 localid=0 local_rank= world=4 node=node1 gpus=[0-3],[0-3] cpus=3 '
+  assert_line --regexp '^probe rank=1 procid=1 localid=1 local_rank= world=4 node=node1 gpus=[0-3],[0-3] cpus=3 '
+  assert_line --regexp '^probe rank=2 procid=2 localid=0 local_rank= world=4 node=node2 gpus=[0-3],[0-3] cpus=3 '
+  assert_line --regexp '^probe rank=3 procid=3 localid=1 local_rank= world=4 node=node2 gpus=[0-3],[0-3] cpus=3 '
   assert_equal "$(grep -c '^probe rank=' <<<"$output")" 4
   assert_equal "$(job_field "$job_id" NumNodes)" 2
 }
@@ -44,10 +45,10 @@ submit_and_wait() {
   run job_log "$job_id"
   # One srun task per node (SLURM_PROCID = node index), 4 CPUs each; c10d
   # rendezvous gives the global ranks in whichever order the nodes joined.
-  assert_line --regexp '^probe rank=[0-3] procid=0 localid=0 local_rank=0 world=4 node=node1 gpus=0,1 cpus=4 '
-  assert_line --regexp '^probe rank=[0-3] procid=0 localid=0 local_rank=1 world=4 node=node1 gpus=0,1 cpus=4 '
-  assert_line --regexp '^probe rank=[0-3] procid=1 localid=0 local_rank=0 world=4 node=node2 gpus=0,1 cpus=4 '
-  assert_line --regexp '^probe rank=[0-3] procid=1 localid=0 local_rank=1 world=4 node=node2 gpus=0,1 cpus=4 '
+  assert_line --regexp '^probe rank=[0-3] procid=0 localid=0 local_rank=0 world=4 node=node1 gpus=[0-3],[0-3] cpus=4 '
+  assert_line --regexp '^probe rank=[0-3] procid=0 localid=0 local_rank=1 world=4 node=node1 gpus=[0-3],[0-3] cpus=4 '
+  assert_line --regexp '^probe rank=[0-3] procid=1 localid=0 local_rank=0 world=4 node=node2 gpus=[0-3],[0-3] cpus=4 '
+  assert_line --regexp '^probe rank=[0-3] procid=1 localid=0 local_rank=1 world=4 node=node2 gpus=[0-3],[0-3] cpus=4 '
   assert_equal "$(grep -o '^probe rank=[0-9]*' <<<"$output" | sort | tr '\n' ' ')" \
     "probe rank=0 probe rank=1 probe rank=2 probe rank=3 "
 }
