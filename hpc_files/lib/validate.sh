@@ -212,8 +212,9 @@ validate_experiment_source() {
     ((opt_nodes == 1)) || usage_error "a wandb sweep runs one agent per array task on one node; got --num-nodes $opt_nodes"
     [[ -z "${opt_seeds:-}" ]] || usage_error "--seeds does not apply to a wandb sweep (the sweep chooses the runs)"
     if [[ -z "${opt_sweep_count:-}" ]]; then
-      [[ -t 0 && -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" ]] ||
-        usage_error "--sweep-count is required with --wandb-sweepid when not run from a terminal"
+      [[ -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" ]] ||
+        usage_error "--sweep-count is required with --wandb-sweepid for --dry-run and --list-trials"
+      [[ -t 0 ]] || usage_error "--sweep-count is required with --wandb-sweepid when not run from a terminal"
       read -r -p "Number of sweep runs (array tasks) for $opt_wandb_sweep: " opt_sweep_count ||
         usage_error "no --sweep-count given"
     fi

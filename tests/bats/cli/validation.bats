@@ -325,6 +325,15 @@ setup() {
   refuse "--sweep-count is required with --wandb-sweepid when not run from a terminal" -- -w abc123
 }
 
+@test "wandb: no --sweep-count with --dry-run on a terminal names --dry-run, not the terminal" {
+  run script -qec "$(printf '%q ' "$SUBMITTER" --dry-run -w abc123)" /dev/null
+  assert_failure 2
+  assert_output --partial "job_submitter.sh: error: --sweep-count is required with --wandb-sweepid for --dry-run and --list-trials"
+  run script -qec "$(printf '%q ' "$SUBMITTER" --list-trials -w abc123)" /dev/null
+  assert_failure 2
+  assert_output --partial "for --dry-run and --list-trials"
+}
+
 @test "wandb: --sweep-count 0" {
   refuse "--sweep-count must be at least 1, got '0'" -- -w abc123 --sweep-count 0
 }
