@@ -74,3 +74,33 @@ setup() {
   run job_log "$job_id"
   assert_line "greeting=hello there unset=[]"
 }
+
+@test "an array above the cluster's MaxArraySize (1002 trials, limit 1001): refused before sbatch with both numbers; nothing queued or created" {
+  local max
+  max=$(scontrol show config | sed -n 's/^MaxArraySize *= *//p')
+  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) -- true
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: this submission has $((max + 1)) trials (array indices 0-$max) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+  run find "$SCRATCH" -mindepth 1
+  assert_output ''
+}
+
+@test "SBATCH_NO_REQUEUE, SBATCH_OPEN_MODE=truncate, SBATCH_TIMELIMIT and SBATCH_EXPORT=NONE in the submitting shell: the job keeps requeue, its wall time and its environment, and runs" {
+  SBATCH_NO_REQUEUE=1 SBATCH_OPEN_MODE=truncate SBATCH_TIMELIMIT=1 SBATCH_EXPORT=NONE \
+    submit -W none -g 0 -t 7 -e sbatch_env -- bash -c 'echo "exp=$exp_name path_has_bin=$([[ :$PATH: == *:/usr/bin:* ]] && echo yes)"'
+  assert_equal "$(job_field "$job_id" Requeue)" 1
+  assert_equal "$(job_field "$job_id" TimeLimit)" 00:07:00
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_line 'exp=sbatch_env path_has_bin=yes'
+}
+
+@test "SCRATCH with '%' and a space: the log is where the submitter says, not a pattern sbatch expanded" {
+  export SCRATCH="$BATS_TEST_TMPDIR/100% scratch"
+  mkdir -p "$SCRATCH"
+  submit -W none -g 0 -t 5 -e pct -- echo in-the-log
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" COMPLETED
+  assert_file_contains "$SCRATCH/$project/hpc_outputs/${project}_pct_$job_id.out" '^in-the-log$'
+}
