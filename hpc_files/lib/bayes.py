@@ -347,7 +347,12 @@ def cmd_controller(argv: list[str]) -> int:
         HPC_BAYES_JOURNAL=info["journal"],
     )
     proc = subprocess.run(
-        info["argv"], cwd=info["cwd"], env=env, capture_output=True, text=True, check=False
+        submitter_argv(info["argv"]),
+        cwd=info["cwd"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
@@ -360,6 +365,15 @@ def cmd_controller(argv: list[str]) -> int:
     with open(marker, "w", encoding="utf-8") as fh:
         fh.write(folder + "\n")
     return 0
+
+
+def submitter_argv(argv: list[str]) -> list[str]:
+    """Round 1's submitter argv for the next round, less --wait (a controller job does
+    not wait for the round it submits); words after '--' are the program's, kept."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return [a for a in argv[:cut] if a != "--wait"] + argv[cut:]
+    return [a for a in argv if a != "--wait"]
 
 
 def record_best(sub: str, study: Any, spec: dict) -> int:

@@ -243,10 +243,11 @@ def test_controller_submits_the_next_round_once(
         'echo "  submission: /scratch/next"\n'
     )
     fake.chmod(0o755)
-    sub = _submission(tmp_path, 2, [str(fake), "--sweep", "x.yml"])
+    sub = _submission(tmp_path, 2, [str(fake), "--sweep", "x.yml", "--wait", "--", "a", "--wait"])
     for _ in range(2):
         assert bayes.main(["controller", "--submission", str(sub)]) == 0
-    assert calls.read_text() == f"2 {sub.name} --sweep x.yml\n"
+    # --wait is the user's, for round 1: the controller does not wait for round 2.
+    assert calls.read_text() == f"2 {sub.name} --sweep x.yml -- a --wait\n"
     assert (sub / "next_round").read_text() == "/scratch/next\n"
     assert not (sub / "bayes_best.json").exists()
 
