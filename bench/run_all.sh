@@ -8,7 +8,7 @@
 #   --smoke         tiny sizes, 1 repetition: checks that the scripts still
 #                   work; writes a temporary file (printed), not BENCHMARKS.md
 #   --only          a subset: harness_overhead, submit_latency, staging,
-#                   requeue_cost, startup
+#                   requeue_cost, startup, search_tpe
 #   --no-load-wait  skip waiting for the 1-minute load to fall below 1.0
 # Needs root (page cache) and the local cluster (local_cluster/cluster.sh up).
 set -euo pipefail
@@ -36,10 +36,11 @@ if [[ -n "$smoke" && "$out" == "$BENCH_ROOT/BENCHMARKS.md" ]]; then
   out=$(mktemp "${TMPDIR:-/tmp}/BENCHMARKS.smoke.XXXXXX.md")
 fi
 
-BENCHES=(harness_overhead submit_latency staging requeue_cost startup)
+BENCHES=(harness_overhead submit_latency staging requeue_cost startup search_tpe)
 bench_command() {
   case "$1" in
     harness_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/harness_overhead.py" ;;
+    search_tpe) echo "$BENCH_PY $BENCH_ROOT/bench/search_tpe.py" ;;
     *) echo "bash $BENCH_ROOT/bench/$1.sh" ;;
   esac
 }
@@ -118,6 +119,7 @@ load_end=$(loadavg)
   printf '| torch | %s |\n' "$(version_of torch)"
   printf '| lightning | %s |\n' "$(version_of lightning)"
   printf '| submitit | %s |\n' "$(version_of submitit)"
+  printf '| optuna | %s |\n' "$(version_of optuna)"
   printf '| slurm | %s |\n' "$(sbatch --version 2>/dev/null || echo 'n/a')"
   printf '| bash | %s |\n' "${BASH_VERSION}"
   printf '| tar | %s |\n' "$(tar --version | head -n 1)"

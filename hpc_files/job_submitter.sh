@@ -79,6 +79,7 @@ main() {
   check_wandb_credentials
   prepare_trials
   plan_array "$trials_count"
+  plan_bayes_array
   validate_array_size "$plan_trial_count"
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
@@ -94,8 +95,10 @@ main() {
     report_unsubmitted
     return 0
   fi
+  bayes_start "$@"
   submit_setup_job
   submit_job
+  submit_bayes_controller
   report_submission
   [[ -z "${opt_wait:-}" ]] || wait_for_job
 }

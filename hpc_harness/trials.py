@@ -44,7 +44,14 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
     ``random()``, so a file + seed gives the same trials on any Python version,
     and N trials are a prefix of N+1 trials. Per trial, parameters are drawn in
     name order.
-  - ``method: bayes`` is refused: it needs finished runs' metrics.
+  - ``method: bayes`` (needs ``metric:`` with ``name`` and ``goal``, and ``--trials N``
+    per round): rounds of N trials asked from Optuna's TPE sampler by
+    hpc_files/lib/bayes.py (which see); ``--rounds R`` (default 1) is recorded there.
+    Without ``--journal`` this asks round 1 from a study in memory (seeded with
+    ``--sweep-seed``: the same trials the journal study gets); with ``--journal FILE
+    --study NAME --round K`` (the controller's next round) it asks round K in the
+    journal's study if not asked yet and lists rounds 1..K (trial = global index).
+    ``--out-dir`` then prints ``COUNT FIRST`` (FIRST: round K's first trial).
 
   Distributions (``distribution:``; without it, ``value`` -> constant, ``values``
   -> categorical, ``min``/``max`` -> int_uniform if both are integers, else
@@ -105,8 +112,12 @@ usage: {prog} [--configs FILE] [--sweep FILE] [--trials N] [--sweep-seed S] [--s
 Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
 
   --configs FILE    one experiment (a command line) per line; ignored with --sweep
-  --sweep FILE      wandb sweep file (method grid or random)
-  --trials N        random: number of trials (required); grid: keep the first N
+  --sweep FILE      wandb sweep file (method grid, random or bayes)
+  --trials N        random: number of trials (required); grid: keep the first N;
+                    bayes: trials per round (required)
+  --rounds R        bayes: number of rounds (default: 1)
+  --round K --journal FILE --study NAME
+                    bayes: list rounds 1..K of the study in the journal file
   --sweep-seed S    seed for method random (default: 0)
   --seeds N         run every trial N times with --seed=0..N-1 (default: no --seed added)
   --prog NAME       name used in error messages (default: trials.py)
@@ -121,6 +132,10 @@ VALUE_OPTIONS = (
     "--trials",
     "--sweep-seed",
     "--seeds",
+    "--rounds",
+    "--round",
+    "--journal",
+    "--study",
     "--prog",
     "--out-dir",
 )
@@ -204,7 +219,7 @@ def parse_cli(argv: list[str]) -> dict:
         raise TrialsError(f"unexpected argument {_q(arg)}")
     if opts["help"]:
         return opts
-    for key in ("trials", "seeds"):
+    for key in ("trials", "seeds", "rounds", "round"):
         if key in opts:
             opts[key] = _whole(f"--{key}", opts[key], 1)
     opts["sweep_seed"] = _whole("--sweep-seed", opts.get("sweep_seed", "0"), 0)
@@ -218,6 +233,12 @@ def parse_cli(argv: list[str]) -> dict:
             raise TrialsError("give --configs FILE or --sweep FILE")
         if "trials" in opts:
             raise TrialsError("--trials applies to --sweep only")
+    if "rounds" in opts and "sweep" not in opts:
+        raise TrialsError("--rounds applies to a --sweep file with method bayes only")
+    if ("journal" in opts) != ("study" in opts):
+        raise TrialsError("--journal and --study go together")
+    if opts.get("round", 1) > 1 and "journal" not in opts:
+        raise TrialsError("--round K > 1 needs --journal FILE --study NAME")
     return opts
 
 
@@ -369,13 +390,24 @@ def load_sweep(path: str) -> dict:
             "parameters:), got " + type(doc).__name__
         )
     method = doc.get("method")
+    if method not in ("grid", "random", "bayes"):
+        raise TrialsError(f"{path}: method must be grid, random or bayes, got {_q(method)}")
+    metric = doc.get("metric")
+    metric_name = goal = None
     if method == "bayes":
-        raise TrialsError(
-            f"{path}: method bayes needs finished runs' metrics; use -w with a "
-            "wandb server, or grid/random"
-        )
-    if method not in ("grid", "random"):
-        raise TrialsError(f"{path}: method must be grid or random, got {_q(method)}")
+        if (
+            not isinstance(metric, dict)
+            or not isinstance(metric.get("name"), str)
+            or not metric["name"]
+        ):
+            raise TrialsError(
+                f"{path}: method bayes needs metric: with name: (a metric the program "
+                "logs to metrics.csv) and goal: minimize or maximize"
+            )
+        metric_name = metric["name"]
+        goal = metric.get("goal", "minimize")
+        if goal not in ("minimize", "maximize"):
+            raise TrialsError(f"{path}: metric goal must be minimize or maximize, got {_q(goal)}")
     program = doc.get("program")
     if not isinstance(program, str) or not program:
         raise TrialsError(f"{path}: program missing (the script wandb would run, e.g. train.py)")
@@ -410,7 +442,14 @@ def load_sweep(path: str) -> dict:
             if macro not in ("env", "interpreter", "program") + ARG_MACROS:
                 raise TrialsError(f"{path}: unknown macro {_q(word)} in command")
         words.append(word)
-    return {"method": method, "program": program, "params": specs, "command": words}
+    return {
+        "method": method,
+        "program": program,
+        "params": specs,
+        "command": words,
+        "metric": metric_name,
+        "goal": goal,
+    }
 
 
 def _check_text(path: str, what: str, text: str) -> None:
@@ -723,10 +762,49 @@ def _write_atomic(directory: str, name: str, text: str) -> None:
         raise TrialsError(f"cannot write {_q(final)}: {exc.strerror}", 1) from None
 
 
+def _bayes_module():
+    """hpc_files/lib/bayes.py (Optuna is imported there, only for method bayes)."""
+    lib = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hpc_files", "lib"
+    )
+    if lib not in sys.path:
+        sys.path.insert(0, lib)
+    import bayes
+
+    return bayes
+
+
 def build(opts: dict) -> list[dict]:
     if "sweep" in opts:
         path = opts["sweep"]
         spec = load_sweep(path)
+        if spec["method"] != "bayes" and "rounds" in opts:
+            raise TrialsError(
+                f"{path}: --rounds applies to method bayes only, not {spec['method']}"
+            )
+        if spec["method"] == "bayes":
+            if "trials" not in opts:
+                raise TrialsError(f"{path}: method bayes needs --trials N (trials per round)")
+            if opts.get("seeds"):
+                raise TrialsError(f"{path}: --seeds does not apply to method bayes")
+            if opts.get("round", 1) > opts.get("rounds", 1):
+                raise TrialsError(
+                    f"--round {opts['round']} is past --rounds {opts.get('rounds', 1)}"
+                )
+            bayes = _bayes_module()
+            try:
+                trials = bayes.manifest(
+                    spec,
+                    opts["trials"],
+                    opts["sweep_seed"],
+                    opts.get("round", 1),
+                    opts.get("journal"),
+                    opts.get("study", "bayes"),
+                )
+            except bayes.BayesError as exc:
+                raise TrialsError(str(exc), exc.code) from None
+            opts["first"] = (opts.get("round", 1) - 1) * opts["trials"]
+            return trials
         trials = expand_sweep(spec, opts.get("trials"), opts["sweep_seed"], path)
     else:
         path = opts["configs"]
@@ -750,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
         if opts["help"]:
             sys.stdout.write(USAGE.format(prog=prog, blank=" " * len(prog)))
             return 0
-        jsonl, commands = render(build(opts))
+        trials = build(opts)
+        jsonl, commands = render(trials)
         if opts["list"]:
             sys.stdout.write(jsonl)
             return 0
@@ -763,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
         _write_atomic(out_dir, "trials.jsonl", jsonl)
         _write_atomic(out_dir, "commands.txt", commands)
-        sys.stdout.write(f"{jsonl.count(chr(10))}\n")
+        first = f" {opts['first']}" if "first" in opts else ""
+        sys.stdout.write(f"{jsonl.count(chr(10))}{first}\n")
         return 0
     except TrialsError as exc:
         message = " ".join(str(exc).splitlines())

@@ -39,6 +39,7 @@ declare -A OPTION_SETTING=(
   [-d]=data [--data]=data
   [--sweep]=sweep
   [--trials]=trials
+  [--rounds]=rounds
   [--sweep-seed]=sweep_seed
   [--sweep-count]=sweep_count
   [--array-throttle]=array_throttle
@@ -121,8 +122,12 @@ Experiments:
                               (letters, digits, '.', '_', '-'; default: $DEFAULT_EXP_NAME)
   --seeds N                   run every experiment N times, adding --seed=0..N-1
   --sweep FILE                expand a wandb-format sweep file (grid or random)
-                              offline into one array job (see sweeper.yml)
-  --trials N                  number of random-search trials (with --sweep)
+                              offline into one array job (see sweeper.yml); method
+                              bayes: rounds of array jobs driven by Optuna (TPE)
+  --trials N                  number of random-search trials (with --sweep);
+                              method bayes: trials per round
+  --rounds R                  method bayes: number of rounds (default: 1); after each,
+                              a CPU job tells Optuna the results and submits the next
   --sweep-seed S              seed of the random search (default: 0)
   -w, --wandb-sweepid ID      run a wandb sweep (ID or ENTITY/PROJECT/ID): an array
                               job, one 'wandb agent --count 1' per task

@@ -76,10 +76,11 @@ class Submission:
     def project_dir(self) -> str:
         return os.path.dirname(os.path.dirname(self.path))
 
-    def log_path(self, project: str, task: int) -> str | None:
-        if not self.job_id:
+    def log_path(self, project: str, task: int, job_id: str | None = None) -> str | None:
+        job_id = job_id or self.job_id
+        if not job_id:
             return None
-        key = f"{self.job_id}_{task}" if self.array else self.job_id
+        key = f"{job_id}_{task}" if self.array else job_id
         return os.path.join(self.project_dir, "hpc_outputs", f"{project}_{self.exp}_{key}.out")
 
     def trial_dir(self, task: int) -> str:
@@ -415,8 +416,36 @@ def run_fingerprint(run_dir: str) -> dict[str, Any]:
     return {}
 
 
+def bayes_round_jobs(sub: Submission) -> dict[str, str]:
+    """A method-bayes round lists the trials of every round so far (hpc_files/lib/bayes.py);
+    the earlier rounds ran as other jobs: {"bayes:round R": job id} from the sibling
+    submission folders of the same study (their bayes.json and job_id)."""
+    own = _read_text(os.path.join(sub.path, "bayes.json"))
+    if not own:
+        return {}
+    try:
+        study = json.loads(own).get("study")
+    except ValueError:
+        return {}
+    jobs = {}
+    exp_dir = os.path.dirname(sub.path)
+    for name in sorted(os.listdir(exp_dir)):
+        other = os.path.join(exp_dir, name)
+        if other == sub.path or not STAMP.match(name):
+            continue
+        try:
+            info = json.loads(_read_text(os.path.join(other, "bayes.json")) or "{}")
+        except ValueError:
+            continue
+        job = (_read_text(os.path.join(other, "job_id")) or "").strip()
+        if info.get("study") == study and job:
+            jobs[f"bayes:round {info.get('round')}"] = job
+    return jobs
+
+
 def collect(sub: Submission, project: str) -> list[Trial]:
     tasks = scontrol_tasks(sub.job_id)
+    round_jobs = bayes_round_jobs(sub)
     raw_params = [{k: v for k, v in t.get("params", {}).items() if k != "seed"} for t in sub.trials]
     argvs = [strip_seed(list(t.get("argv", []))) for t in sub.trials]
     if not any(raw_params):
@@ -442,8 +471,9 @@ def collect(sub: Submission, project: str) -> list[Trial]:
     trials = []
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        log = read_log(sub.log_path(project, index))
-        fields = tasks.get(index) if sub.array or index == 0 else None
+        other_job = round_jobs.get(str(record.get("source", "")))
+        log = read_log(sub.log_path(project, index, other_job))
+        fields = None if other_job else tasks.get(index) if sub.array or index == 0 else None
         state, failed, restarts = trial_state(fields, log)
         params = dict(raw_params[k])
         if "seed" in record.get("params", {}):

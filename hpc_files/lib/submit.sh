@@ -188,6 +188,9 @@ report_unsubmitted() {
 # harness refuses to resume a different run (exit 2 on the node); say so now.
 warn_if_other_command_checkpointed() {
   local previous="" folder
+  # A later round of method bayes lists the earlier rounds' commands, whose
+  # trials keep their own folders (trials/K, K global): nothing to warn about.
+  [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
   # Checkpoints: $HPC_TRIAL_DIR/checkpoints, the experiment folder or trials/K.
   [[ -n "$(find "$plan_exp_dir/checkpoints" "$plan_exp_dir/trials" -name '*.pt' -print -quit 2>/dev/null)" ]] ||
     return 0

@@ -35,6 +35,11 @@ trials_args() {
   if [[ -n "${opt_sweep:-}" ]]; then
     trials_argv+=(--sweep "$opt_sweep" --sweep-seed "$opt_sweep_seed")
     [[ -z "${opt_trials:-}" ]] || trials_argv+=(--trials "$opt_trials")
+    [[ -z "${opt_rounds:-}" ]] || trials_argv+=(--rounds "$opt_rounds")
+    # A later round of method bayes, submitted by the controller (bayes.py).
+    if [[ -n "${HPC_BAYES_ROUND:-}" ]]; then
+      trials_argv+=(--round "$HPC_BAYES_ROUND" --journal "${HPC_BAYES_JOURNAL:?}" --study "${HPC_BAYES_STUDY:?}")
+    fi
   elif ((${#opt_command[@]} > 0)); then
     # The command after '--' is one configs line, quoted so it means exactly
     # the words given.
@@ -191,7 +196,7 @@ list_trials() {
 # write_trials DIR: writes DIR/trials.jsonl and DIR/commands.txt; sets
 # trials_count. Exits as trials.py did when it refuses the experiments.
 write_trials() {
-  local dir=$1 k python
+  local dir=$1 k python out
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
     list_trials >"$dir/trials.jsonl" || die "cannot write $dir/trials.jsonl"
     for ((k = 0; k < opt_sweep_count; k++)); do
@@ -210,5 +215,58 @@ write_trials() {
   trials_args
   trials_python python
   require_trials_python "$python"
-  trials_count=$("$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
+  out=$("$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
+  # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
+  read -r trials_count bayes_first <<<"$out"
+}
+
+# plan_bayes_array: method bayes. Round K's manifest lists rounds 1..K (trial =
+# global index, so trials/K folders never collide); its array runs this round's
+# tasks only, FIRST..COUNT-1, and is an array even for one trial.
+plan_bayes_array() {
+  [[ -n "${bayes_first:-}" ]] || return 0
+  plan_array_spec="$bayes_first-$((trials_count - 1))"
+  [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
+  plan_log_name=%x_%A_%a.out
+  plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
+}
+
+# bayes_journal: the study's journal file, in the experiment folder.
+bayes_journal() {
+  printf '%s/optuna.journal' "$plan_exp_dir"
+}
+
+# bayes_start ARGV...: method bayes, once the submission folder is written:
+# the study (named after round 1's folder) in the journal holds this round's
+# trials and they are the folder's manifest; bayes.json records what the
+# controller needs (ARGV: the submitter's, replayed for the next round).
+bayes_start() {
+  [[ -n "${bayes_first:-}" ]] || return 0
+  local python round=${HPC_BAYES_ROUND:-1}
+  bayes_study=${HPC_BAYES_STUDY:-${submission_dir##*/}}
+  trials_python python
+  "$python" "$HPC_FILES_DIR/lib/bayes.py" start --submission "$submission_dir" \
+    --journal "$(bayes_journal)" --study "$bayes_study" --round "$round" \
+    --rounds "${opt_rounds:-1}" --trials "$opt_trials" --sweep-seed "$opt_sweep_seed" \
+    --cwd "$PWD" -- "$HPC_FILES_DIR/job_submitter.sh" "$@" ||
+    die "method bayes: cannot record round $round in $(bayes_journal)"
+}
+
+# submit_bayes_controller: method bayes: a one-CPU job that runs after the
+# round's array job ends (afterany), tells Optuna the round's results and
+# submits the next round (the last round's only records the best trial).
+submit_bayes_controller() {
+  [[ -n "${bayes_first:-}" ]] || return 0
+  local python output wrap log_dir=${plan_log_dir//%/%%}
+  local -a args=(--parsable --dependency="afterany:$job_id" --job-name="${plan_job_name}_bayes"
+    --output="$log_dir/${plan_job_name}_bayes_%j.out" --ntasks=1 --cpus-per-task=1 --time=00:30:00)
+  [[ -z "${opt_account:-}" ]] || args+=(--account="$opt_account")
+  [[ -z "${opt_partition:-}" ]] || args+=(--partition="$opt_partition")
+  trials_python python
+  shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
+  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${args[@]}" --wrap="$wrap" 2>&1) ||
+    die "sbatch refused the method-bayes controller job (round job $job_id is queued; run: $wrap): ${output//$'\n'/ }"
+  bayes_controller_id=${output%%;*}
+  printf '%s\n' "$bayes_controller_id" >"$submission_dir/bayes_controller_job_id"
+  info "bayes: round ${HPC_BAYES_ROUND:-1} of ${opt_rounds:-1}; controller job $bayes_controller_id runs after job $job_id"
 }

@@ -231,8 +231,10 @@ validate_experiment_source() {
       require_uint --trials "$opt_trials" 1 100000
     fi
     require_uint --sweep-seed "$opt_sweep_seed" 0
+    [[ -z "${opt_rounds:-}" ]] || require_uint --rounds "$opt_rounds" 1 10000
   else
     [[ -z "${opt_trials:-}" ]] || usage_error "--trials only applies with --sweep"
+    [[ -z "${opt_rounds:-}" ]] || usage_error "--rounds only applies with --sweep (method bayes)"
     [[ -z "${OPT_GIVEN[sweep_seed]:-}" ]] || usage_error "--sweep-seed only applies with --sweep"
   fi
 

@@ -372,12 +372,12 @@ BAD_SWEEPS = [
     ("just text\n", "must be a mapping"),
     (
         "program: t.py\nmethod: sobol\nparameters: {a: {values: [1]}}\n",
-        "method must be grid or random, got 'sobol'",
+        "method must be grid, random or bayes, got 'sobol'",
     ),
-    ("program: t.py\nparameters: {a: {values: [1]}}\n", "method must be grid or random"),
+    ("program: t.py\nparameters: {a: {values: [1]}}\n", "method must be grid, random or bayes"),
     (
         "program: t.py\nmethod: bayes\nparameters: {a: {values: [1]}}\n",
-        "bayes needs finished runs' metrics; use -w with a wandb server, or grid/random",
+        "method bayes needs metric: with name:",
     ),
     ("program: t.py\nmethod: grid\n", "no parameters"),
     ("program: t.py\nmethod: grid\nparameters: {}\n", "no parameters"),

@@ -1,0 +1,272 @@
+"""hpc_files/lib/bayes.py: method bayes offline (Optuna TPE rounds, journal file storage),
+on fabricated submission folders and metrics.csv files (no cluster)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "hpc_files" / "lib"))
+sys.path.insert(0, str(REPO / "hpc_harness"))
+
+import bayes  # noqa: E402
+import results  # noqa: E402
+import trials  # noqa: E402
+from optuna.distributions import (  # noqa: E402
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState  # noqa: E402
+
+
+def _sweep(tmp_path: Path, body: str, name: str = "bayes.yml") -> str:
+    path = tmp_path / name
+    path.write_text(body)
+    return str(path)
+
+
+SWEEP = """\
+program: train.py
+method: bayes
+metric: {name: test_acc, goal: maximize}
+parameters:
+  lr: {distribution: log_uniform_values, min: 0.0001, max: 0.1}
+  hidden: {values: [16, 32, 64]}
+"""
+
+
+def test_search_space_maps_wandb_distributions(tmp_path: Path) -> None:
+    spec = trials.load_sweep(
+        _sweep(
+            tmp_path,
+            """\
+program: t.py
+method: bayes
+metric: {name: loss}
+parameters:
+  opt: {values: [adam, sgd]}
+  fixed: {value: 3}
+  layers: {min: 1, max: 4}
+  drop: {min: 0.0, max: 0.5}
+  lr: {distribution: log_uniform_values, min: 1.0e-4, max: 1.0e-1}
+  wd: {distribution: log_uniform, min: -4, max: 0}
+  bs: {distribution: q_uniform, min: 16, max: 128, q: 16}
+  inv: {distribution: inv_log_uniform_values, min: 0.01, max: 1}
+""",
+        )
+    )
+    assert spec["goal"] == "minimize"  # wandb's default goal
+    space = bayes.search_space(spec)
+    assert space["opt"] == CategoricalDistribution(["adam", "sgd"])
+    assert space["fixed"] == CategoricalDistribution([3])
+    assert space["layers"] == IntDistribution(1, 4)
+    assert space["drop"] == FloatDistribution(0.0, 0.5)
+    assert space["lr"] == FloatDistribution(1e-4, 1e-1, log=True)
+    assert space["wd"].log and math.isclose(space["wd"].low, math.exp(-4))
+    assert space["wd"].high == pytest.approx(1.0)
+    assert space["bs"] == IntDistribution(16, 128, step=16)
+    assert space["inv"] == FloatDistribution(0.01, 1.0, log=True)
+
+
+@pytest.mark.parametrize(
+    "param, message",
+    [
+        ("{distribution: normal, mu: 0, sigma: 1}", "not supported by method bayes"),
+        ("{values: [[1, 2], [3]]}", "numbers, strings"),
+        ("{values: [a, b], probabilities: [0.5, 0.5]}", "probabilities"),
+    ],
+)
+def test_search_space_refuses_what_optuna_cannot_sample(
+    tmp_path: Path, param: str, message: str
+) -> None:
+    spec = trials.load_sweep(
+        _sweep(
+            tmp_path,
+            f"program: t.py\nmethod: bayes\nmetric: {{name: m}}\nparameters:\n  x: {param}\n",
+        )
+    )
+    with pytest.raises(bayes.BayesError, match=message):
+        bayes.search_space(spec)
+
+
+def test_bayes_needs_a_metric_and_a_known_goal(tmp_path: Path) -> None:
+    with pytest.raises(trials.TrialsError, match="needs metric"):
+        trials.load_sweep(
+            _sweep(tmp_path, "program: t.py\nmethod: bayes\nparameters: {x: {values: [1]}}\n")
+        )
+    with pytest.raises(trials.TrialsError, match="goal must be minimize or maximize"):
+        trials.load_sweep(
+            _sweep(
+                tmp_path,
+                "program: t.py\nmethod: bayes\nmetric: {name: m, goal: up}\n"
+                "parameters: {x: {values: [1]}}\n",
+            )
+        )
+
+
+def test_round_one_in_memory_equals_round_one_in_the_journal(tmp_path: Path) -> None:
+    spec = trials.load_sweep(_sweep(tmp_path, SWEEP))
+    memory = bayes.manifest(spec, 3, 7)
+    journal = str(tmp_path / "optuna.journal")
+    stored = bayes.manifest(spec, 3, 7, 1, journal, "s1")
+    assert memory == stored
+    assert len({json.dumps(t["params"], sort_keys=True) for t in stored}) == 3
+    assert stored[0]["argv"][:3] == ["/usr/bin/env", "python", "train.py"]
+    assert stored[0]["argv"][3].startswith("--hidden=")
+    # Asking again (a re-run) adds no trial.
+    assert bayes.manifest(spec, 3, 7, 1, journal, "s1") == stored
+    study = bayes.open_study(journal, "s1", "maximize", bayes.sampler(7, 1, 3))
+    assert len(study.get_trials()) == 3
+
+
+def test_tell_is_idempotent_and_failed_trials_are_told_as_fail(tmp_path: Path) -> None:
+    spec = trials.load_sweep(_sweep(tmp_path, SWEEP))
+    journal = str(tmp_path / "optuna.journal")
+    bayes.manifest(spec, 3, 0, 1, journal, "s")
+    study = bayes.open_study(journal, "s", "maximize", bayes.sampler(0, 2, 3))
+    assert bayes.tell_round(study, 1, {0: 0.5, 1: None, 2: float("nan")}) == (1, 2)
+    assert bayes.tell_round(study, 1, {0: 0.9, 1: 0.9, 2: 0.9}) == (0, 0)
+    states = [t.state for t in sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])]
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    assert study.best_trial.value == 0.5
+    # Round 2 is asked after round 1 was told: its trials follow in global numbering.
+    records = bayes.manifest(spec, 3, 0, 2, journal, "s")
+    assert [r["source"] for r in records] == ["bayes:round 1"] * 3 + ["bayes:round 2"] * 3
+    assert len(bayes.manifest(spec, 3, 0, 2, journal, "s")) == 6
+    assert len(study.get_trials()) == 6
+
+
+@pytest.mark.parametrize("goal, best", [("maximize", 0.9), ("minimize", 0.1)])
+def test_goal_is_respected(tmp_path: Path, goal: str, best: float) -> None:
+    spec = trials.load_sweep(_sweep(tmp_path, SWEEP.replace("maximize", goal)))
+    journal = str(tmp_path / "optuna.journal")
+    bayes.manifest(spec, 3, 0, 1, journal, "s")
+    study = bayes.open_study(journal, "s", goal, bayes.sampler(0, 2, 3))
+    bayes.tell_round(study, 1, {0: 0.1, 1: 0.5, 2: 0.9})
+    assert study.best_value == best
+
+
+# ---------------------------------------------------------------- the controller
+
+
+def _submission(tmp_path: Path, rounds: int, argv: list[str]) -> Path:
+    """A fabricated round-1 folder of experiment 'exp' under project 'proj'; the trials
+    0 and 1 finished with test_acc 0.4 and 0.8, trial 2 failed (exit 1)."""
+    sweep = _sweep(tmp_path, SWEEP)
+    project = tmp_path / "scratch" / "proj"
+    sub = project / "exp" / "20261123-140000-AbCd"
+    sub.mkdir(parents=True)
+    (sub / "sweep.yml").write_text(Path(sweep).read_text())
+    spec = trials.load_sweep(sweep)
+    journal = str(project / "exp" / "optuna.journal")
+    jsonl, commands = trials.render(bayes.manifest(spec, 3, 0, 1, journal, sub.name))
+    (sub / "trials.jsonl").write_text(jsonl)
+    (sub / "commands.txt").write_text(commands)
+    (sub / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --array=0-2\n")
+    (sub / "job_id").write_text("500\n")
+    assert (
+        bayes.main(
+            [
+                "start",
+                "--submission",
+                str(sub),
+                "--journal",
+                journal,
+                "--study",
+                sub.name,
+                "--round",
+                "1",
+                "--rounds",
+                str(rounds),
+                "--trials",
+                "3",
+                "--sweep-seed",
+                "0",
+                "--cwd",
+                str(tmp_path),
+                "--",
+                *argv,
+            ]
+        )
+        == 0
+    )
+    logs = project / "hpc_outputs"
+    logs.mkdir()
+    for k, (value, code) in enumerate([(0.4, 0), (0.8, 0), (0.99, 1)]):
+        folder = project / "exp" / "trials" / str(k) / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(
+            f"time,step,epoch,name,value\n1,10,0,test_acc,0.1\n2,20,1,test_acc,{value}\n"
+        )
+        (logs / f"proj_exp_500_{k}.out").write_text(
+            f"hpc: job 500_{k} (trial {k}) on node1, restart 0, started now\n"
+            f"hpc: training step ended with exit code {code} at now\n"
+        )
+    return sub
+
+
+def test_controller_of_the_last_round_records_results_and_reruns_tell_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    sub = _submission(tmp_path, 1, ["false"])
+    info = json.loads((sub / "bayes.json").read_text())
+    assert info["round"] == 1 and info["metric"] == "test_acc" and info["argv"] == ["false"]
+    for _ in range(2):
+        assert bayes.main(["controller", "--submission", str(sub)]) == 0
+        study = bayes.open_study(info["journal"], info["study"], "maximize", bayes.sampler(0, 2, 3))
+        got = sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])
+        assert [t.state for t in got] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
+        assert [t.value for t in got[:2]] == [0.4, 0.8]  # the final value, not the first
+    best = json.loads((sub / "bayes_best.json").read_text())
+    assert best["best_value"] == 0.8 and best["best_trial"] == 1 and best["complete"] == 2
+
+
+def test_controller_submits_the_next_round_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "fake_submitter.sh"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'printf "%s %s %s\\n" "$HPC_BAYES_ROUND" "$HPC_BAYES_STUDY" "$*" >>"{calls}"\n'
+        'echo "  submission: /scratch/next"\n'
+    )
+    fake.chmod(0o755)
+    sub = _submission(tmp_path, 2, [str(fake), "--sweep", "x.yml", "--wait", "--", "a", "--wait"])
+    for _ in range(2):
+        assert bayes.main(["controller", "--submission", str(sub)]) == 0
+    # --wait is the user's, for round 1: the controller does not wait for round 2.
+    assert calls.read_text() == f"2 {sub.name} --sweep x.yml -- a --wait\n"
+    assert (sub / "next_round").read_text() == "/scratch/next\n"
+    assert not (sub / "bayes_best.json").exists()
+
+
+def test_trials_cli_lists_round_one_and_refuses_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = _sweep(tmp_path, SWEEP)
+    assert trials.main(["--sweep", sweep, "--trials", "3", "--rounds", "2", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all('"source":"bayes:round 1"' in x for x in lines)
+    assert trials.main(["--sweep", sweep, "--list"]) == 2
+    assert "needs --trials N" in capsys.readouterr().err
+    grid = _sweep(
+        tmp_path, "program: t.py\nmethod: grid\nparameters: {x: {values: [1]}}\n", "g.yml"
+    )
+    assert trials.main(["--sweep", grid, "--rounds", "2", "--list"]) == 2
+    assert "--rounds applies to method bayes only" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert trials.main(["--sweep", sweep, "--trials", "2", "--out-dir", str(out)]) == 0
+    assert capsys.readouterr().out == "2 0\n"
+    assert os.path.isfile(out / "commands.txt")
