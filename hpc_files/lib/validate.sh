@@ -37,11 +37,12 @@ require_name() {
 # validate_array_size TRIALS: refuse an array job SLURM would refuse at
 # sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
 # (scontrol show config). Asked only for an array; when scontrol gives no
-# answer (no cluster here), nothing is refused and sbatch decides.
+# answer within 10 s (no cluster here: without a slurm.conf it waits about a
+# minute on DNS), nothing is refused and sbatch decides.
 validate_array_size() {
   local trials=$1 config max
   ((trials > 1)) || return 0
-  config=$(scontrol show config 2>/dev/null) || return 0
+  config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
   max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
   [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
   to_decimal "$max" max

@@ -33,7 +33,14 @@ for arg in "$@"; do printf '%s\n' "$arg" >>"$SBATCH_LOG"; done
 echo "--" >>"$SBATCH_LOG"
 echo "4242"
 STUB
-  chmod +x "$bin/sbatch"
+  # The submitter asks scontrol for MaxArraySize before an array: answer as
+  # the local cluster does (without a cluster, scontrol waits on DNS).
+  cat >"$bin/scontrol" <<'STUB'
+#!/usr/bin/env bash
+[[ "$*" == "show config" ]] || exit 1
+echo "MaxArraySize            = 1001"
+STUB
+  chmod +x "$bin/sbatch" "$bin/scontrol"
   export PATH="$bin:$PATH"
 }
 
