@@ -14,7 +14,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
         epoch, start = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch); sampler.set_start(start * B)
         for batch in loader:
-            ...                                           # your step
+            loss.backward()                               # your step, with
+            hp.average_gradients(model, ctx.world_size)   # (or DDP: see average_gradients)
+            opt.step()
             step += 1
             if stop.should_stop():                        # the same step on every rank
                 path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
@@ -36,12 +38,14 @@ from hpc_harness import checkpoint as ckpt
 from hpc_harness.data import ResumableSampler
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
+from hpc_harness.strategy import average_gradients
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
     "DistContext",
     "ResumableSampler",
     "StopAgreement",
+    "average_gradients",
     "barrier",
     "cleanup",
     "gather_rng",

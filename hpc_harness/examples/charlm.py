@@ -27,7 +27,6 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
@@ -134,7 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = CharWindows(make_text(), args.block)
         torch.manual_seed(args.seed)  # the same initial weights on every rank
         model = CharLM(len(data.chars), args.block).to(ctx.device)
-        net = DistributedDataParallel(model) if ctx.world_size > 1 else model
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
         sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=args.seed)
         loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
@@ -160,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sampler.set_start(start * args.batch_size)
             for x, y in loader:
                 x, y = x.to(ctx.device), y.to(ctx.device)
-                loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                # one all-reduce in a fixed order (DDP regroups its buckets after the first
+                # step, and above 2 ranks a resumed run would then round differently)
+                hp.average_gradients(model, ctx.world_size)
                 opt.step()
                 step += 1
                 loss_sum += loss.detach()
