@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_harness import dist
     from hpc_harness.checkpoint import RunMismatch
-    from hpc_harness.data import DigitsDataset, ensure_digits
+    from hpc_harness.digits import DigitsDataset, ensure_digits
     from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
     from hpc_harness.strategy import StrategyError

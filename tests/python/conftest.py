@@ -64,7 +64,7 @@ def _no_launch_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The example's dataset, written once per test session."""
-    from hpc_harness.data import write_digits
+    from hpc_harness.digits import write_digits
 
     d = tmp_path_factory.mktemp("data") / "digits"
     write_digits(str(d))
