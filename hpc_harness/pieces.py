@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 from hpc_harness import checkpoint as ckpt
 from hpc_harness.data import ResumableSampler
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
 from hpc_harness.strategy import average_gradients
 
 __all__ = [
@@ -112,12 +112,7 @@ def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) ->
     """After a complete checkpoint at a signal: rank 0 writes the requeue marker
     (``$HPC_REQUEUE_MARKER``), every rank leaves the process group together and exits 42."""
     if _rank_world()[0] == 0:
-        marker = write_requeue_marker(step, epoch, checkpoint, stop.signal_name)
-        say(
-            f"hpc_harness: {stop.signal_name or 'signal'} received: checkpointed at global step "
-            f"{step} to {checkpoint}; exiting 42 (requeue me)"
-            + (f"; marker {marker}" if marker else "")
-        )
+        announce_requeue(step, epoch, checkpoint, stop.signal_name)
     barrier()
     cleanup()
     sys.exit(REQUEUE_EXIT_CODE)

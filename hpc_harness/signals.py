@@ -200,6 +200,16 @@ def write_requeue_marker(
     return path
 
 
+def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str) -> None:
+    """Rank 0, once the checkpoint is complete on every rank: the marker and the log line."""
+    marker = write_requeue_marker(step, epoch, checkpoint, signal_name)
+    line = (
+        f"hpc_harness: {signal_name or 'signal'} received: checkpointed at global step {step} "
+        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else "")
+    )
+    print(line, flush=True)
+
+
 def exit_code(status: str) -> int:
     """Process exit code for a Trainer.train() status: 42 for "requeue", else 0."""
     return REQUEUE_EXIT_CODE if status == "requeue" else 0

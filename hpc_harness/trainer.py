@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -74,7 +73,7 @@ from hpc_harness import dist as hdist
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
 from hpc_harness.strategy import Strategy
 
 
@@ -606,12 +605,5 @@ class Trainer:
         path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
         self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
         if self.is_main:
-            marker = write_requeue_marker(self.global_step, self.epoch, path, self.stop.name)
-            print(
-                f"hpc_harness: {self.stop.name or 'signal'} received: checkpointed at global step "
-                f"{self.global_step} to {path}; exiting 42 (requeue me)"
-                + (f"; marker {marker}" if marker else ""),
-                flush=True,
-                file=sys.stdout,
-            )
+            announce_requeue(self.global_step, self.epoch, path, self.stop.name)
         return "requeue"
