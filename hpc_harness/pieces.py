@@ -6,7 +6,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
 
     ctx = hp.setup()                                      # rank, device, process group
     sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
-    loader = DataLoader(ds, batch_size=B, sampler=sampler, drop_last=True)
+    loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
     state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
     step = state["global_step"] if state else 0           # (and load model/optimizer state)
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
@@ -25,7 +25,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
 A checkpoint is a dict with at least ``model`` and ``global_step``; plain tensors and python
 types only (it is loaded with ``weights_only=True``). :func:`save_checkpoint` adds every
 rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomness in the model
-(dropout) continues as if uninterrupted. :class:`~hpc_harness.trainer.Trainer` is the same
+(dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between
+the load and the step (give the DataLoader its own ``generator``: an epoch's iterator draws a
+seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
 pieces with the loop written for you.
 """
 

@@ -78,6 +78,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.drop = nn.Dropout(0.1)  # randomness a resume must continue exactly
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -86,7 +87,7 @@ class Block(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class CharLM(nn.Module):
@@ -134,8 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.manual_seed(args.seed)  # the same initial weights on every rank
         model = CharLM(len(data.chars), args.block).to(ctx.device)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        torch.manual_seed(args.seed + ctx.rank)  # each rank its own dropout masks
         sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=args.seed)
-        loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+        # its own generator: starting an epoch must not draw from the global RNG (dropout's)
+        loader = DataLoader(
+            data, args.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator()
+        )
         steps_per_epoch = len(loader)
         state = hp.load_checkpoint(ckpt_dir)
         step = 0
