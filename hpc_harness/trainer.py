@@ -1,5 +1,9 @@
 """A small Trainer (pytorch/examples DDP-series style) that survives SLURM's wall time.
 
+Optional: it is the pieces of :mod:`hpc_harness.pieces` (setup, ResumableSampler, the
+checkpoint files, StopAgreement, the requeue announcement) with the loop written for you. To
+keep your own loop, use those directly (hpc_harness/examples/charlm.py).
+
 Plug in your own model and data::
 
     from hpc_harness import dist
