@@ -50,8 +50,8 @@ check-bash42:
 	@BASH42_OPTIONAL=1 tools/check_bash42.sh
 
 ruff: deps
-	@$(VENV)/bin/ruff check hpc_harness hpc_files tests bench
-	@$(VENV)/bin/ruff format --check hpc_harness hpc_files tests bench
+	@$(VENV)/bin/ruff check hpc_harness hpc_search hpc_files tests bench
+	@$(VENV)/bin/ruff format --check hpc_harness hpc_search hpc_files tests bench
 
 # Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
 bats-unit: deps

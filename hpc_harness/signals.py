@@ -2,10 +2,10 @@
 
 SLURM sends SIGUSR1 shortly before the wall time (``#SBATCH --signal=B:USR1@lead``, forwarded
 to the step by the batch script) and SIGTERM on preemption. The handlers here only set a flag.
-The trainer looks at the flag at step boundaries (about every ``signal_check_s`` seconds); when
-distributed, ranks agree with an asynchronous all-reduce (MAX), read at the next check, so that
-all of them stop at the same step. Then they save a checkpoint, wait at a barrier, rank 0 writes the
-requeue marker, and every rank exits with ``REQUEUE_EXIT_CODE``.
+:class:`StopAgreement` looks at the flag at step boundaries (about every ``check_s`` seconds);
+when distributed, ranks agree with an asynchronous all-reduce (MAX), read at the next check, so
+that all of them stop at the same step. Then they save a checkpoint, wait at a barrier, rank 0
+writes the requeue marker, and every rank exits with ``REQUEUE_EXIT_CODE``.
 
 Exit codes (the contract with hpc_files/):
     0   training finished
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from typing import Any
 
 REQUEUE_EXIT_CODE = 42
@@ -59,6 +60,121 @@ class StopFlag:
         self._previous.clear()
 
 
+class StopAgreement:
+    """Every rank stops at the same step, soon after a signal reached any of them.
+
+    Call :meth:`should_stop` once per step on every rank; it is True on all ranks at the same
+    step. No host sync per step: about every ``check_s`` seconds (or every ``check_every``
+    steps when that is set) the ranks start an asynchronous all-reduce (MAX) of [stop flag,
+    timed checkpoint due, -(steps to the next check)], read at the next check, so training never
+    waits for it. Each rank proposes the step count that takes ``check_s`` at its measured
+    pace; the smallest wins, so a 5 ms step and a 10 s step both react within about
+    ``2 * check_s`` seconds plus one step. With ``checkpoint_every_s`` > 0, ``checkpoint_due``
+    turns True on every rank at the same step once that long has passed on rank 0's clock
+    since the last :meth:`saved`.
+    """
+
+    def __init__(
+        self,
+        ctx: Any = None,
+        check_s: float = 0.5,
+        check_every: int = 0,
+        checkpoint_every_s: float = 0.0,
+        flag: StopFlag | None = None,
+    ) -> None:
+        import torch
+
+        self.world_size = ctx.world_size if ctx is not None else 1
+        self.is_main = ctx.is_main if ctx is not None else True
+        self.flag = flag or StopFlag()
+        self.check_s, self.check_every = check_s, check_every
+        self.checkpoint_every_s = checkpoint_every_s
+        self.checkpoint_due = False
+        self._flags = torch.zeros(3, device=ctx.device if ctx is not None else "cpu")
+        self._work: Any = None  # the in-flight all-reduce of _flags
+        self._unread = False  # a finished (drained) reduction the next check must read
+        self._interval = max(check_every, 1)  # steps between checks, the same on every rank
+        self._steps = 0  # steps since the last check
+        self._check_time = time.perf_counter()  # this rank's clock at the last check
+        self._saved_time = time.monotonic()
+
+    @property
+    def signal_name(self) -> str:
+        return self.flag.name
+
+    def install(self) -> StopAgreement:
+        """Install the SIGUSR1/SIGTERM handlers (main thread); returns self."""
+        self.flag.install()
+        return self
+
+    def uninstall(self) -> None:
+        self.flag.uninstall()
+
+    def __enter__(self) -> StopAgreement:
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+    def saved(self) -> None:
+        """A checkpoint was written: the timed interval starts again."""
+        self.checkpoint_due = False
+        self._saved_time = time.monotonic()
+
+    def should_stop(self) -> bool:
+        """True (on every rank at the same step) when the ranks agreed to stop. Collective:
+        call once per step on every rank."""
+        self._steps += 1
+        if self._steps < self._interval:
+            return False
+        stop, due = self._check()
+        self.checkpoint_due = self.checkpoint_due or due
+        return stop
+
+    def _local(self) -> tuple[bool, bool]:
+        every = self.checkpoint_every_s
+        due = self.is_main and every > 0 and time.monotonic() - self._saved_time >= every
+        return self.flag.is_set, due
+
+    def _proposal(self) -> int:
+        """Steps that take about ``check_s`` at this rank's pace since the last check."""
+        now = time.perf_counter()
+        per_step = (now - self._check_time) / max(self._steps, 1)
+        self._check_time, self._steps = now, 0
+        if self.check_every > 0:
+            return self.check_every
+        return int(min(max(self.check_s / max(per_step, 1e-9), 1), 1000))
+
+    def _check(self) -> tuple[bool, bool]:
+        import torch.distributed as dist
+
+        proposal = self._proposal()
+        if not (self.world_size > 1 and dist.is_initialized()):
+            self._interval = proposal
+            return self._local()
+        result = (False, False)
+        if self._work is not None or self._unread:
+            self.drain()
+            self._unread = False
+            stop, due, minus_interval = self._flags.tolist()
+            result = (stop > 0, due > 0)
+            self._interval = max(int(-minus_interval), 1)
+        if not result[0]:
+            stop, due = self._local()
+            self._flags[0], self._flags[1], self._flags[2] = float(stop), float(due), -proposal
+            self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
+        return result
+
+    def drain(self) -> None:
+        """Finish an in-flight reduction (every rank has one at the same point) before other
+        collectives wait on it; its result stays for the next check, so a stop is never lost
+        when checks are further apart than the code that drains (an epoch end)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._unread = True
+
+
 def write_json_atomic(path: str, payload: dict[str, Any]) -> None:
     """Write one line of JSON to ``path`` via a temp file in the same folder and os.replace."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -82,6 +198,16 @@ def write_requeue_marker(
         path, {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
     )
     return path
+
+
+def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str) -> None:
+    """Rank 0, once the checkpoint is complete on every rank: the marker and the log line."""
+    marker = write_requeue_marker(step, epoch, checkpoint, signal_name)
+    line = (
+        f"hpc_harness: {signal_name or 'signal'} received: checkpointed at global step {step} "
+        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else "")
+    )
+    print(line, flush=True)
 
 
 def exit_code(status: str) -> int:

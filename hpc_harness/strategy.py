@@ -50,6 +50,26 @@ def check_strategy(strategy: str, world_size: int, local_world_size: int, cuda: 
         )
 
 
+def average_gradients(model: nn.Module, world_size: int) -> None:
+    """Average the gradients over all processes with one flat all-reduce, in parameter order.
+
+    The summation order is the same at every step, so a resumed run stays bitwise equal to an
+    uninterrupted one at any world size. DDP does not promise that above 2 processes: after
+    its first step it regroups the gradients by the order they were ready, so the first step
+    after a resume sums them in another layout than the uninterrupted run did at that step.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads or world_size < 2:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat.div_(world_size)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 class Strategy:
     """Wraps the model and owns the save/load of model and optimizer state."""
 
@@ -104,18 +124,8 @@ class Strategy:
         return model
 
     def sync_gradients(self, model: nn.Module) -> None:
-        """ddp2 only: average gradients across processes with one flat all-reduce."""
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat.div_(self.world_size)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
+        """ddp2 only: average gradients across processes (:func:`average_gradients`)."""
+        average_gradients(model, self.world_size)
 
     # -- state (collective for fsdp: call on every rank) -------------------------
 

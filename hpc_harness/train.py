@@ -35,6 +35,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from hpc_harness.signals import REQUEUE_EXIT_CODE  # noqa: F401  (documented contract)
 
@@ -124,18 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="adaptive: seconds between stop-flag checks (a signal is acted on within ~2x this)",
     )
-    g = p.add_argument_group("testing aids")
-    g.add_argument("--fail-at-step", type=int, default=None, help="raise after this step")
-    g.add_argument("--fail-rank", type=int, default=0, help="rank that raises (--fail-at-step)")
-    g.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step")
-    g.add_argument(
-        "--pause-in-save-at-step",
-        type=int,
-        default=None,
-        help="hold the checkpoint of this step as a temp file for 120 s before its rename "
-        "(to kill a rank mid-write)",
-    )
+    add_testing_flags(p)
     return p
+
+
+TESTING_FLAGS = ("fail_at_step", "fail_rank", "step_sleep", "pause_in_save_at_step")
+
+
+def add_testing_flags(p: argparse.ArgumentParser) -> None:
+    """Hidden flags for the tests (hpc_harness/testing.py): not in --help."""
+    hide = argparse.SUPPRESS
+    p.add_argument("--fail-at-step", type=int, default=None, help=hide)  # raise after it
+    p.add_argument("--fail-rank", type=int, default=0, help=hide)  # the rank that raises
+    p.add_argument("--step-sleep", type=float, default=0.0, help=hide)  # seconds per step
+    p.add_argument("--pause-in-save-at-step", type=int, default=None, help=hide)  # hold 120 s
 
 
 def make_model(layers: int, hidden: int, n_in: int = 64, n_out: int = 10):  # -> nn.Module
@@ -164,10 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hpc_harness import dist
     from hpc_harness.checkpoint import RunMismatch
-    from hpc_harness.data import DigitsDataset, ensure_digits
+    from hpc_harness.digits import DigitsDataset, ensure_digits
     from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
     from hpc_harness.strategy import StrategyError
+    from hpc_harness.testing import TestingHooks, TestingTrainer
     from hpc_harness.trainer import TrainConfig, Trainer
 
     try:
@@ -205,17 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir=args.run_dir,
             log_every=args.log_every,
             wandb=args.wandb,
-            hparams={k: v for k, v in vars(args).items() if not k.startswith(("fail", "step_"))},
+            hparams={k: v for k, v in vars(args).items() if k not in TESTING_FLAGS},
             signal_check_every=args.signal_check_every,
             signal_check_s=args.signal_check_seconds,
-            fail_at_step=args.fail_at_step,
-            fail_rank=args.fail_rank,
-            step_sleep=args.step_sleep,
-            pause_in_save_at_step=args.pause_in_save_at_step,
         )
         steps_total = args.epochs * -(-len(train_set) // (args.batch_size * ctx.world_size))
+        hooks = TestingHooks(**{k: getattr(args, k) for k in TESTING_FLAGS})
+        make = partial(TestingTrainer, hooks=hooks) if hooks.active else Trainer
         try:
-            trainer = Trainer(
+            trainer = make(
                 model,
                 lambda params: torch.optim.AdamW(params, lr=args.lr),
                 loader,

@@ -1,5 +1,9 @@
 """A small Trainer (pytorch/examples DDP-series style) that survives SLURM's wall time.
 
+Optional: it is the pieces of :mod:`hpc_harness.pieces` (setup, ResumableSampler, the
+checkpoint files, StopAgreement, the requeue announcement) with the loop written for you. To
+keep your own loop, use those directly (hpc_harness/examples/charlm.py).
+
 Plug in your own model and data::
 
     from hpc_harness import dist
@@ -57,7 +61,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -74,7 +77,7 @@ from hpc_harness import dist as hdist
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopFlag, write_requeue_marker
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
 from hpc_harness.strategy import Strategy
 
 
@@ -104,14 +107,9 @@ class TrainConfig:
     wandb: str | None = "disabled"
     wandb_project: str | None = None
     hparams: dict[str, Any] = field(default_factory=dict)  # the run's arguments (fingerprint)
-    # requeue protocol: how often the ranks agree on the stop flag
+    # requeue protocol: how often the ranks agree on the stop flag (signals.StopAgreement)
     signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
     signal_check_s: float = 0.5  # adaptive: seconds between checks
-    # testing aids
-    fail_at_step: int | None = None
-    fail_rank: int = 0
-    step_sleep: float = 0.0
-    pause_in_save_at_step: int | None = None  # hold that checkpoint's temp file 120 s
 
 
 def seed_everything(seed: int) -> None:
@@ -168,7 +166,10 @@ class Trainer:
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.run_dir = config.run_dir or config.ckpt_dir
-        self.stop = StopFlag()
+        self.agreement = StopAgreement(
+            ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
+        )
+        self.stop = self.agreement.flag
         # position
         self.epoch = 0
         self.step_in_epoch = 0
@@ -179,17 +180,6 @@ class Trainer:
         self._loss_sum = torch.zeros((), device=self.device)  # losses since the last log line
         self._log_step = 0  # global step of the last log line (or of the start/resume)
         self._log_time = time.perf_counter()
-        # control flags all-reduced with MAX: [stop requested, timed checkpoint due,
-        # -(steps until the next check) proposed by this rank: the MAX is minus the smallest]
-        self._flags = torch.zeros(3, device=self.device)
-        self._flags_work: Any = None  # the in-flight async all-reduce of _flags
-        self._flags_unread = False  # a finished reduction (drained) the next check must read
-        # Steps between checks (the same on every rank), steps since the last one, and when
-        # it was (this rank's clock: for the proposal of the next interval).
-        self._check_interval = max(config.signal_check_every, 1)
-        self._steps_since_check = 0
-        self._last_check_time = time.perf_counter()
-        self._last_ckpt_time = time.monotonic()
         self._non_blocking = self.device.type == "cuda"
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
@@ -220,59 +210,6 @@ class Trainer:
         if isinstance(batch, dict):
             return {k: self._to_device(v) for k, v in batch.items()}
         return batch
-
-    def _local_flags(self) -> tuple[bool, bool]:
-        interval = self.cfg.checkpoint_every_s
-        ckpt_due = (
-            self.is_main and interval > 0 and (time.monotonic() - self._last_ckpt_time >= interval)
-        )
-        return self.stop.is_set, ckpt_due
-
-    def _proposed_interval(self) -> int:
-        """Steps that take about ``signal_check_s`` at this rank's pace since the last check."""
-        now = time.perf_counter()
-        per_step = (now - self._last_check_time) / max(self._steps_since_check, 1)
-        self._last_check_time = now
-        if self.cfg.signal_check_every > 0:
-            return self.cfg.signal_check_every
-        return int(min(max(self.cfg.signal_check_s / max(per_step, 1e-9), 1), 1000))
-
-    def _control_check(self) -> tuple[bool, bool]:
-        """(stop, checkpoint due), the same on every rank. Collective: call on every rank.
-
-        One process: read directly. Several: return what the all-reduce started at the
-        previous check gave (nothing on the first), then start the next one, so the step
-        loop never blocks on it. Sets the steps until the next check, the same on every rank.
-        """
-        proposal = self._proposed_interval()
-        self._steps_since_check = 0
-        if not (self.world_size > 1 and dist.is_initialized()):
-            self._check_interval = proposal
-            return self._local_flags()
-        result = (False, False)
-        if self._flags_work is not None or self._flags_unread:
-            self._drain_control()
-            self._flags_unread = False
-            stop, due, minus_interval = self._flags.tolist()
-            result = (stop > 0, due > 0)
-            self._check_interval = max(int(-minus_interval), 1)
-        if not result[0]:
-            stop, due = self._local_flags()
-            self._flags[0] = float(stop)
-            self._flags[1] = float(due)
-            self._flags[2] = float(-proposal)
-            self._flags_work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
-        return result
-
-    def _drain_control(self) -> None:
-        """Finish an in-flight flag all-reduce (every rank has one at the same point), before
-        other collectives (evaluation, checkpoint). Its result stays for the next check: a
-        reduction drained at every epoch end must not be lost, or a stop would never be seen
-        when checks are more than half an epoch apart."""
-        if self._flags_work is not None:
-            self._flags_work.wait()
-            self._flags_work = None
-            self._flags_unread = True
 
     # ------------------------------------------------------------------ steps
 
@@ -325,21 +262,13 @@ class Trainer:
             self.step_in_epoch += 1
             self.global_step += 1
             step = self.global_step
-            if cfg.fail_at_step is not None and step == cfg.fail_at_step:
-                if self.rank == cfg.fail_rank:
-                    raise RuntimeError(f"--fail-at-step {step} on rank {self.rank} (testing aid)")
-            if cfg.step_sleep:
-                time.sleep(cfg.step_sleep)
             if cfg.log_every and step % cfg.log_every == 0:
                 self._log_progress(epoch)
-            ckpt_due = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
-            self._steps_since_check += 1
-            if self._steps_since_check >= self._check_interval:
-                stop, timed_due = self._control_check()
-                if stop:
-                    return "requeue"
-                ckpt_due = ckpt_due or timed_due
-            if ckpt_due:
+            if self.agreement.should_stop():
+                return "requeue"
+            if self.agreement.checkpoint_due or (
+                cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+            ):
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
@@ -500,17 +429,20 @@ class Trainer:
     def _save_checkpoint(self) -> str:
         """Save (atomically) and prune; every rank calls it; returns the path."""
         path = ckpt.checkpoint_path(self.cfg.ckpt_dir, self.global_step)
-        self._drain_control()
+        self.agreement.drain()
         state = self._state()
         if self.is_main:
-            pause = 120.0 if self.global_step == self.cfg.pause_in_save_at_step else 0.0
-            ckpt.atomic_save(state, path, pause_before_rename=pause)
+            self._write(state, path)
             ckpt.prune(self.cfg.ckpt_dir, self.cfg.keep_last)
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
         self.last_checkpoint = path
-        self._last_ckpt_time = time.monotonic()
+        self.agreement.saved()
         return path
+
+    def _write(self, state: dict[str, Any], path: str) -> None:
+        """Rank 0 writes a checkpoint (a test subclass pauses here, see testing.py)."""
+        ckpt.atomic_save(state, path)
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
@@ -616,7 +548,7 @@ class Trainer:
     def train(self) -> str:
         """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
         cfg = self.cfg
-        self.stop.install()
+        self.agreement.install()
         try:
             if cfg.fresh:
                 self._start_fresh()
@@ -635,12 +567,12 @@ class Trainer:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
             status = "finished"
             t0 = time.perf_counter()
-            self._last_ckpt_time = time.monotonic()
+            self.agreement.saved()  # the timed interval counts training time
             start_step = self.global_step
             self._log_step, self._log_time = self.global_step, time.perf_counter()
             while self.epoch < cfg.epochs:
                 status = self._run_epoch(self.epoch)
-                self._drain_control()
+                self.agreement.drain()
                 if status == "requeue":
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:
@@ -668,7 +600,7 @@ class Trainer:
             )
             return status
         finally:
-            self.stop.uninstall()
+            self.agreement.uninstall()
             if self.logger is not None:
                 self.logger.close()
 
@@ -677,12 +609,5 @@ class Trainer:
         path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
         self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
         if self.is_main:
-            marker = write_requeue_marker(self.global_step, self.epoch, path, self.stop.name)
-            print(
-                f"hpc_harness: {self.stop.name or 'signal'} received: checkpointed at global step "
-                f"{self.global_step} to {path}; exiting 42 (requeue me)"
-                + (f"; marker {marker}" if marker else ""),
-                flush=True,
-                file=sys.stdout,
-            )
+            announce_requeue(self.global_step, self.epoch, path, self.stop.name)
         return "requeue"

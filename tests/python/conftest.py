@@ -54,17 +54,26 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _launch_keys() -> list[str]:
+    return [k for k in os.environ if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_"))]
+
+
 @pytest.fixture(autouse=True)
-def _no_launch_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in list(os.environ):
-        if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_")):
-            monkeypatch.delenv(k)
+def _no_launch_env(monkeypatch: pytest.MonkeyPatch):
+    for k in _launch_keys():
+        monkeypatch.delenv(k)
+    yield
+    # dist.setup() exports MASTER_ADDR, RANK, LOCAL_RANK, ... (os.environ.setdefault): a test
+    # that calls it in-process must not hand them to the next test's module-scoped fixtures,
+    # which run before this one (test_resume's reference run then waited for local rank 0).
+    for k in _launch_keys():
+        del os.environ[k]
 
 
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The example's dataset, written once per test session."""
-    from hpc_harness.data import write_digits
+    from hpc_harness.digits import write_digits
 
     d = tmp_path_factory.mktemp("data") / "digits"
     write_digits(str(d))

@@ -16,6 +16,7 @@ from hpc_harness.signals import (
     exit_code,
     write_requeue_marker,
 )
+from hpc_harness.testing import TestingHooks, TestingTrainer
 from hpc_harness.trainer import TrainConfig, Trainer
 
 
@@ -107,7 +108,7 @@ def test_failure_exits_nonzero_without_marker(tmp_path, digits_dir: str) -> None
     assert not marker.exists()
 
 
-def _tiny_trainer(tmp_path, **config) -> Trainer:
+def _tiny_trainer(tmp_path, step_sleep: float = 0.0, **config) -> Trainer:
     from torch.utils.data import DataLoader, TensorDataset
 
     from hpc_harness import dist as hdist
@@ -115,27 +116,28 @@ def _tiny_trainer(tmp_path, **config) -> Trainer:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     ctx = hdist.setup(gpus=None, env={}, verbose=False)
-    return Trainer(
+    return TestingTrainer(
         torch.nn.Linear(4, 2),
         lambda params: torch.optim.SGD(params, lr=0.1),
         DataLoader(data, batch_size=4, shuffle=True),
         ctx,
         TrainConfig(epochs=1, ckpt_dir=str(tmp_path), log_every=0, **config),
+        hooks=TestingHooks(step_sleep=step_sleep),
     )
 
 
 def test_adaptive_check_interval_follows_the_step_time(tmp_path) -> None:
     # 20 ms steps and a check every 0.1 s: about 5 steps between checks, whatever
     # the step count (a fixed count would react in 10 x the step time).
-    trainer = _tiny_trainer(tmp_path, step_sleep=0.02, signal_check_s=0.1)
+    trainer = _tiny_trainer(tmp_path, 0.02, signal_check_s=0.1)
     assert trainer.train() == "finished"
-    assert 2 <= trainer._check_interval <= 6, trainer._check_interval
+    assert 2 <= trainer.agreement._interval <= 6, trainer.agreement._interval
     fast = _tiny_trainer(tmp_path / "fast", signal_check_s=0.1)
     assert fast.train() == "finished"
-    assert fast._check_interval > trainer._check_interval
+    assert fast.agreement._interval > trainer.agreement._interval
 
 
 def test_a_fixed_check_interval_is_kept(tmp_path) -> None:
-    trainer = _tiny_trainer(tmp_path, step_sleep=0.02, signal_check_every=7)
+    trainer = _tiny_trainer(tmp_path, 0.02, signal_check_every=7)
     assert trainer.train() == "finished"
-    assert trainer._check_interval == 7
+    assert trainer.agreement._interval == 7

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -11,7 +12,14 @@ import torch
 
 from hpc_harness import plot
 from hpc_harness.strategy import StrategyError, check_strategy
-from hpc_harness.train import build_parser, default_ckpt_dir, default_data_dir, main
+from hpc_harness.train import (
+    TESTING_FLAGS,
+    build_parser,
+    default_ckpt_dir,
+    default_data_dir,
+    main,
+)
+from hpc_harness.trainer import TrainConfig
 
 
 def test_example_reaches_90_percent_and_writes_outputs(tmp_path, digits_dir, capsys) -> None:
@@ -65,14 +73,21 @@ def test_hyperparameters_accept_both_forms() -> None:
         p.parse_args(["--strategy", "horovod"])
 
 
-def test_help_lists_every_option(capsys) -> None:
+def test_help_lists_every_option_but_the_testing_aids(capsys) -> None:
     p = build_parser()
     with pytest.raises(SystemExit):
         p.parse_args(["--help"])
     text = capsys.readouterr().out
     for action in p._actions:
         for opt in action.option_strings:
-            assert opt in text
+            hidden = action.dest in TESTING_FLAGS
+            assert (opt in text) != hidden, opt
+    assert "fail" not in text and "sleep" not in text
+
+
+def test_the_user_facing_config_has_no_testing_aids() -> None:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not names & set(TESTING_FLAGS)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ the search space becomes a sweep file in the format ``sweeper.yml`` uses, and
 trials are exactly what ``python3 hpc_harness/trials.py --sweep FILE --list``
 prints (``SlurmCluster.plan()`` shows them without submitting)::
 
-    from hpc_harness.hyperopt import HyperOptArgumentParser, SlurmCluster
+    from hpc_search.test_tube import HyperOptArgumentParser, SlurmCluster
 
     def main(hparams):
         ...  # train with hparams.learning_rate, hparams.layers
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 REPO = Path(__file__).resolve().parent.parent
-TRIALS_PY = Path(__file__).resolve().parent / "trials.py"
+TRIALS_PY = REPO / "hpc_harness" / "trials.py"
 SUBMITTER_ENV = "HPC_JOB_SUBMITTER"
 TRIAL_FLAG = "--hpc-trial"
 

@@ -1,4 +1,4 @@
-"""hpc_harness/hyperopt.py: the seed's SlurmCluster API over trials.py + job_submitter.sh."""
+"""hpc_search/test_tube.py: the seed's SlurmCluster API over trials.py + job_submitter.sh."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_harness.hyperopt import HyperOptArgumentParser, HyperOptNamespace, SlurmCluster
+from hpc_search.test_tube import HyperOptArgumentParser, HyperOptNamespace, SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = REPO / "hpc_harness" / "trials.py"
@@ -244,7 +244,7 @@ def test_end_to_end_trials_rerun_the_script_and_call_main(tmp_path):
     script.write_text(
         textwrap.dedent("""\
         import json, os, sys
-        from hpc_harness.hyperopt import HyperOptArgumentParser, SlurmCluster
+        from hpc_search.test_tube import HyperOptArgumentParser, SlurmCluster
 
         def main(hparams):
             with open(os.environ["RESULTS"], "a") as fh:

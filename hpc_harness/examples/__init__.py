@@ -1,0 +1,1 @@
+"""Example programs (run with ``python -m hpc_harness.examples.NAME``)."""

@@ -1,0 +1,120 @@
+"""The pieces that make your own training loop survive SLURM (the user keeps the loop).
+
+About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
+
+    from hpc_harness import pieces as hp
+
+    ctx = hp.setup()                                      # rank, device, process group
+    sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
+    loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
+    state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
+    step = state["global_step"] if state else 0           # (and load model/optimizer state)
+    stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
+    while step < total_steps:
+        epoch, start = divmod(step, steps_per_epoch)
+        sampler.set_epoch(epoch); sampler.set_start(start * B)
+        for batch in loader:
+            loss.backward()                               # your step, with
+            hp.average_gradients(model, ctx.world_size)   # (or DDP: see average_gradients)
+            opt.step()
+            step += 1
+            if stop.should_stop():                        # the same step on every rank
+                path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
+                hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
+
+A checkpoint is a dict with at least ``model`` and ``global_step``; plain tensors and python
+types only (it is loaded with ``weights_only=True``). :func:`save_checkpoint` adds every
+rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomness in the model
+(dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between
+the load and the step (give the DataLoader its own ``generator``: an epoch's iterator draws a
+seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
+pieces with the loop written for you.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+from hpc_harness import checkpoint as ckpt
+from hpc_harness.data import ResumableSampler
+from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
+from hpc_harness.strategy import average_gradients
+
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "DistContext",
+    "ResumableSampler",
+    "StopAgreement",
+    "average_gradients",
+    "barrier",
+    "cleanup",
+    "gather_rng",
+    "load_checkpoint",
+    "requeue_exit",
+    "save_checkpoint",
+    "setup",
+]
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_rng() -> list[dict[str, Any]]:
+    """Every rank's RNG states (torch, cuda, numpy, python), in rank order. Collective."""
+    import torch.distributed as dist
+
+    mine = ckpt.capture_rng()
+    rank, world = _rank_world()
+    if world == 1:
+        return [mine]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def save_checkpoint(
+    ckpt_dir: str, state: dict[str, Any] | None, step: int, keep_last: int = 3
+) -> str:
+    """Rank 0 writes ``state`` (other ranks may pass None) atomically to
+    ``<ckpt_dir>/ckpt_step<step>.pt`` and keeps the newest ``keep_last``; returns the path once
+    every rank is past the write. Collective: call on every rank at the same step."""
+    rng = gather_rng()
+    path = ckpt.checkpoint_path(ckpt_dir, step)
+    if _rank_world()[0] == 0:
+        ckpt.atomic_save({**(state or {}), "rng": rng}, path)
+        ckpt.prune(ckpt_dir, keep_last)
+    barrier()
+    return path
+
+
+def load_checkpoint(ckpt_dir: str, restore_rng: bool = True) -> dict[str, Any] | None:
+    """The newest checkpoint that loads, as chosen by rank 0, on every rank (None if there is
+    none); restores this rank's RNG states when the world size is the one that saved them.
+    Collective: call on every rank."""
+    rank, world = _rank_world()
+    state, path = ckpt.load_latest_shared(ckpt_dir, log=say if rank == 0 else lambda _: None)
+    if state is None:
+        return None
+    rng = state.get("rng") or []
+    if restore_rng and len(rng) == world:
+        ckpt.restore_rng(rng[rank])
+    if rank == 0:
+        say(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
+    return state
+
+
+def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:
+    """After a complete checkpoint at a signal: rank 0 writes the requeue marker
+    (``$HPC_REQUEUE_MARKER``), every rank leaves the process group together and exits 42."""
+    if _rank_world()[0] == 0:
+        announce_requeue(step, epoch, checkpoint, stop.signal_name)
+    barrier()
+    cleanup()
+    sys.exit(REQUEUE_EXIT_CODE)

@@ -1,0 +1,115 @@
+"""The pieces in a plain loop (hpc_harness.examples.charlm): a signal mid-run, exit 42 with a
+marker, and a resume that ends bitwise equal to an uninterrupted run, at world size 1 and 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+import torch
+from conftest import PY, bitwise_equal, clean_env, load_model, wait_for
+from test_torchrun import _workers
+
+from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
+from hpc_harness.pieces import REQUEUE_EXIT_CODE, StopAgreement
+from hpc_harness.signals import StopFlag
+
+ARGS = ["--steps", "60", "--log-every", "5", "--seed", "5", "--checkpoint-every-s", "0"]
+
+
+def command(world_size: int, args: list[str]) -> list[str]:
+    module = ["-m", "hpc_harness.examples.charlm", *args]
+    if world_size == 1:
+        return [PY, *module]
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"] + (
+        module
+    )
+
+
+def test_the_text_model_and_data_are_small_and_fixed() -> None:
+    text = make_text()
+    assert text == make_text() and 10_000 < len(text) < 40_000
+    data = CharWindows(text, 32)
+    x, y = data[3]
+    assert torch.equal(x[1:], y[:-1]) and x.shape == (32,)
+    model = CharLM(len(data.chars), 32)
+    assert model.lm_head.weight is model.tok.weight  # tied
+    assert sum(p.numel() for p in model.parameters()) < 300_000
+    assert model(x[None]).shape == (1, 32, len(data.chars))
+
+
+def test_testing_flags_are_hidden(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "--step-sleep" not in capsys.readouterr().out
+
+
+def test_stop_agreement_alone_reacts_at_its_fixed_interval() -> None:
+    stop = StopAgreement(check_every=3, checkpoint_every_s=1e-9, flag=StopFlag())
+    with stop:
+        assert [stop.should_stop() for _ in range(4)] == [False] * 4
+        assert stop.checkpoint_due  # the check at step 3: due on one process at once
+        stop.saved()
+        assert not stop.checkpoint_due
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert [stop.should_stop() for _ in range(2)] == [False, True]  # steps 5, 6
+    assert stop.signal_name == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: int) -> None:
+    straight = tmp_path / "straight"
+    r = subprocess.run(
+        command(world_size, [*ARGS, "--ckpt-dir", str(straight)]),
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    ck, marker = tmp_path / "ck", tmp_path / "requeue.json"
+    proc = subprocess.Popen(
+        command(world_size, [*ARGS, "--ckpt-dir", str(ck), "--step-sleep", "0.03"]),
+        env=clean_env(HPC_REQUEUE_MARKER=str(marker)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("hpc_harness: step 10/"):
+                break
+        if world_size == 1:
+            proc.send_signal(signal.SIGUSR1)
+        else:  # one rank only: the ranks must agree
+            wait_for(lambda: len(_workers(proc.pid)) == 2, 10, "both torchrun workers")
+            os.kill(_workers(proc.pid)[1], signal.SIGUSR1)
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    if world_size == 1:  # torchrun reports its own failure code; the marker is the channel
+        assert proc.returncode == REQUEUE_EXIT_CODE, out
+    info = json.loads(marker.read_text())
+    assert 10 <= info["step"] < 60, out
+    # rank 0 writes the marker and names its own signal: none when only rank 1 got one
+    assert info["signal"] == ("SIGUSR1" if world_size == 1 else "")
+    assert not (ck / "last.pt").exists()
+    resumed = subprocess.run(
+        command(world_size, [*ARGS, "--ckpt-dir", str(ck)]),
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {info['checkpoint']}" in resumed.stdout
+    assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))
