@@ -95,8 +95,5 @@ register_cleanup() {
 }
 
 run_cleanup() {
-  local path
-  for path in ${HPC_CLEANUP_PATHS[@]+"${HPC_CLEANUP_PATHS[@]}"}; do
-    [[ -n "$path" ]] && rm -rf -- "$path"
-  done
+  ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
 }

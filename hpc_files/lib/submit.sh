@@ -144,14 +144,12 @@ readonly DEFAULT_SNAPSHOT_MAX_MB=200
 # version-control folders, virtualenvs, caches, result folders (wandb,
 # lightning_logs, checkpoints) and data folders (data, datasets).
 snapshot_code() {
-  local archive=$1 list max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB} bytes
+  local archive=$1 list="$1.files" max_mb=${HPC_SNAPSHOT_MAX_MB:-$DEFAULT_SNAPSHOT_MAX_MB} bytes
   local -a tar_source=() status
   is_uint "$max_mb" || usage_error "HPC_SNAPSHOT_MAX_MB expects a whole number of MiB, got '$max_mb'"
-  if git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1; then
-    list=$(mktemp "${TMPDIR:-/tmp}/hpc-snapshot.XXXXXX") || die "mktemp failed"
-    register_cleanup "$list"
-    git -C "$source_dir" ls-files -z --cached --others --exclude-standard >"$list" ||
-      die "cannot list the files of $source_dir with git"
+  register_cleanup "$list"
+  # git lists the files of a git project, and fails outside one.
+  if git -C "$source_dir" ls-files -z --cached --others --exclude-standard >"$list" 2>/dev/null; then
     # A listed file may be gone (deleted but still in the index, or an
     # editor's temporary file): tar skips it without a word.
     tar_source=(--ignore-failed-read --warning=no-failed-read --null --files-from="$list")
@@ -191,9 +189,11 @@ warn_if_other_command_checkpointed() {
   # A later round of method bayes lists the earlier rounds' commands, whose
   # trials keep their own folders (trials/K, K global): nothing to warn about.
   [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
-  # Checkpoints: $HPC_TRIAL_DIR/checkpoints, the experiment folder or trials/K.
-  [[ -n "$(find "$plan_exp_dir/checkpoints" "$plan_exp_dir/trials" -name '*.pt' -print -quit 2>/dev/null)" ]] ||
-    return 0
+  # Checkpoints: $HPC_TRIAL_DIR/checkpoints, of the experiment or of trials/K.
+  for folder in "$plan_exp_dir"/checkpoints/*.pt "$plan_exp_dir"/trials/*/checkpoints/*.pt; do
+    [[ ! -e "$folder" ]] || break
+  done
+  [[ -e "$folder" ]] || return 0
   # Newest first by ls, to the nanosecond (bash 4.2's -nt compares seconds).
   while IFS= read -r folder; do
     [[ "${folder%/commands.txt}" != "$submission_dir" ]] || continue
@@ -223,7 +223,7 @@ submit_setup_job() {
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
   plan_requirements_digest=$digest
   render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
-  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
+  output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
   setup_job_id=${output%%;*}
   [[ "$setup_job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id for the setup job: ${output//$'\n'/ }"
@@ -243,7 +243,7 @@ submit_job() {
   # variables of this shell; the job gets this shell's environment (ALL),
   # minus the W&B key, which the node reads from its file.
   sbatch_args+=("${plan_requeue_args[@]}" --time="$opt_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
+  output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}
   job_id=${job_id##*$'\n'}
