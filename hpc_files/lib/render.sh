@@ -60,8 +60,7 @@ render_sbatch_lines() {
   local arg
   printf '\n# Resources.\n'
   sbatch_line "--job-name=$plan_job_name"
-  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
-  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
+  render_account_lines
   sbatch_line "--nodes=$plan_nodes"
   sbatch_line "--ntasks-per-node=$plan_tasks_per_node"
   sbatch_line "--cpus-per-task=$plan_cpus_per_task"
@@ -85,6 +84,12 @@ render_sbatch_lines() {
   fi
   [[ -z "${opt_dependency:-}" ]] || sbatch_line "--dependency=$opt_dependency"
   render_site_sbatch_lines
+}
+
+# render_account_lines: --account and --partition, when given (or the site's).
+render_account_lines() {
+  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
+  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
 }
 
 # render_site_sbatch_lines: the site profile's sbatch lines and --sbatch-arg.
@@ -182,8 +187,7 @@ render_setup_script() {
   printf '# hpc_files/job_submitter.sh %s. The training job waits for it (afterok).\n' "$HPC_VERSION"
   printf '\n# Resources.\n'
   sbatch_line "--job-name=${plan_job_name}_setup_venv"
-  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
-  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
+  render_account_lines
   sbatch_line --nodes=1
   sbatch_line --ntasks=1
   sbatch_line "--cpus-per-task=$plan_cpus_per_task"

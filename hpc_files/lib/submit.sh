@@ -185,15 +185,15 @@ report_unsubmitted() {
 # checkpoints, and the newest earlier submission ran other commands. The
 # harness refuses to resume a different run (exit 2 on the node); say so now.
 warn_if_other_command_checkpointed() {
-  local previous="" folder
+  local previous="" folder checkpoint
   # A later round of method bayes lists the earlier rounds' commands, whose
   # trials keep their own folders (trials/K, K global): nothing to warn about.
   [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
   # Checkpoints: $HPC_TRIAL_DIR/checkpoints, of the experiment or of trials/K.
-  for folder in "$plan_exp_dir"/checkpoints/*.pt "$plan_exp_dir"/trials/*/checkpoints/*.pt; do
-    [[ ! -e "$folder" ]] || break
+  for checkpoint in "$plan_exp_dir"/checkpoints/*.pt "$plan_exp_dir"/trials/*/checkpoints/*.pt; do
+    [[ ! -e "$checkpoint" ]] || break
   done
-  [[ -e "$folder" ]] || return 0
+  [[ -e "$checkpoint" ]] || return 0
   # Newest first by ls, to the nanosecond (bash 4.2's -nt compares seconds).
   while IFS= read -r folder; do
     [[ "${folder%/commands.txt}" != "$submission_dir" ]] || continue
