@@ -19,28 +19,12 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-reps=7
-smoke=""
-out=""
+bench_options 7 "$@"
 sizes=(1000 20000 100000)
-while (($# > 0)); do
-  case "$1" in
-    --smoke) smoke=1 reps=1 sizes=(100 1000) ;;
-    --reps) reps=${2:?--reps expects a number} && shift ;;
-    --out) out=${2:?--out expects a file} && shift ;;
-    -h | --help) bench_usage && exit 0 ;;
-    *) bench_die "unknown option '$1'" ;;
-  esac
-  shift
-done
+[[ -z "$smoke" ]] || sizes=(100 1000)
 
 need_cluster
-work=$(mktemp -d "${TMPDIR:-/tmp}/bench-submit.XXXXXX")
-cleanup() {
-  cancel_submitted
-  rm -rf -- "${work:?}"
-}
-trap cleanup EXIT
+bench_workdir submit "${TMPDIR:-/tmp}"
 
 project=project
 project_dir="$work/$project"
@@ -92,9 +76,6 @@ load_before=$(loadavg)
 # Priming: builds the data tarball (the cache-hit path is what gets timed).
 submit_one ours -1
 configs=(ours submitit sbatch ours_phased)
-rounds=()
-[[ -n "$smoke" ]] || rounds+=(-1)
-for ((r = 0; r < reps; r++)); do rounds+=("$r"); done
 for r in "${rounds[@]}"; do
   for c in $(round_order "$r" "${configs[@]}"); do
     submit_one "$c" "$r"
@@ -211,7 +192,7 @@ for ((r = 0; r < reps; r++)); do phase_files+=("$work/phases.$r"); done
 section=$(
   printf '## 2. Submission latency (local SLURM cluster)\n\n'
   printf 'Whole processes, from fork to exit (job id printed). %s interleaved reps after %s; ' "$reps" \
-    "$([[ -n "$smoke" ]] && echo 'no warm-up (smoke)' || echo 'one discarded warm-up round')"
+    "$(warmup_note)"
   printf 'every job submitted with `--begin=now+3600` and cancelled at once. '
   printf 'Data for `ours`: 200 files of 1 KiB, tarball already cached (cache-hit path). '
   printf 'Load before/after: %s / %s.\n\n' "$load_before" "$load_after"
@@ -229,7 +210,4 @@ section=$(
       END { printf "| %s | %s | %s | %s | %s |\n", n, med["data_manifest"], med["data_cache_matches"], med["stage_data_tarball"], med["validate_data_paths"] }'
   done
 )
-if [[ -n "$out" ]]; then
-  printf '%s\n' "$section" >"$out"
-fi
-printf '%s\n' "$section"
+bench_section "$section"
