@@ -47,6 +47,7 @@ source "$HPC_FILES_DIR/lib/submit.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
+  trace_steps
   parse_options "$@"
   if [[ -n "${opt_help:-}" ]]; then
     print_help

@@ -35,6 +35,20 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
+# trace_steps: with HPC_TRACE=FILE in the environment, the caller (main) and
+# its EXIT trap append 'SECONDS<TAB>COMMAND' to FILE as each of their commands
+# starts (a DEBUG trap, which the functions they call do not inherit), so a
+# step takes the next line's time minus its own. bench/submit_latency.sh
+# times the submitter with it; unset, it costs this one test.
+trace_steps() {
+  [[ -n "${HPC_TRACE:-}" ]] || return 0
+  # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
+  # none (the name expands to nothing there), and runs date instead.
+  trace_clock=EPOCHREALTIME
+  # shellcheck disable=SC2016 # expanded when the trap runs
+  trap 'printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"' DEBUG
+}
+
 # Helpers that compute a string print it, or store it in the variable named by
 # an optional last argument: 'to_decimal "$x" x' costs no subshell, where
 # 'x=$(to_decimal "$x")' forks one (the submitter runs dozens of these). The

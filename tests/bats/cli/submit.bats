@@ -363,3 +363,14 @@ tarballs() {
   assert_success
   [[ "$output" == *"job_submitter.sh: data: W: "*" of 28 MiB"* ]] || fail "no progress line in: $output"
 }
+
+@test "HPC_TRACE: a submission appends one timestamped line per step of main()" {
+  HPC_TRACE="$BATS_TEST_TMPDIR/trace.tsv" submit_ok -e traced -C "$ONE_LINE" --venv "$FAKE_VENV"
+  run cut -f2 "$BATS_TEST_TMPDIR/trace.tsv"
+  assert_line --index 0 'parse_options "$@"'
+  assert_line 'load_site'
+  assert_line 'submit_job'
+  assert_line 'report_submission'
+  run grep -cvE $'^[0-9]+\\.[0-9]+\t' "$BATS_TEST_TMPDIR/trace.tsv"
+  assert_output 0
+}
