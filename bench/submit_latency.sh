@@ -18,6 +18,12 @@
 # (traced; --no-growth skips it). Every job is submitted with
 # --begin=now+3600 (it never runs) and cancelled at once; the script checks
 # that none is left.
+# What a change to the submitter costs: --variant before=DIR/hpc_files with
+# 'git archive COMMIT hpc_files | tar -x -C DIR' (issue 15's fork-avoidance
+# tricks were measured so). On a shared, loaded machine the paired
+# differences drown in noise (+-200 ms at a load of 12 on 2 cores); as root,
+# 'chrt -f 10 bench/submit_latency.sh ...' gives numbers like a quiet
+# machine's (slurmctld itself keeps its normal priority).
 #
 # Usage: bench/submit_latency.sh [--smoke] [--reps N] [--out FILE] [--no-growth]
 #                                [--variant NAME=HPC_FILES_DIR]...
