@@ -45,8 +45,10 @@ trace_steps() {
   # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
   # none (the name expands to nothing there), and runs date instead.
   trace_clock=EPOCHREALTIME
+  # A file that cannot be written loses the trace, not the submission (a
+  # failed redirection would end main under set -e).
   # shellcheck disable=SC2016 # expanded when the trap runs
-  trap 'printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"' DEBUG
+  trap '{ printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"; } 2>/dev/null || :' DEBUG
 }
 
 # Helpers that compute a string print it, or store it in the variable named by

@@ -374,3 +374,9 @@ tarballs() {
   run grep -cvE $'^[0-9]+\\.[0-9]+\t' "$BATS_TEST_TMPDIR/trace.tsv"
   assert_output 0
 }
+
+@test "HPC_TRACE: a trace file that cannot be written neither stops nor clutters a submission" {
+  HPC_TRACE="$BATS_TEST_TMPDIR/no such dir/trace.tsv" submit_ok -e traced -C "$ONE_LINE" --venv "$FAKE_VENV"
+  assert_line --index 0 --partial "Submitted job 4242"
+  assert_equal "$stderr" ""
+}
