@@ -35,10 +35,28 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
+# trace_steps: with HPC_TRACE=FILE in the environment, the caller (main) and
+# its EXIT trap append 'SECONDS<TAB>COMMAND' to FILE as each of their commands
+# starts (a DEBUG trap, which the functions they call do not inherit), so a
+# step takes the next line's time minus its own. bench/submit_latency.sh
+# times the submitter with it; unset, it costs this one test.
+trace_steps() {
+  [[ -n "${HPC_TRACE:-}" ]] || return 0
+  # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
+  # none (the name expands to nothing there), and runs date instead.
+  trace_clock=EPOCHREALTIME
+  # A file that cannot be written loses the trace, not the submission (a
+  # failed redirection would end main under set -e).
+  # shellcheck disable=SC2016 # expanded when the trap runs
+  trap '{ printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"; } 2>/dev/null || :' DEBUG
+}
+
 # Helpers that compute a string print it, or store it in the variable named by
 # an optional last argument: 'to_decimal "$x" x' costs no subshell, where
-# 'x=$(to_decimal "$x")' forks one (the submitter runs dozens of these). The
-# variable must not be one of the helper's own locals.
+# 'x=$(to_decimal "$x")' forks one. Kept because it pays: the plain $(...)
+# form made a submission 17 ms slower (bench/submit_latency.sh, paired, 21 and
+# 41 reps; about 28 subshells). The variable must not be one of the helper's
+# own locals.
 
 # emit VAR VALUE: store VALUE in VAR, or print it when VAR is empty.
 emit() {
@@ -58,7 +76,9 @@ shell_quote() {
   printf '%s' "$quoted"
 }
 
-# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR.
+# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR. Kept as
+# emit is: 'x=$(shell_quote ...)' at its callers (one per export line of the
+# batch script) made a submission 12 ms slower (bench/submit_latency.sh, paired).
 shell_quote_to() {
   local into=$1 word out="" sep="" quote="'" escaped="'\\''"
   shift
