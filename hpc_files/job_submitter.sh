@@ -25,7 +25,6 @@ hpc_files_dir() {
 }
 hpc_files_dir
 HPC_FILES_DIR=$hpc_dir
-HPC_HARNESS_DIR="${HPC_FILES_DIR%/*}/hpc_harness"
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 # shellcheck source=lib/options.sh

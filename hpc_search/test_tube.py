@@ -3,7 +3,7 @@
 The Lightning docs' recipe keeps working, but nothing here writes a batch script:
 the search space becomes a sweep file in the format ``sweeper.yml`` uses, and
 ``hpc_files/job_submitter.sh --sweep FILE --trials N ...`` submits it, so the
-trials are exactly what ``python3 hpc_harness/trials.py --sweep FILE --list``
+trials are exactly what ``python3 hpc_files/lib/trials.py --sweep FILE --list``
 prints (``SlurmCluster.plan()`` shows them without submitting)::
 
     from hpc_search.test_tube import HyperOptArgumentParser, SlurmCluster
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 REPO = Path(__file__).resolve().parent.parent
-TRIALS_PY = REPO / "hpc_harness" / "trials.py"
+TRIALS_PY = REPO / "hpc_files" / "lib" / "trials.py"
 SUBMITTER_ENV = "HPC_JOB_SUBMITTER"
 TRIAL_FLAG = "--hpc-trial"
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Experiments -> trials. A configs file, a sweep file, '--seeds' and a command
-# after '--' all become one manifest as hpc_harness/trials.py defines it:
+# after '--' all become one manifest as hpc_files/lib/trials.py defines it:
 # trials.jsonl (one JSON object per trial) and commands.txt (line K+1 is trial
 # K's command as shell words, expanded on the node). trials.py writes it,
 # except for experiments that need no parsing (trials_in_bash below writes
@@ -190,7 +190,7 @@ list_trials() {
   trials_args
   trials_python python
   require_trials_python "$python"
-  "$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --list
+  "$python" "$HPC_FILES_DIR/lib/trials.py" "${trials_argv[@]}" --list
 }
 
 # write_trials DIR: writes DIR/trials.jsonl and DIR/commands.txt; sets
@@ -215,7 +215,7 @@ write_trials() {
   trials_args
   trials_python python
   require_trials_python "$python"
-  out=$("$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
+  out=$("$python" "$HPC_FILES_DIR/lib/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
   read -r trials_count bayes_first <<<"$out"
 }

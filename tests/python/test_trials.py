@@ -1,4 +1,4 @@
-"""hpc_harness/trials.py: configs file / sweep file / --seeds -> trials manifest."""
+"""hpc_files/lib/trials.py: configs file / sweep file / --seeds -> trials manifest."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_harness" / "trials.py"
+TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 
 GRID = """\
 program: train.py

@@ -8,7 +8,6 @@
 load '../test_helper'
 
 HPC_FILES_DIR="$REPO_ROOT/hpc_files"
-HPC_HARNESS_DIR="$REPO_ROOT/hpc_harness"
 # shellcheck source=../../../hpc_files/lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 # shellcheck source=../../../hpc_files/lib/trials.sh
@@ -34,7 +33,7 @@ teardown() {
 python_manifest() {
   rm -rf -- "$PY_OUT"
   trials_args
-  "$PYTHON" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$PY_OUT" >/dev/null
+  "$PYTHON" "$HPC_FILES_DIR/lib/trials.py" "${trials_argv[@]}" --out-dir "$PY_OUT" >/dev/null
 }
 
 # same_as_python: trials_in_bash takes the current opt_* and writes what

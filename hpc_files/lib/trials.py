@@ -12,9 +12,9 @@ for ``--sweep``. Nothing here executes, expands or evaluates user text.
 
 Usage::
 
-    python3 hpc_harness/trials.py --configs experiment_configurations.txt --list
-    python3 hpc_harness/trials.py --sweep sweeper.yml --out-dir SUBMISSION_DIR
-    python3 hpc_harness/trials.py --sweep sweeper.yml --trials 20 --sweep-seed 3 --seeds 2 --list
+    python3 hpc_files/lib/trials.py --configs experiment_configurations.txt --list
+    python3 hpc_files/lib/trials.py --sweep sweeper.yml --out-dir SUBMISSION_DIR
+    python3 hpc_files/lib/trials.py --sweep sweeper.yml --trials 20 --sweep-seed 3 --seeds 2 --list
 
 Sources (if --sweep is given, --configs is ignored; the submitter always passes
 --configs when a configs file exists):
