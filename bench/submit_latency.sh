@@ -138,7 +138,7 @@ describe_phase() {
     snapshot_code) echo "&nbsp;&nbsp;in it: git ls-files + tar of the project's 500 files into code.tar" ;;
     record_git_state) echo "&nbsp;&nbsp;in it: git rev-parse, status and diff into git.txt" ;;
     write_trials) echo "&nbsp;&nbsp;in it: commands.txt, written in bash for a command after --; otherwise trials.jsonl + commands.txt from python hpc_files/lib/trials.py" ;;
-    trials_python) echo "&nbsp;&nbsp;&nbsp;&nbsp;choose the python" ;;
+    login_python) echo "&nbsp;&nbsp;&nbsp;&nbsp;choose the python" ;;
     git) echo "&nbsp;&nbsp;in them: every git process (sum)" ;;
     plan_array) echo "array spec" ;;
     render_script) echo "render the batch script" ;;

@@ -19,7 +19,7 @@ submitter="$project_root/hpc_files/job_submitter.sh"
 t_script_start=${EPOCHREALTIME/./}
 
 # Nested functions and commands worth their own line (besides main's steps).
-NESTED_PHASES=(write_trials list_trials data_manifest data_cache_matches trials_python snapshot_code record_git_state git sbatch)
+NESTED_PHASES=(write_trials list_trials data_manifest data_cache_matches login_python snapshot_code record_git_state git sbatch)
 
 __bench_time() {
   local name=$1 t0 rc

@@ -779,6 +779,17 @@ class Parser:
         self.i += 1
         return self.argv[self.i - 1]
 
+    def target(self, name: str, inline: str | None, target: str | None) -> str | None:
+        """The one positional word (EXP or JOBID), given as NAME/INLINE by the loop;
+        a second one, or an option the caller did not take, is an error."""
+        if name == "" and target is None and inline is not None:
+            return inline
+        if name not in ("", "--"):
+            raise UsageError(f"unknown option {name!r} (see --help)")
+        if inline is not None:
+            raise UsageError(f"unexpected argument {inline!r}")
+        return target
+
     def optional_value(self, inline: str | None) -> str | None:
         if inline is not None:
             return inline
@@ -812,13 +823,8 @@ def cmd_status(argv: Sequence[str], prog: str) -> int:
                 watch = -1
             if not watch > 0:
                 raise UsageError(f"--watch expects seconds > 0, got {text!r}")
-        elif name == "" and target is None and inline is not None:
-            target = inline
-        elif name in ("", "--"):
-            if inline is not None:
-                raise UsageError(f"unexpected argument {inline!r}")
         else:
-            raise UsageError(f"unknown option {name!r} (see --help)")
+            target = p.target(name, inline, target)
     project, project_dir = _project_dir(project)
     if watch is not None and not sys.stdout.isatty():
         raise UsageError("--watch redraws a terminal; stdout is not one (drop --watch)")
@@ -867,13 +873,8 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
             csv_out = p.value(name, inline)
         elif name == "--plot":
             plot_out = p.value(name, inline)
-        elif name == "" and target is None and inline is not None:
-            target = inline
-        elif name in ("", "--"):
-            if inline is not None:
-                raise UsageError(f"unexpected argument {inline!r}")
         else:
-            raise UsageError(f"unknown option {name!r} (see --help)")
+            target = p.target(name, inline, target)
     for opt, path in (("--csv", csv_out), ("--plot", plot_out)):
         if path == "":
             raise UsageError(f"{opt} expects a file name, got ''")

@@ -10,19 +10,6 @@
 # folder has no trials.jsonl, and trials.py's manifest_of reads its
 # commands.txt when results.py needs the manifest. Sourced; functions only.
 
-# trials_python [VAR]: a python for trials.py on this machine (stdlib; PyYAML for --sweep).
-trials_python() {
-  if [[ -n "${HPC_PYTHON:-}" ]]; then
-    emit "${1:-}" "$HPC_PYTHON"
-  elif [[ -n "${opt_venv:-}" && -x "$opt_venv/bin/python" ]]; then
-    emit "${1:-}" "$opt_venv/bin/python"
-  elif [[ -x "$source_dir/.venv/bin/python" ]]; then
-    emit "${1:-}" "$source_dir/.venv/bin/python"
-  else
-    emit "${1:-}" python3
-  fi
-}
-
 # require_trials_python PYTHON: stop with one line unless PYTHON runs and is
 # 3.9+ (an old login node's python3 would die on trials.py with a traceback).
 require_trials_python() {
@@ -75,7 +62,7 @@ command_in_bash() {
 trials_py_command() {
   local python
   trials_args
-  trials_python python
+  python=$(login_python)
   require_trials_python "$python"
   trials_command=("$python" "$HPC_FILES_DIR/lib/trials.py" "${trials_argv[@]}")
 }
@@ -126,7 +113,7 @@ bayes_start() {
   [[ -n "${bayes_first:-}" ]] || return 0
   local python round=${HPC_BAYES_ROUND:-1}
   bayes_study=${HPC_BAYES_STUDY:-${submission_dir##*/}}
-  trials_python python
+  python=$(login_python)
   "$python" "$HPC_FILES_DIR/lib/bayes.py" start --submission "$submission_dir" \
     --journal "$(bayes_journal)" --study "$bayes_study" --round "$round" \
     --rounds "${opt_rounds:-1}" --trials "$opt_trials" --sweep-seed "$opt_sweep_seed" \
@@ -144,7 +131,7 @@ submit_bayes_controller() {
     --output="$log_dir/${plan_job_name}_bayes_%j.out" --ntasks=1 --cpus-per-task=1 --time=00:30:00)
   [[ -z "${opt_account:-}" ]] || args+=(--account="$opt_account")
   [[ -z "${opt_partition:-}" ]] || args+=(--partition="$opt_partition")
-  trials_python python
+  python=$(login_python)
   shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
   output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${args[@]}" --wrap="$wrap" 2>&1) ||
     die "sbatch refused the method-bayes controller job (round job $job_id is queued; run: $wrap): ${output//$'\n'/ }"
