@@ -182,7 +182,7 @@ describe_phase() {
     plan_data) echo "tarball name: sha256 of the path list" ;;
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
-    prepare_trials) echo "trials.jsonl + commands.txt in a temporary folder" ;;
+    prepare_trials) echo "trials in a temporary folder: commands.txt from bash for a command after --, otherwise trials.jsonl + commands.txt from python hpc_files/lib/trials.py" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
     fill_submission_dir) echo "copy node scripts and trials, git state (git rev-parse, status, diff), code snapshot (git ls-files + tar of the project's 500 files)" ;;
     plan_array) echo "array spec" ;;

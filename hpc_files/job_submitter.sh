@@ -10,7 +10,6 @@ set -euo pipefail
 
 # This script's folder (the toolkit's hpc_files/), absolute.
 HPC_FILES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-HPC_HARNESS_DIR="${HPC_FILES_DIR%/*}/hpc_harness"
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 # shellcheck source=lib/options.sh

@@ -117,3 +117,35 @@ register_cleanup() {
 run_cleanup() {
   ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
 }
+
+# login_python: the python that runs the login-node tools beside this file
+# (trials.py, bayes.py, results.py): HPC_PYTHON, else the --venv's, else the
+# project's .venv, else python3.
+login_python() {
+  if [[ -n "${HPC_PYTHON:-}" ]]; then
+    printf '%s' "$HPC_PYTHON"
+  elif [[ -n "${opt_venv:-}" && -x "$opt_venv/bin/python" ]]; then
+    printf '%s' "$opt_venv/bin/python"
+  elif [[ -x "$source_dir/.venv/bin/python" ]]; then
+    printf '%s' "$source_dir/.venv/bin/python"
+  else
+    printf '%s' python3
+  fi
+}
+
+# run_results_py MODE ARG...: status.sh and results.sh. Their usage (a
+# function of the caller's) for -h or --help before any '--', else
+# results.py MODE for the project in source_dir.
+run_results_py() {
+  local mode=$1 arg python
+  shift
+  for arg in "$@"; do
+    [[ "$arg" != -- ]] || break
+    if [[ "$arg" == -h || "$arg" == --help ]]; then
+      usage
+      return 0
+    fi
+  done
+  python=$(login_python)
+  HPC_PROG=$HPC_PROG exec "$python" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "${source_dir##*/}" "$@"
+}

@@ -92,7 +92,7 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  cp "$trials_dir/trials.jsonl" "$trials_dir/commands.txt" "$dir/" || die "cannot write the trials into $dir"
+  cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
   wait "$git_state_pid" || die "cannot write $dir/git.txt"

@@ -141,3 +141,20 @@ trap_after_traced_main() {
   assert_success
   assert_output ''
 }
+
+@test "login_python: HPC_PYTHON, else the --venv's python, else the project's .venv, else python3" {
+  local venv="$BATS_TEST_TMPDIR/a venv" project="$BATS_TEST_TMPDIR/a project"
+  mkdir -p "$venv/bin" "$project/.venv/bin"
+  printf '#!/bin/sh\n' | tee "$venv/bin/python" >"$project/.venv/bin/python"
+  chmod +x "$venv/bin/python" "$project/.venv/bin/python"
+  source_dir=$project
+  HPC_PYTHON=/x/python opt_venv=$venv run login_python
+  assert_output /x/python
+  HPC_PYTHON="" opt_venv=$venv run login_python
+  assert_output "$venv/bin/python"
+  HPC_PYTHON="" opt_venv="" run login_python
+  assert_output "$project/.venv/bin/python"
+  source_dir="$BATS_TEST_TMPDIR/elsewhere"
+  HPC_PYTHON="" opt_venv="" run login_python
+  assert_output python3
+}
