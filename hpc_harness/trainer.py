@@ -168,6 +168,8 @@ class Trainer:
                 "pass eval_data"
             )
         self.precision = make_precision(config.precision, self.device, log=self._print)
+        # fp16's scaler, or a disabled one whose scale/step/update are the plain calls
+        self.scaler = self.precision.scaler or torch.amp.GradScaler(enabled=False)
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
@@ -233,26 +235,20 @@ class Trainer:
 
     def _run_batch(self, batches: list[Any]) -> None:
         """One optimizer step over ``batches`` (``accumulate`` of them; the last may be fewer)."""
-        scaler = self.precision.scaler
         self.optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
                 with self.precision.autocast():
                     loss = self._compute_loss(self._to_device(batch))
-                scaled = loss / len(batches) if len(batches) > 1 else loss
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                self.scaler.scale(loss / len(batches) if len(batches) > 1 else loss).backward()
             self.log("train_loss", loss)
         if self.strategy.needs_grad_sync:
             self.strategy.sync_gradients(self.model)
         if self.cfg.grad_clip:
-            if scaler is not None:
-                scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        if scaler is not None:
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         if self.scheduler is not None and not self._plateau:
             self.scheduler.step()
 
@@ -301,14 +297,8 @@ class Trainer:
             sampler.set_epoch(epoch)
         if start >= len(self.train_loader):
             return iter(())
-        if start > 0 and self._pending_rng is not None:
-            if "epoch_start_torch" in self._pending_rng:
-                torch.set_rng_state(self._pending_rng["epoch_start_torch"])
-            else:
-                self._print(
-                    "hpc_harness: warning: the checkpoint has no epoch-start RNG state (older "
-                    "hpc_harness): the rest of this epoch is not the same order"
-                )
+        if start > 0 and self._pending_rng is not None:  # the RNG of this epoch's start
+            torch.set_rng_state(self._pending_rng["epoch_start_torch"])
         self._epoch_rng = torch.get_rng_state()
         batches = iter(self.train_loader)
         for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
