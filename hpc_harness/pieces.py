@@ -28,7 +28,9 @@ rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomnes
 (dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between
 the load and the step (give the DataLoader its own ``generator``: an epoch's iterator draws a
 seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
-pieces with the loop written for you.
+pieces with the loop written for you. ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from
+``checkpoint.fingerprint(your_args)``, also stored in your checkpoints) refuses, on every rank,
+to resume another run's checkpoints (``checkpoint.RunMismatch``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ What it does for you:
 - checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
   0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
   end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
-  chosen by rank 0 for every rank (checkpoint.load_latest_shared). A resumed
+  chosen by rank 0 for every rank (pieces.load_checkpoint). A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
   scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
   ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
