@@ -47,7 +47,7 @@ export SCRATCH="$work/scratch"
 site="$work/bench_site.conf"
 bench_site_file "$site"
 # The example's data, written once up front (not part of what is measured).
-PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.digits import ensure_digits; ensure_digits(sys.argv[1])' \
+PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.data import ensure_digits; ensure_digits(sys.argv[1])' \
   "$SCRATCH/$project/datasets/digits"
 signal_at_step=150
 [[ -z "$smoke" ]] || signal_at_step=30

@@ -41,7 +41,7 @@ project=${BENCH_ROOT##*/}
 export SCRATCH="$work/scratch"
 site="$work/bench_site.conf"
 bench_site_file "$site"
-PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.digits import ensure_digits; ensure_digits(sys.argv[1])' \
+PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.data import ensure_digits; ensure_digits(sys.argv[1])' \
   "$SCRATCH/$project/datasets/digits"
 train=(python -m hpc_harness.train --epochs 1 --max-steps 3 --log-every 1 --no-resume --checkpoint-every 0)
 

@@ -14,6 +14,9 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+# The example's dataset lives in digits.py; importable from here too (tools/demo.sh, tests).
+from hpc_harness.digits import DigitsDataset, ensure_digits, write_digits  # noqa: F401
+
 
 class ResumableSampler(DistributedSampler):
     """DistributedSampler over ``range(dataset_len)`` with a start offset.
