@@ -272,8 +272,11 @@ parse_options() {
   done
 }
 
-# apply_defaults: built-in defaults for whatever neither the command line nor
-# the site profile set (load_site runs first).
+# apply_defaults: built-in defaults for whatever the command line left open,
+# right after parsing (a site profile defaults other settings: account,
+# partition, modules, array throttle; the plan picks option or site). The
+# configs file defaults to the project's, when no other source of experiments
+# is given.
 apply_defaults() {
   : "${opt_gpus:=$DEFAULT_GPUS}"
   : "${opt_cpus:=$DEFAULT_CPUS}"
@@ -288,4 +291,18 @@ apply_defaults() {
   : "${opt_sweep_seed:=0}"
   : "${opt_signal:=$DEFAULT_SIGNAL}"
   : "${opt_tasks_per_node:=$DEFAULT_TASKS_PER_NODE}"
+  if [[ -z "${opt_configs:-}" && -z "${opt_wandb_sweep:-}" && -z "${opt_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
+    opt_configs="$HPC_FILES_DIR/experiment_configurations.txt"
+    [[ -f "$opt_configs" ]] || opt_configs="${HPC_FILES_DIR%/*}/experiment_configurations.txt"
+  fi
+}
+
+# ask_sweep_count: a wandb sweep without --sweep-count asks for it when
+# stdin is a terminal (and not for --dry-run or --list-trials); validation
+# refuses what is still missing.
+ask_sweep_count() {
+  [[ -n "${opt_wandb_sweep:-}" && -z "${opt_sweep_count:-}" ]] || return 0
+  [[ -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" && -t 0 ]] || return 0
+  read -r -p "Number of sweep runs (array tasks) for $opt_wandb_sweep: " opt_sweep_count ||
+    usage_error "no --sweep-count given"
 }

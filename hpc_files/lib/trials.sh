@@ -177,7 +177,7 @@ wandb_agent_line() {
 list_trials() {
   local k python
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
-    for ((k = 0; k < opt_sweep_count; k++)); do
+    for ((k = 0; k < plan_sweep_count; k++)); do
       printf '{"argv":["wandb","agent","--count","1","%s"],"params":{},"source":"wandb:%s","trial":%d}\n' \
         "$opt_wandb_sweep" "$opt_wandb_sweep" "$k"
     done
@@ -199,11 +199,11 @@ write_trials() {
   local dir=$1 k python out
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
     list_trials >"$dir/trials.jsonl" || die "cannot write $dir/trials.jsonl"
-    for ((k = 0; k < opt_sweep_count; k++)); do
+    for ((k = 0; k < plan_sweep_count; k++)); do
       wandb_agent_line
       printf '\n'
     done >"$dir/commands.txt" || die "cannot write $dir/commands.txt"
-    trials_count=$opt_sweep_count
+    trials_count=$plan_sweep_count
     return 0
   fi
   if trials_in_bash; then
@@ -218,17 +218,6 @@ write_trials() {
   out=$("$python" "$HPC_HARNESS_DIR/trials.py" "${trials_argv[@]}" --out-dir "$dir") || exit $?
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
   read -r trials_count bayes_first <<<"$out"
-}
-
-# plan_bayes_array: method bayes. Round K's manifest lists rounds 1..K (trial =
-# global index, so trials/K folders never collide); its array runs this round's
-# tasks only, FIRST..COUNT-1, and is an array even for one trial.
-plan_bayes_array() {
-  [[ -n "${bayes_first:-}" ]] || return 0
-  plan_array_spec="$bayes_first-$((trials_count - 1))"
-  [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
-  plan_log_name=%x_%A_%a.out
-  plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
 }
 
 # bayes_journal: the study's journal file, in the experiment folder.
@@ -260,8 +249,8 @@ submit_bayes_controller() {
   local python output wrap log_dir=${plan_log_dir//%/%%}
   local -a args=(--parsable --dependency="afterany:$job_id" --job-name="${plan_job_name}_bayes"
     --output="$log_dir/${plan_job_name}_bayes_%j.out" --ntasks=1 --cpus-per-task=1 --time=00:30:00)
-  [[ -z "${opt_account:-}" ]] || args+=(--account="$opt_account")
-  [[ -z "${opt_partition:-}" ]] || args+=(--partition="$opt_partition")
+  [[ -z "$plan_account" ]] || args+=(--account="$plan_account")
+  [[ -z "$plan_partition" ]] || args+=(--partition="$plan_partition")
   trials_python python
   shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
   output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${args[@]}" --wrap="$wrap" 2>&1) ||
