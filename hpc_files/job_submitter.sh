@@ -99,4 +99,5 @@ main() {
   [[ -z "${opt_wait:-}" ]] || wait_for_job
 }
 
-main "$@"
+# Sourced, it only defines main (the golden plan fixtures are made so).
+[[ "${BASH_SOURCE[0]}" != "$0" ]] || main "$@"
