@@ -7,54 +7,22 @@
 # Beside it: NAME.manifest and NAME.meta (size of the tarball and of its
 # contents, which the nodes check before extracting). Sourced; functions only.
 
-# validate_data_paths: every -d path is relative, stays inside the project's
-# scratch folder (symlinks included) and exists.
+# validate_data_paths: every -d path is relative, exists and stays inside the
+# project's scratch folder, symbolic links followed; the first path (in
+# order) with a problem is named.
 validate_data_paths() {
-  local path problem="" symlink=""
+  local path problem real real_scratch=""
   ((${#opt_data[@]} > 0)) || return 0
-  # First what shows without a process. With no problem and no symbolic
-  # link on the way, every path is inside the folder as written ('..' is
-  # refused): nothing needs resolving.
+  [[ -d "$plan_scratch_dir" ]] || usage_error "--data paths are relative to $plan_scratch_dir, which does not exist"
   for path in "${opt_data[@]}"; do
     data_path_problem "$path" problem
-    [[ -z "$problem" ]] || break
-    ! has_symlink "$plan_scratch_dir/$path" || symlink=1
-  done
-  [[ -z "$problem" && -z "$symlink" ]] || data_paths_resolve_inside "$problem"
-}
-
-# data_paths_resolve_inside [PROBLEM]: every -d path, symbolic links
-# followed, is inside $plan_scratch_dir; otherwise exits 2 naming the first path
-# (in order) with a problem. When no path has a PROBLEM that shows without a
-# process, one realpath resolves the scratch folder and all paths; otherwise,
-# or when that fails, each path is checked and resolved in turn.
-data_paths_resolve_inside() {
-  local path problem real real_scratch reals=() i=0
-  if [[ -z "$1" && -d "$plan_scratch_dir" && -x "$plan_scratch_dir" ]]; then
-    for path in "${opt_data[@]}"; do
-      reals+=("$plan_scratch_dir/$path")
-    done
-    mapfile -t reals < <(realpath -e -- "$plan_scratch_dir" "${reals[@]}" 2>/dev/null || echo -failed-)
-    # One line per path (a resolved path could hold a newline), no failure.
-    if ((${#reals[@]} != ${#opt_data[@]} + 1)) || [[ "${reals[${#reals[@]} - 1]}" == -failed- ]]; then
-      reals=()
-    fi
-  fi
-  if ((${#reals[@]} > 0)); then
-    real_scratch=${reals[0]}
-  else
-    real_scratch=$(cd "$plan_scratch_dir" 2>/dev/null && pwd -P) ||
-      usage_error "--data paths are relative to $plan_scratch_dir, which does not exist"
-  fi
-  for path in "${opt_data[@]}"; do
-    i=$((i + 1))
-    if ((${#reals[@]} > 0)); then
-      real=${reals[i]}
-    else
-      data_path_problem "$path" problem
-      [[ -z "$problem" ]] || usage_error "$problem"
-      real=$(realpath -e -- "$plan_scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
-    fi
+    [[ -z "$problem" ]] || usage_error "$problem"
+    # Without a symbolic link on the way the path is inside as written ('..'
+    # is refused); with one, it is resolved.
+    has_symlink "$plan_scratch_dir/$path" || continue
+    [[ -n "$real_scratch" ]] || real_scratch=$(cd "$plan_scratch_dir" && pwd -P) ||
+      usage_error "--data paths are relative to $plan_scratch_dir, which cannot be entered"
+    real=$(realpath -e -- "$plan_scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
     [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
       usage_error "--data path '$path' resolves outside $plan_scratch_dir (symlink to '$real')"
   done
@@ -103,22 +71,18 @@ data_manifest() {
 # The manifest streams from find into cmp and is never held in a variable:
 # bash takes ~1 s per million files to copy and compare strings that large.
 stage_data_tarball() {
-  local status lock_fd tmp_tar tmp_manifest tar_status bytes
-  local -a progress=()
+  local lock_fd tmp_tar tmp_manifest tar_status bytes
+  local -a tar_args=()
   [[ -n "$plan_data_tarball" ]] || return 0
   [[ -d "$plan_data_cache" ]] || mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
-  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
-  ((status[0] == 0)) || die "cannot list the --data paths in $plan_scratch_dir"
-  if ((status[1] == 0)); then
+  if data_cache_fresh; then
     info "data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
     return 0
   fi
   # One builder at a time per tarball; the others wait, then find it fresh.
   exec {lock_fd}>"$plan_data_tarball.lock" || die "cannot open $plan_data_tarball.lock"
   flock -w 3600 "$lock_fd" || die "timed out waiting for another submission building ${plan_data_tarball##*/}"
-  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
-  ((status[0] == 0)) || die "cannot list the --data paths in $plan_scratch_dir"
-  if ((status[1] == 0)); then
+  if data_cache_fresh; then
     exec {lock_fd}>&-
     info "data: reusing ${plan_data_tarball##*/} (built by a concurrent submission)"
     return 0
@@ -134,13 +98,11 @@ stage_data_tarball() {
   bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
   if [[ -t 2 ]]; then
     # On a terminal: what tar has written so far, every 10 MiB or so.
-    progress=(--checkpoint=1000 "--checkpoint-action=ttyout=$HPC_PROG: data: %T of $((bytes / 1048576)) MiB\r")
+    tar_args=(--checkpoint=1000 "--checkpoint-action=ttyout=$HPC_PROG: data: %T of $((bytes / 1048576)) MiB\r")
   fi
+  [[ "$plan_compress" == none ]] || tar_args+=(--use-compress-program="$plan_compress")
   tar_status=0
-  case "$plan_compress" in
-    none) tar -C "$plan_scratch_dir" ${progress[@]+"${progress[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
-    *) tar -C "$plan_scratch_dir" ${progress[@]+"${progress[@]}"} --use-compress-program="$plan_compress" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
-  esac
+  tar -C "$plan_scratch_dir" ${tar_args[@]+"${tar_args[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$?
   [[ ! -t 2 ]] || printf '\r\033[K' >&2
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||
@@ -151,6 +113,15 @@ stage_data_tarball() {
   mv -f "$tmp_manifest" "$plan_data_tarball.manifest" || die "cannot write $plan_data_tarball.manifest"
   exec {lock_fd}>&-
   info "data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
+}
+
+# data_cache_fresh: the cached tarball is that of the -d paths as they are
+# now; dies when they cannot be listed.
+data_cache_fresh() {
+  local -a status
+  data_manifest | data_cache_matches && return 0 || status=("${PIPESTATUS[@]}")
+  ((status[0] == 0)) || die "cannot list the --data paths in $plan_scratch_dir"
+  return 1
 }
 
 # data_cache_matches: the cached tarball is complete and its manifest is

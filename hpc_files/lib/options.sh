@@ -157,7 +157,6 @@ Data and environment:
                               append --local-rank=N to the program's arguments
                               (underscore: --local_rank=N, as programs written for
                               torch.distributed.launch parse it; hyphen: the default)
-                              (programs written for torch.distributed.launch)
 
 Wall time and requeue:
   --signal SIG                the wall-time signal: USR1, USR2, HUP, INT, QUIT or URG

@@ -10,14 +10,10 @@
 #   G = 0      no --gres line at all; lightning and torchrun get K processes
 #              per node (--tasks-per-node, default 1), none one process
 
-# project_paths: where the project is (source_dir, project_name). The project
-# root is the folder holding hpc_files/, whatever the current directory.
+# project_paths: where the project is (source_dir, project_name): the folder
+# holding hpc_files/ (HPC_FILES_DIR is absolute, as 'cd DIR && pwd' prints it).
 project_paths() {
   source_dir=${HPC_FILES_DIR%/*}
-  case "$HPC_FILES_DIR/" in
-    # Not shaped as 'cd DIR && pwd' prints a folder: let cd work it out.
-    [!/]* | / | *//* | */./* | */../*) source_dir=$(cd "$HPC_FILES_DIR/.." && pwd) ;;
-  esac
   : "${source_dir:=/}"
   project_name=${source_dir##*/}
 }
@@ -64,28 +60,20 @@ plan_settings() {
 }
 
 plan_layout() {
-  local gpus cpus tasks mem_mb procs
+  local gpus=$((10#$opt_gpus)) cpus=$((10#$opt_cpus)) tasks=$((10#$opt_tasks_per_node)) mem_mb procs
   plan_kind_of plan_kind
-  to_decimal "$opt_gpus" gpus
-  to_decimal "$opt_cpus" cpus
-  to_decimal "$opt_tasks_per_node" tasks
-  to_decimal "$opt_nodes" plan_nodes
+  plan_nodes=$((10#$opt_nodes))
   plan_gpus_per_node=$gpus
   # Processes per node: one per GPU, or --tasks-per-node when CPU-only.
   procs=$((gpus > 0 ? gpus : tasks))
   [[ "$plan_kind" != none ]] || procs=$((gpus > 0 ? gpus : 1))
-  case "$plan_kind" in
-    lightning)
-      plan_tasks_per_node=$procs
-      plan_cpus_per_task=$cpus
-      plan_procs_per_node=$procs
-      ;;
-    torchrun | none)
-      plan_tasks_per_node=1
-      plan_cpus_per_task=$((cpus * procs))
-      plan_procs_per_node=$procs
-      ;;
-  esac
+  plan_procs_per_node=$procs
+  plan_tasks_per_node=1
+  plan_cpus_per_task=$((cpus * procs))
+  if [[ "$plan_kind" == lightning ]]; then
+    plan_tasks_per_node=$procs
+    plan_cpus_per_task=$cpus
+  fi
   [[ "$plan_kind" != none ]] || plan_procs_per_node=1
   plan_world_size=$((plan_nodes * plan_procs_per_node))
   plan_cpus_per_node=$((plan_tasks_per_node * plan_cpus_per_task))
@@ -98,12 +86,12 @@ plan_layout() {
   format_memory $((mem_mb * procs)) plan_mem
   plan_time=$opt_time
   plan_job_name="${project_name}_${opt_exp_name}"
-  to_decimal "$opt_max_requeues" plan_max_requeues
+  plan_max_requeues=$((10#$opt_max_requeues))
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
   # sbatch's command line too, where SBATCH_* variables cannot change them.
   plan_signal=""
   [[ -n "${opt_no_signal:-}" ]] || plan_signal=${opt_signal#SIG}
-  to_decimal "$opt_signal_lead" plan_signal_lead
+  plan_signal_lead=$((10#$opt_signal_lead))
   plan_requeue_args=(--open-mode=append)
   [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$plan_signal_lead")
   plan_requeue_args+=(--requeue)
@@ -112,7 +100,6 @@ plan_layout() {
 # plan_site_settings: what the site profile sets or defaults, the command
 # line winning where it gave the option (--modules '' loads none).
 plan_site_settings() {
-  local -a extra=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
   plan_site_name=$site_name
   plan_account=${opt_account:-${site_account:-}}
   plan_partition=${opt_partition:-${site_partition:-}}
@@ -121,7 +108,7 @@ plan_site_settings() {
   plan_array_throttle=${opt_array_throttle:-${site_array_throttle:-}}
   [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
   plan_dependency=${opt_dependency:-}
-  plan_sbatch_args=(${extra[@]+"${extra[@]}"})
+  plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
   plan_tmpdir_mode=$site_provides_tmpdir
   plan_tmpdir_base=$site_tmpdir_base
   plan_container_runtime=${site_container_runtime:-}
@@ -131,8 +118,7 @@ plan_site_settings() {
   plan_site_commands=(${site_command[@]+"${site_command[@]}"})
   plan_stage_out=${opt_stage_out:-}
   plan_pass_local_rank=${opt_pass_local_rank:-}
-  plan_sweep_count=""
-  [[ -z "${opt_sweep_count:-}" ]] || to_decimal "$opt_sweep_count" plan_sweep_count
+  plan_sweep_count=${opt_sweep_count:+$((10#$opt_sweep_count))}
 }
 
 # plan_runtime: venv or container, and which ones (realpath: as the nodes
@@ -142,6 +128,7 @@ plan_runtime() {
   plan_venv=""
   plan_container=""
   plan_requirements_digest=""
+  [[ -z "${opt_setup_venv:-}" ]] || plan_requirements_digest=$(sha256sum <"$opt_setup_venv" | cut -d' ' -f1)
   if [[ -n "${opt_container:-}" ]]; then
     plan_runtime=singularity
     plan_container=$(realpath -e -- "$opt_container") || usage_error "cannot resolve '$opt_container'"
@@ -152,10 +139,6 @@ plan_runtime() {
     plan_venv="$source_dir/.venv"
   elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
     plan_venv="$source_dir/.venv"
-  fi
-  if [[ -n "${opt_setup_venv:-}" ]]; then
-    plan_requirements_digest=$(sha256sum <"$opt_setup_venv") || die "cannot read $opt_setup_venv"
-    plan_requirements_digest=${plan_requirements_digest%% *}
   fi
 }
 

@@ -28,24 +28,6 @@ declare -A SITE_KEYS=(
   [command]=list              # extra shell lines run before the launch
 )
 
-site_name=""
-site_file=""
-site_env=()
-site_sbatch=()
-site_command=()
-
-# resolve_site_file NAME|PATH [VAR]: where the profile lives.
-resolve_site_file() {
-  local name=$1
-  if [[ "$name" == */* || "$name" == *.conf ]]; then
-    emit "${2:-}" "$name"
-  elif [[ -f "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf" ]]; then
-    emit "${2:-}" "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf"
-  else
-    emit "${2:-}" "$HPC_FILES_DIR/sites/$name.conf"
-  fi
-}
-
 # load_site: read the profile named by --site, HPC_SITE or the default into
 # site_* variables (the plan takes account, partition, modules and array
 # throttle from it where the command line gave none).
@@ -56,11 +38,18 @@ load_site() {
   use_site_slurm_conf
 }
 
-# find_site_file NAME|PATH: the profile's path into site_file; exit 2 when
-# there is no readable one.
+# find_site_file NAME|PATH: the profile's path into site_file (a NAME is
+# HPC_SITES_DIR's NAME.conf, else the shipped one); exit 2 when there is no
+# readable one.
 find_site_file() {
+  local mine="${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$1.conf"
   [[ -n "$1" ]] || usage_error "--site expects a name or a file, got ''"
-  resolve_site_file "$1" site_file
+  site_file="$HPC_FILES_DIR/sites/$1.conf"
+  if [[ "$1" == */* || "$1" == *.conf ]]; then
+    site_file=$1
+  elif [[ -f "$mine" ]]; then
+    site_file=$mine
+  fi
   [[ -f "$site_file" ]] ||
     usage_error "site profile '$1' not found (looked for $site_file; shipped: $(list_shipped_sites))"
   [[ -r "$site_file" ]] || usage_error "site profile $site_file is not readable"

@@ -13,36 +13,17 @@ check_wandb_credentials() {
   fi
 }
 
-# make_submission_dir: $scratch_dir/$exp_name/<stamp>-XXXX, private.
+# make_submission_dir: $scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp
+# -d: a new folder, mode 0700).
 make_submission_dir() {
-  local stamp attempt suffix
+  local stamp
   if [[ ! -d "$plan_log_dir" || ! -d "$plan_exp_dir/checkpoints" ]]; then
     mkdir -p "$plan_log_dir" "$plan_exp_dir/checkpoints" ||
       die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
   fi
   printf -v stamp '%(%Y%m%d-%H%M%S)T' -1
-  # What mktemp -d does (a random name, mode 0700, never an existing folder),
-  # in one mkdir process; mktemp itself when mkdir fails for another reason.
-  for attempt in 1 2 3; do
-    random_name suffix 4
-    if mkdir -m 0700 -- "$plan_exp_dir/$stamp-$suffix" 2>/dev/null; then
-      submission_dir="$plan_exp_dir/$stamp-$suffix"
-      return 0
-    fi
-    [[ -e "$plan_exp_dir/$stamp-$suffix" ]] || break
-  done
   submission_dir=$(mktemp -d "$plan_exp_dir/$stamp-XXXX") ||
     die "cannot create a submission folder in $plan_exp_dir"
-  chmod 0700 "$submission_dir"
-}
-
-# random_name VAR LENGTH: LENGTH random letters and digits (as mktemp's X's).
-random_name() {
-  local chars=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 random=""
-  while ((${#random} < $2)); do
-    random+=${chars:RANDOM % 62:1}
-  done
-  printf -v "$1" '%s' "$random"
 }
 
 # Until sbatch accepts the job (or --no-submit has written it whole), the

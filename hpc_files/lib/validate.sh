@@ -94,13 +94,7 @@ parse_memory_mb() {
   [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
   to_decimal "${BASH_REMATCH[1]}" number
   unit=${BASH_REMATCH[2]:-M}
-  case "$unit" in
-    k) unit=K ;;
-    m) unit=M ;;
-    g) unit=G ;;
-    t) unit=T ;;
-  esac
-  case "$unit" in
+  case "${unit^^}" in
     K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
     M) emit "${2:-}" "$number" ;;
     G) emit "${2:-}" $((number * 1024)) ;;
@@ -126,7 +120,6 @@ validate_settings() {
   require_uint --num-nodes "$opt_nodes" 1 "${site_max_nodes:-4096}"
   require_one_of --which-distributed "$opt_kind" lightning torchrun script none
   require_name --exp-name "$opt_exp_name"
-
   parse_slurm_time "$opt_time" seconds
   [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
@@ -135,7 +128,6 @@ validate_settings() {
   [[ -n "$mb" ]] ||
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
-
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
