@@ -100,4 +100,5 @@ main() {
 }
 
 # Sourced, it only defines main (the golden plan fixtures are made so).
-[[ "${BASH_SOURCE[0]}" != "$0" ]] || main "$@"
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+main "$@"
