@@ -121,3 +121,32 @@ command:echo two'
     assert_equal "$stderr" ""
   done
 }
+
+@test "load_site reads the profile into site_* only: no option is set from it" {
+  site 'account = site-acct' 'partition = p' 'modules = m/1' 'array_throttle = 7'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    declare -p ${!opt_@} | grep -E "opt_(account|partition|modules|array_throttle)=" || echo none
+    printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_array_throttle"'
+  assert_success
+  assert_equal "$output" "none
+site-acct
+p
+m/1
+7"
+}
+
+@test "read_site_file FILE: a profile alone, with no option parsed" {
+  site 'partition = p' 'env = A=1'
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    read_site_file "$2"
+    printf "%s\n" "$site_file" "$site_partition" "${site_env[@]}" "$site_provides_tmpdir" "[$site_account]"' _ "$REPO_ROOT/hpc_files" "$SITE_FILE"
+  assert_success
+  assert_equal "$output" "$SITE_FILE
+p
+A=1
+auto
+[]"
+}
