@@ -271,11 +271,9 @@ parse_options() {
   done
 }
 
-# apply_defaults: built-in defaults for whatever the command line left open,
-# right after parsing (a site profile defaults other settings: account,
-# partition, modules, array throttle; the plan picks option or site). The
-# configs file defaults to the project's, when no other source of experiments
-# is given.
+# apply_defaults: built-in defaults for what the command line left open, and
+# the project's configs file when no other experiments are named. (The site
+# profile's defaults are others: account, partition, modules, array throttle.)
 apply_defaults() {
   : "${opt_gpus:=$DEFAULT_GPUS}"
   : "${opt_cpus:=$DEFAULT_CPUS}"
@@ -296,9 +294,8 @@ apply_defaults() {
   fi
 }
 
-# ask_sweep_count: a wandb sweep without --sweep-count asks for it when
-# stdin is a terminal (and not for --dry-run or --list-trials); validation
-# refuses what is still missing.
+# ask_sweep_count: a wandb sweep without --sweep-count asks for it on a
+# terminal (not for --dry-run or --list-trials); validation refuses the rest.
 ask_sweep_count() {
   [[ -n "${opt_wandb_sweep:-}" && -z "${opt_sweep_count:-}" ]] || return 0
   [[ -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" && -t 0 ]] || return 0

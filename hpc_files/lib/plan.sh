@@ -28,8 +28,8 @@ plan_paths() {
   plan_data_cache="$plan_scratch_dir/.hpc_data_cache"
 }
 
-# plan_kind_of VAR (not 'chosen'): -W as the plan uses it: script is torchrun, and a wandb
-# sweep task is one agent process (none).
+# plan_kind_of VAR (not 'chosen'): -W as the plan uses it: script is
+# torchrun, and a wandb sweep task is one agent process (none).
 plan_kind_of() {
   local chosen=$opt_kind
   [[ "$chosen" != script ]] || chosen=torchrun
@@ -166,7 +166,9 @@ plan_data() {
     path=${path%/}
     plan_data_paths+=("${path#./}")
   done
-  mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
+  # One path needs no sort process.
+  ((${#plan_data_paths[@]} == 1)) ||
+    mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
   digest=$(sha256sum < <(printf '%s\0' "${plan_data_paths[@]}"))
   data_tarball_name "${digest:0:16}" "$opt_compress" plan_data_tarball
   plan_data_tarball="$plan_data_cache/$plan_data_tarball"
