@@ -42,29 +42,25 @@ main() {
     return 0
   fi
   project_paths
+  apply_defaults
   if [[ -n "${opt_prune_data_cache:-}" ]]; then
     validate_scratch
-    apply_defaults
-    scratch_paths
+    plan_paths
     prune_data_cache
     return 0
   fi
+  ask_sweep_count
   load_site
-  apply_defaults
   validate_settings
-  scratch_paths
-  plan_layout
+  plan_settings
   if [[ -n "${opt_list_trials:-}" ]]; then
     list_trials
     return 0
   fi
   validate_data_paths
-  plan_data
-  plan_runtime_settings
   check_wandb_credentials
   prepare_trials
-  plan_array "$trials_count"
-  plan_bayes_array
+  plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
@@ -88,4 +84,6 @@ main() {
   [[ -z "${opt_wait:-}" ]] || wait_for_job
 }
 
+# Sourced, it only defines main (the golden plan fixtures are made so).
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 main "$@"

@@ -1,10 +1,10 @@
 # shellcheck shell=bash disable=SC2034,SC2154
-# (SC2034/SC2154: CLEANUP_KEY_REGEX is read by cleanup_node.sh; opt_site and
-# DEFAULT_SITE are read, site_file and site_tmpdir_base set, by load_site in
-# hpc_files/lib/site.sh, which the scripts source beside this file.)
+# (SC2034/SC2154: CLEANUP_KEY_REGEX is read by cleanup_node.sh; site_file,
+# site_tmpdir_base and site_partition are set by hpc_files/lib/site.sh, which
+# the scripts source beside this file.)
 # Shared by submit_plai_cleanup and cleanup_node.sh: which base folder to clean
 # and what counts as a job key. Sourced after hpc_files/lib/common.sh
-# (usage_error, die) and hpc_files/lib/site.sh (load_site); functions only.
+# (usage_error, die) and hpc_files/lib/site.sh (read_site_file); functions only.
 
 CLEANUP_DEFAULT_SITE=plai
 
@@ -24,12 +24,7 @@ cleanup_user() {
 cleanup_base() {
   local given=$1 base=$2 user
   if [[ "$given" != 1 ]]; then
-    # load_site reads these (OPT_GIVEN: no option overrides a site value;
-    # local, so load_site sees it through dynamic scope).
-    local -A OPT_GIVEN=()
-    opt_site=$3
-    DEFAULT_SITE=$CLEANUP_DEFAULT_SITE
-    load_site
+    cleanup_read_site "$3"
     base=$site_tmpdir_base
     user=$(cleanup_user)
     # shellcheck disable=SC2016 # the literal text $USER / ${USER} is replaced
@@ -45,11 +40,15 @@ cleanup_base() {
 # cleanup_site_partition SITE: the partition key of the site profile SITE
 # (or HPC_SITE, or plai); '' if it names none.
 cleanup_site_partition() {
-  local -A OPT_GIVEN=()
-  opt_site=$1
-  DEFAULT_SITE=$CLEANUP_DEFAULT_SITE
-  load_site
-  printf '%s' "${site_partition:-}"
+  cleanup_read_site "$1"
+  printf '%s' "$site_partition"
+}
+
+# cleanup_read_site SITE: read the site profile SITE (or HPC_SITE, or plai)
+# into site_* variables.
+cleanup_read_site() {
+  find_site_file "${1:-${HPC_SITE:-$CLEANUP_DEFAULT_SITE}}"
+  read_site_file "$site_file"
 }
 
 # check_base DIR: print DIR without trailing slashes, or stop with a usage

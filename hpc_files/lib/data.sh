@@ -1,31 +1,27 @@
 # shellcheck shell=bash
-# Data staging, submit side (-d): the paths, relative to $scratch_dir, become
-# ONE tarball in a cache folder on scratch, named by a digest of the sorted
-# path list. It is reused only while its manifest (every file's path, size and
+# Data staging, submit side (-d): the paths, relative to $SCRATCH/<project>,
+# become ONE tarball in a cache folder on scratch, named by a digest of the
+# sorted path list (plan_data in plan.sh). It is reused only while its manifest (every file's path, size and
 # mtime) still matches, built under a lock to a temporary name and renamed only
 # when tar succeeded, so a killed or failed tar never leaves a trusted tarball.
 # Beside it: NAME.manifest and NAME.meta (size of the tarball and of its
 # contents, which the nodes check before extracting). Sourced; functions only.
 
-# validate_data_paths: every -d path is relative, stays inside $scratch_dir
-# (symbolic links followed) and exists; otherwise exits 2 naming the first
-# path (in order) with a problem. Sets plan_data_paths (sorted, unique).
+# validate_data_paths: every -d path is relative, exists and stays inside the
+# project's scratch folder, symbolic links followed; the first path (in
+# order) with a problem is named.
 validate_data_paths() {
   local path problem real real_scratch
-  plan_data_paths=()
   ((${#opt_data[@]} > 0)) || return 0
-  real_scratch=$(cd "$scratch_dir" 2>/dev/null && pwd -P) ||
-    usage_error "--data paths are relative to $scratch_dir, which does not exist"
+  real_scratch=$(cd "$plan_scratch_dir" 2>/dev/null && pwd -P) ||
+    usage_error "--data paths are relative to $plan_scratch_dir, which does not exist"
   for path in "${opt_data[@]}"; do
     data_path_problem "$path" problem
     [[ -z "$problem" ]] || usage_error "$problem"
-    real=$(realpath -e -- "$scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
+    real=$(realpath -e -- "$plan_scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
     [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
-      usage_error "--data path '$path' resolves outside $scratch_dir (symlink to '$real')"
-    path=${path%/}
-    plan_data_paths+=("${path#./}")
+      usage_error "--data path '$path' resolves outside $plan_scratch_dir (symlink to '$real')"
   done
-  mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
 }
 
 # data_path_problem PATH VAR: what is wrong with one -d path, as far as that
@@ -42,53 +38,33 @@ data_path_problem() {
     message="--data path '$path' must not contain '..'"
   elif [[ "$path" == -* ]]; then
     message="--data path '$path' must not start with '-'"
-  elif [[ ! -e "$scratch_dir/$path" ]]; then
-    message="--data path '$path' does not exist in $scratch_dir"
+  elif [[ ! -e "$plan_scratch_dir/$path" ]]; then
+    message="--data path '$path' does not exist in $plan_scratch_dir"
   fi
   printf -v "$2" '%s' "$message"
 }
 
-# plan_data: the tarball's name, a pure function of the path list and the
-# compression, so the rendered script names it without building it.
-plan_data() {
-  local digest suffix=""
-  plan_data_tarball=""
-  ((${#plan_data_paths[@]} > 0)) || return 0
-  digest=$(sha256sum < <(printf '%s\0' "${plan_data_paths[@]}"))
-  digest=${digest:0:16}
-  case "$opt_compress" in
-    zstd) suffix=".zst" ;;
-    pigz) suffix=".gz" ;;
-  esac
-  plan_data_cache="$scratch_dir/.hpc_data_cache"
-  plan_data_tarball="$plan_data_cache/data-$digest.tar$suffix"
-}
-
 # data_manifest: one line per file or folder: path, size, mtime (sorted).
 data_manifest() {
-  (cd "$scratch_dir" && find "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
+  (cd "$plan_scratch_dir" && find "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
 }
 
 # stage_data_tarball: build or reuse the tarball. Prints what it did on stderr.
 # The manifest streams from find into cmp and is never held in a variable:
 # bash takes ~1 s per million files to copy and compare strings that large.
 stage_data_tarball() {
-  local status lock_fd tmp_tar tmp_manifest tar_status bytes
-  local -a progress=()
+  local lock_fd tmp_tar tmp_manifest tar_status bytes
+  local -a tar_args=()
   [[ -n "$plan_data_tarball" ]] || return 0
   [[ -d "$plan_data_cache" ]] || mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
-  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
-  ((status[0] == 0)) || die "cannot list the --data paths in $scratch_dir"
-  if ((status[1] == 0)); then
+  if data_cache_fresh; then
     info "data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
     return 0
   fi
   # One builder at a time per tarball; the others wait, then find it fresh.
   exec {lock_fd}>"$plan_data_tarball.lock" || die "cannot open $plan_data_tarball.lock"
   flock -w 3600 "$lock_fd" || die "timed out waiting for another submission building ${plan_data_tarball##*/}"
-  data_manifest | data_cache_matches && status=(0 0) || status=("${PIPESTATUS[@]}")
-  ((status[0] == 0)) || die "cannot list the --data paths in $scratch_dir"
-  if ((status[1] == 0)); then
+  if data_cache_fresh; then
     exec {lock_fd}>&-
     info "data: reusing ${plan_data_tarball##*/} (built by a concurrent submission)"
     return 0
@@ -100,17 +76,15 @@ stage_data_tarball() {
   register_cleanup "$tmp_manifest"
   # The manifest is taken before tar: a file changed while tar reads it
   # makes the next submission rebuild.
-  data_manifest >"$tmp_manifest" || die "cannot list the --data paths in $scratch_dir"
+  data_manifest >"$tmp_manifest" || die "cannot list the --data paths in $plan_scratch_dir"
   bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
   if [[ -t 2 ]]; then
     # On a terminal: what tar has written so far, every 10 MiB or so.
-    progress=(--checkpoint=1000 "--checkpoint-action=ttyout=$HPC_PROG: data: %T of $((bytes / 1048576)) MiB\r")
+    tar_args=(--checkpoint=1000 "--checkpoint-action=ttyout=$HPC_PROG: data: %T of $((bytes / 1048576)) MiB\r")
   fi
+  [[ "$plan_compress" == none ]] || tar_args+=(--use-compress-program="$plan_compress")
   tar_status=0
-  case "$opt_compress" in
-    none) tar -C "$scratch_dir" ${progress[@]+"${progress[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
-    *) tar -C "$scratch_dir" ${progress[@]+"${progress[@]}"} --use-compress-program="$opt_compress" -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$? ;;
-  esac
+  tar -C "$plan_scratch_dir" ${tar_args[@]+"${tar_args[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$?
   [[ ! -t 2 ]] || printf '\r\033[K' >&2
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||
@@ -121,6 +95,15 @@ stage_data_tarball() {
   mv -f "$tmp_manifest" "$plan_data_tarball.manifest" || die "cannot write $plan_data_tarball.manifest"
   exec {lock_fd}>&-
   info "data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
+}
+
+# data_cache_fresh: the cached tarball is that of the -d paths as they are
+# now; dies when they cannot be listed.
+data_cache_fresh() {
+  local -a status
+  data_manifest | data_cache_matches && return 0 || status=("${PIPESTATUS[@]}")
+  ((status[0] == 0)) || die "cannot list the --data paths in $plan_scratch_dir"
+  return 1
 }
 
 # data_cache_matches: the cached tarball is complete and its manifest is
@@ -145,35 +128,41 @@ data_cache_matches() {
 # their manifest, meta and lock files) that no submission folder's job.sbatch
 # names; a tarball being built or waited for (its lock held) stays.
 prune_data_cache() {
-  local cache="$scratch_dir/.hpc_data_cache" line tarball name lock_fd bytes freed=0 removed=0 kept=0
+  local cache=$plan_data_cache line tarball name pattern compress lock_fd bytes freed=0 removed=0 kept=0
   local -A named=()
   if [[ ! -d "$cache" ]]; then
     info "data cache: $cache does not exist; nothing to prune"
     return 0
   fi
+  # export HPC_DATA_TARBALL=PATH, PATH maybe quoted: its last component.
   while IFS= read -r line; do
-    [[ "$line" =~ (data-[0-9a-f]+\.tar(\.zst|\.gz)?) ]] && named[${BASH_REMATCH[1]}]=1
-  done < <(grep -h '^export HPC_DATA_TARBALL=' "$scratch_dir"/*/*/job.sbatch 2>/dev/null)
-  for tarball in "$cache"/data-*.tar "$cache"/data-*.tar.zst "$cache"/data-*.tar.gz; do
-    [[ -f "$tarball" ]] || continue
-    name=${tarball##*/}
-    if [[ -n "${named[$name]:-}" ]]; then
-      kept=$((kept + 1))
-      continue
-    fi
-    exec {lock_fd}>"$tarball.lock" || die "cannot open $tarball.lock"
-    if ! flock -n "$lock_fd"; then
+    line=${line%\'}
+    named[${line##*/}]=1
+  done < <(grep -h '^export HPC_DATA_TARBALL=' "$plan_scratch_dir"/*/*/job.sbatch 2>/dev/null)
+  for compress in none zstd pigz; do
+    data_tarball_name '*' "$compress" pattern
+    # shellcheck disable=SC2086 # a glob (no spaces): every tarball of this compression
+    for tarball in "$cache"/$pattern; do
+      [[ -f "$tarball" ]] || continue
+      name=${tarball##*/}
+      if [[ -n "${named[$name]:-}" ]]; then
+        kept=$((kept + 1))
+        continue
+      fi
+      exec {lock_fd}>"$tarball.lock" || die "cannot open $tarball.lock"
+      if ! flock -n "$lock_fd"; then
+        exec {lock_fd}>&-
+        info "data cache: keeping $name (a submission is building or reading it)"
+        kept=$((kept + 1))
+        continue
+      fi
+      bytes=$(stat -c %s "$tarball")
+      rm -f -- "$tarball" "$tarball.manifest" "$tarball.meta" "$tarball.lock" || die "cannot remove $tarball"
       exec {lock_fd}>&-
-      info "data cache: keeping $name (a submission is building or reading it)"
-      kept=$((kept + 1))
-      continue
-    fi
-    bytes=$(stat -c %s "$tarball")
-    rm -f -- "$tarball" "$tarball.manifest" "$tarball.meta" "$tarball.lock" || die "cannot remove $tarball"
-    exec {lock_fd}>&-
-    freed=$((freed + bytes))
-    removed=$((removed + 1))
-    info "data cache: removed $name ($bytes bytes)"
+      freed=$((freed + bytes))
+      removed=$((removed + 1))
+      info "data cache: removed $name ($bytes bytes)"
+    done
   done
   info "data cache: removed $removed tarball(s), $((freed / 1048576)) MiB; kept $kept named by a submission folder or in use"
 }

@@ -157,7 +157,6 @@ Data and environment:
                               append --local-rank=N to the program's arguments
                               (underscore: --local_rank=N, as programs written for
                               torch.distributed.launch parse it; hyphen: the default)
-                              (programs written for torch.distributed.launch)
 
 Wall time and requeue:
   --signal SIG                the wall-time signal: USR1, USR2, HUP, INT, QUIT or URG
@@ -272,8 +271,9 @@ parse_options() {
   done
 }
 
-# apply_defaults: built-in defaults for whatever neither the command line nor
-# the site profile set (load_site runs first).
+# apply_defaults: built-in defaults for what the command line left open, and
+# the project's configs file when no other experiments are named. (The site
+# profile's defaults are others: account, partition, modules, array throttle.)
 apply_defaults() {
   : "${opt_gpus:=$DEFAULT_GPUS}"
   : "${opt_cpus:=$DEFAULT_CPUS}"
@@ -288,4 +288,17 @@ apply_defaults() {
   : "${opt_sweep_seed:=0}"
   : "${opt_signal:=$DEFAULT_SIGNAL}"
   : "${opt_tasks_per_node:=$DEFAULT_TASKS_PER_NODE}"
+  if [[ -z "${opt_configs:-}" && -z "${opt_wandb_sweep:-}" && -z "${opt_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
+    opt_configs="$HPC_FILES_DIR/experiment_configurations.txt"
+    [[ -f "$opt_configs" ]] || opt_configs="${HPC_FILES_DIR%/*}/experiment_configurations.txt"
+  fi
+}
+
+# ask_sweep_count: a wandb sweep without --sweep-count asks for it on a
+# terminal (not for --dry-run or --list-trials); validation refuses the rest.
+ask_sweep_count() {
+  [[ -n "${opt_wandb_sweep:-}" && -z "${opt_sweep_count:-}" ]] || return 0
+  [[ -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" && -t 0 ]] || return 0
+  read -r -p "Number of sweep runs (array tasks) for $opt_wandb_sweep: " opt_sweep_count ||
+    usage_error "no --sweep-count given"
 }

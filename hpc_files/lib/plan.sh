@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# The resource layout: from nodes N, GPUs per node G and CPUs per GPU C to the
-# numbers sbatch gets, per distributed kind. Pure arithmetic on validated
-# settings; sets plan_* variables. Sourced; functions only.
+# The plan: every plan_* variable, computed from the validated options (opt_*)
+# and the site profile (site_*), and the only input of rendering. Sourced;
+# functions only. The resource layout, per distributed kind, from nodes N,
+# GPUs per node G and CPUs per GPU C:
 #
 #   lightning  N nodes x G tasks (one per GPU), C CPUs each; one srun starts all
 #   torchrun   N nodes x 1 task, C*G CPUs; torchrun starts G processes per node
@@ -9,22 +10,31 @@
 #   G = 0      no --gres line at all; lightning and torchrun get K processes
 #              per node (--tasks-per-node, default 1), none one process
 
-# project_paths: where the project and its scratch folders are. The project
-# root is the folder holding hpc_files/, whatever the current directory.
+# project_paths: where the project is (source_dir, project_name): the folder
+# holding hpc_files/ (HPC_FILES_DIR is absolute, as 'cd DIR && pwd' prints it).
 project_paths() {
   source_dir=${HPC_FILES_DIR%/*}
-  case "$HPC_FILES_DIR/" in
-    # Not shaped as 'cd DIR && pwd' prints a folder: let cd work it out.
-    [!/]* | / | *//* | */./* | */../*) source_dir=$(cd "$HPC_FILES_DIR/.." && pwd) ;;
-  esac
   : "${source_dir:=/}"
   project_name=${source_dir##*/}
 }
 
-scratch_paths() {
-  scratch_dir="$SCRATCH/$project_name"
-  plan_log_dir="$scratch_dir/hpc_outputs"
-  plan_exp_dir="$scratch_dir/$opt_exp_name"
+# plan_paths: the project's folders under $SCRATCH (validated).
+plan_paths() {
+  plan_project_name=$project_name
+  plan_scratch_dir="$SCRATCH/$project_name"
+  plan_log_dir="$plan_scratch_dir/hpc_outputs"
+  plan_exp_dir="$plan_scratch_dir/$opt_exp_name"
+  plan_exp_name=$opt_exp_name
+  plan_data_cache="$plan_scratch_dir/.hpc_data_cache"
+}
+
+# plan_kind_of VAR (not 'chosen'): -W as the plan uses it: script is
+# torchrun, and a wandb sweep task is one agent process (none).
+plan_kind_of() {
+  local chosen=$opt_kind
+  [[ "$chosen" != script ]] || chosen=torchrun
+  [[ -z "${opt_wandb_sweep:-}" ]] || chosen=none
+  printf -v "$1" '%s' "$chosen"
 }
 
 # format_memory MB [VAR]: the shortest exact SLURM size (20480 -> 20G).
@@ -39,52 +49,142 @@ format_memory() {
   fi
 }
 
+# plan_settings: the whole plan but the trials (plan_array) and the
+# submission folder (plan_submission_folder).
+plan_settings() {
+  plan_paths
+  plan_layout
+  plan_site_settings
+  plan_runtime
+  plan_data
+}
+
 plan_layout() {
+  local gpus=$((10#$opt_gpus)) cpus=$((10#$opt_cpus)) tasks=$((10#$opt_tasks_per_node)) mem_mb procs
+  plan_kind_of plan_kind
+  plan_nodes=$((10#$opt_nodes))
+  plan_gpus_per_node=$gpus
   # Processes per node: one per GPU, or --tasks-per-node when CPU-only.
-  local procs=$((opt_gpus > 0 ? opt_gpus : opt_tasks_per_node))
-  [[ "$opt_kind" != none ]] || procs=$((opt_gpus > 0 ? opt_gpus : 1))
-  plan_nodes=$opt_nodes
-  case "$opt_kind" in
-    lightning)
-      plan_tasks_per_node=$procs
-      plan_cpus_per_task=$opt_cpus
-      plan_procs_per_node=$procs
-      ;;
-    torchrun | none)
-      plan_tasks_per_node=1
-      plan_cpus_per_task=$((opt_cpus * procs))
-      plan_procs_per_node=$procs
-      ;;
-  esac
-  [[ "$opt_kind" != none ]] || plan_procs_per_node=1
+  procs=$((gpus > 0 ? gpus : tasks))
+  [[ "$plan_kind" != none ]] || procs=$((gpus > 0 ? gpus : 1))
+  plan_procs_per_node=$procs
+  plan_tasks_per_node=1
+  plan_cpus_per_task=$((cpus * procs))
+  if [[ "$plan_kind" == lightning ]]; then
+    plan_tasks_per_node=$procs
+    plan_cpus_per_task=$cpus
+  fi
+  [[ "$plan_kind" != none ]] || plan_procs_per_node=1
   plan_world_size=$((plan_nodes * plan_procs_per_node))
   plan_cpus_per_node=$((plan_tasks_per_node * plan_cpus_per_task))
   if [[ -n "${site_max_cpus_per_node:-}" ]] && ((plan_cpus_per_node > site_max_cpus_per_node)); then
     usage_error "this layout needs $plan_cpus_per_node CPUs per node ($plan_tasks_per_node tasks x $plan_cpus_per_task CPUs) but site '$site_name' nodes have $site_max_cpus_per_node; lower --cpus or --gpus"
   fi
   plan_gres=""
-  if ((opt_gpus > 0)); then
-    plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$opt_gpus"
-  fi
-  format_memory $((plan_mem_per_gpu_mb * procs)) plan_mem
+  ((gpus == 0)) || plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$gpus"
+  parse_memory_mb "$opt_mem_per_gpu" mem_mb
+  format_memory $((mem_mb * procs)) plan_mem
+  plan_time=$opt_time
   plan_job_name="${project_name}_${opt_exp_name}"
+  plan_max_requeues=$((10#$opt_max_requeues))
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
   # sbatch's command line too, where SBATCH_* variables cannot change them.
   plan_signal=""
   [[ -n "${opt_no_signal:-}" ]] || plan_signal=${opt_signal#SIG}
+  plan_signal_lead=$((10#$opt_signal_lead))
   plan_requeue_args=(--open-mode=append)
-  [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$opt_signal_lead")
+  [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$plan_signal_lead")
   plan_requeue_args+=(--requeue)
 }
 
-# plan_array TRIALS: array job when there is more than one trial.
+# plan_site_settings: what the site profile sets or defaults, the command
+# line winning where it gave the option (--modules '' loads none).
+plan_site_settings() {
+  plan_site_name=$site_name
+  plan_account=${opt_account:-${site_account:-}}
+  plan_partition=${opt_partition:-${site_partition:-}}
+  plan_modules=${site_modules:-}
+  [[ -z "${OPT_GIVEN[modules]:-}" ]] || plan_modules=$opt_modules
+  plan_array_throttle=${opt_array_throttle:-${site_array_throttle:-}}
+  [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
+  plan_dependency=${opt_dependency:-}
+  plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
+  plan_tmpdir_mode=$site_provides_tmpdir
+  plan_tmpdir_base=$site_tmpdir_base
+  plan_container_runtime=${site_container_runtime:-}
+  plan_env=(${site_env[@]+"${site_env[@]}"})
+  plan_pass_env=""
+  ((${#plan_env[@]} == 0)) || plan_pass_env=$(site_env_names)
+  plan_site_commands=(${site_command[@]+"${site_command[@]}"})
+  plan_stage_out=${opt_stage_out:-}
+  plan_pass_local_rank=${opt_pass_local_rank:-}
+  plan_sweep_count=${opt_sweep_count:+$((10#$opt_sweep_count))}
+}
+
+# plan_runtime: venv or container, and which ones (realpath: as the nodes
+# will find them); with --setup-venv the digest the venv is stamped with.
+plan_runtime() {
+  plan_runtime=venv
+  plan_venv=""
+  plan_container=""
+  plan_requirements_digest=""
+  [[ -z "${opt_setup_venv:-}" ]] || plan_requirements_digest=$(sha256sum <"$opt_setup_venv" | cut -d' ' -f1)
+  if [[ -n "${opt_container:-}" ]]; then
+    plan_runtime=singularity
+    plan_container=$(realpath -e -- "$opt_container") || usage_error "cannot resolve '$opt_container'"
+  fi
+  if [[ -n "${opt_venv:-}" ]]; then
+    plan_venv=$(realpath -m -- "$opt_venv") || usage_error "cannot resolve --venv '$opt_venv'"
+  elif [[ -n "${opt_setup_venv:-}" ]]; then
+    plan_venv="$source_dir/.venv"
+  elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
+    plan_venv="$source_dir/.venv"
+  fi
+}
+
+# data_tarball_name DIGEST COMPRESS VAR: the cached data tarball's file name
+# (DIGEST '*': the pattern of every such name for COMPRESS).
+data_tarball_name() {
+  local suffix=""
+  case "$2" in
+    zstd) suffix=".zst" ;;
+    pigz) suffix=".gz" ;;
+  esac
+  printf -v "$3" 'data-%s.tar%s' "$1" "$suffix"
+}
+
+# plan_data: the -d paths (sorted, unique) and the tarball's path, a pure
+# function of the path list and the compression, so the rendered script
+# names it without building it.
+plan_data() {
+  local path digest
+  plan_data_paths=()
+  plan_data_tarball=""
+  plan_compress=$opt_compress
+  ((${#opt_data[@]} > 0)) || return 0
+  for path in "${opt_data[@]}"; do
+    path=${path%/}
+    plan_data_paths+=("${path#./}")
+  done
+  # One path needs no sort process.
+  ((${#plan_data_paths[@]} == 1)) ||
+    mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
+  digest=$(sha256sum < <(printf '%s\0' "${plan_data_paths[@]}"))
+  data_tarball_name "${digest:0:16}" "$opt_compress" plan_data_tarball
+  plan_data_tarball="$plan_data_cache/$plan_data_tarball"
+}
+
+# plan_array TRIALS [FIRST]: an array job when there is more than one trial
+# (a wandb sweep: always). Method bayes: round K's manifest lists rounds
+# 1..K (trial = global index, so trials/K folders never collide); its array
+# runs this round's tasks only, FIRST..TRIALS-1, even for one trial.
 plan_array() {
-  local trials=$1
+  local trials=$1 first=${2:-}
   plan_trial_count=$trials
   plan_array_spec=""
-  if ((trials > 1)) || [[ -n "${opt_wandb_sweep:-}" ]]; then
-    plan_array_spec="0-$((trials - 1))"
-    [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
+  if [[ -n "$first" ]] || ((trials > 1)) || [[ -n "${opt_wandb_sweep:-}" ]]; then
+    plan_array_spec="${first:-0}-$((trials - 1))"
+    [[ -z "$plan_array_throttle" ]] || plan_array_spec+="%$plan_array_throttle"
     plan_log_name=%x_%A_%a.out
   else
     plan_log_name=%x_%j.out
@@ -93,13 +193,16 @@ plan_array() {
   plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
 }
 
-# plan_submission_folder DIR: the folder the job runs from, and where its
-# code is: the snapshot inside it, or the live project with --no-snapshot.
+# plan_submission_folder DIR [PREVIEW]: the folder the job runs from, and
+# where its code is: the snapshot inside it, or the live project with
+# --no-snapshot. PREVIEW (1): --dry-run, DIR is only a name.
 plan_submission_folder() {
   plan_submission_dir=$1
+  plan_preview=${2:-}
+  plan_snapshot=1
+  plan_code_dir="$1/code"
   if [[ -n "${opt_no_snapshot:-}" ]]; then
+    plan_snapshot=""
     plan_code_dir=$source_dir
-  else
-    plan_code_dir="$1/code"
   fi
 }

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# Rendering: the batch script as a pure function of the validated settings and
-# the plan. It reads no clock and runs no command but cat (its here-documents),
-# so --dry-run is byte-stable and golden files can test it; what varies (job
-# id, node names, the submission folder) is resolved on the node. Sourced;
-# functions only.
+# Rendering: the batch script as a pure function of the plan (plan_*, and
+# nothing else). It reads no clock and runs no command but cat (its
+# here-documents), so --dry-run is byte-stable and golden files can test it;
+# what varies (job id, node names, the submission folder) is resolved on the
+# node. Sourced; functions only.
 
 # sbatch_line ARG: one '#SBATCH' line; sbatch honours double quotes there.
 # A value with spaces is quoted, given as '--opt=a b' or as '--opt a b'.
@@ -28,14 +28,14 @@ export_line() {
 
 render_header() {
   local kind_text array_note=""
-  case "$opt_kind" in
+  case "$plan_kind" in
     lightning) kind_text="lightning: one task per GPU, all started by one srun" ;;
     torchrun) kind_text="torchrun: one task per node, each starting $plan_procs_per_node process(es)" ;;
     none) kind_text="none: one process, no distributed launcher" ;;
   esac
   [[ -z "$plan_array_spec" ]] || array_note=' (array task K runs line K+1 of commands.txt)'
   printf '#!/bin/bash\n'
-  if [[ -n "${plan_preview:-}" ]]; then
+  if [[ -n "$plan_preview" ]]; then
     printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'
     printf '# folder named below does not exist; --no-submit writes it with this script.\n'
   fi
@@ -59,10 +59,10 @@ render_sbatch_lines() {
   sbatch_line "--cpus-per-task=$plan_cpus_per_task"
   [[ -z "$plan_gres" ]] || sbatch_line "--gres=$plan_gres"
   sbatch_line "--mem=$plan_mem"
-  sbatch_line "--time=$opt_time"
+  sbatch_line "--time=$plan_time"
   if [[ -n "$plan_signal" ]]; then
     printf '# One log per job (array: per task), appended to across requeues; %s to\n' "$plan_signal"
-    printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$opt_signal_lead"
+    printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$plan_signal_lead"
   else
     printf '# One log per job (array: per task), appended to across requeues; no\n'
     printf '# wall-time signal (--no-signal): the program runs until the wall time.\n'
@@ -75,22 +75,22 @@ render_sbatch_lines() {
     printf '# One array task per trial.\n'
     sbatch_line "--array=$plan_array_spec"
   fi
-  [[ -z "${opt_dependency:-}" ]] || sbatch_line "--dependency=$opt_dependency"
+  [[ -z "$plan_dependency" ]] || sbatch_line "--dependency=$plan_dependency"
   render_site_sbatch_lines
 }
 
 # render_account_lines: --account and --partition, when given (or the site's).
 render_account_lines() {
-  [[ -z "${opt_account:-}" ]] || sbatch_line "--account=$opt_account"
-  [[ -z "${opt_partition:-}" ]] || sbatch_line "--partition=$opt_partition"
+  [[ -z "$plan_account" ]] || sbatch_line "--account=$plan_account"
+  [[ -z "$plan_partition" ]] || sbatch_line "--partition=$plan_partition"
 }
 
 # render_site_sbatch_lines: the site profile's sbatch lines and --sbatch-arg.
 render_site_sbatch_lines() {
   local arg
-  ((${#site_sbatch[@]} + ${#opt_sbatch_arg[@]} > 0)) || return 0
+  ((${#plan_sbatch_args[@]} > 0)) || return 0
   printf '# From the site profile and --sbatch-arg.\n'
-  for arg in ${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
+  for arg in "${plan_sbatch_args[@]}"; do
     sbatch_line "$arg"
   done
 }
@@ -106,10 +106,10 @@ export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 # The project and its folders, for the node scripts and the program.
 EOF
   export_line source_dir "$plan_code_dir"
-  export_line project_name "$project_name"
-  export_line scratch_dir "$scratch_dir"
-  export_line exp_name "$opt_exp_name"
-  if [[ "$plan_code_dir" != "$source_dir" ]]; then
+  export_line project_name "$plan_project_name"
+  export_line scratch_dir "$plan_scratch_dir"
+  export_line exp_name "$plan_exp_name"
+  if [[ -n "$plan_snapshot" ]]; then
     printf '# The code as submitted (a snapshot of the project; git.txt says which\n'
     printf '# commit): the program runs there, and imports from the project find it first.\n'
     shell_quote_to quoted "$plan_code_dir"
@@ -119,40 +119,40 @@ EOF
   printf '# This script'"'"'s submission folder: node scripts, commands, runs.\n'
   export_line HPC_SUBMISSION_DIR "$plan_submission_dir"
   printf '\n# Toolkit settings, read by node/*.sh.\n'
-  export_line HPC_KIND "$opt_kind"
+  export_line HPC_KIND "$plan_kind"
   export_line HPC_NODES "$plan_nodes"
-  export_line HPC_GPUS_PER_NODE "$opt_gpus"
+  export_line HPC_GPUS_PER_NODE "$plan_gpus_per_node"
   export_line HPC_PROCS_PER_NODE "$plan_procs_per_node"
   export_line HPC_SIGNAL "$plan_signal"
-  export_line HPC_SIGNAL_LEAD "$opt_signal_lead"
-  export_line HPC_MAX_REQUEUES "$opt_max_requeues"
-  export_line HPC_TMPDIR_MODE "$site_provides_tmpdir"
+  export_line HPC_SIGNAL_LEAD "$plan_signal_lead"
+  export_line HPC_MAX_REQUEUES "$plan_max_requeues"
+  export_line HPC_TMPDIR_MODE "$plan_tmpdir_mode"
   # shellcheck disable=SC2016 # a literal $USER in the comment, for the reader
-  printf 'export HPC_TMPDIR_BASE="%s"  # may name $USER\n' "$site_tmpdir_base"
+  printf 'export HPC_TMPDIR_BASE="%s"  # may name $USER\n' "$plan_tmpdir_base"
   export_line HPC_RUNTIME "$plan_runtime"
   [[ -z "$plan_venv" ]] || export_line HPC_VENV "$plan_venv"
   if [[ "$plan_runtime" == singularity ]]; then
     export_line HPC_CONTAINER "$plan_container"
-    export_line HPC_CONTAINER_RUNTIME "${site_container_runtime:-}"
+    export_line HPC_CONTAINER_RUNTIME "$plan_container_runtime"
   fi
   [[ -z "$plan_data_tarball" ]] || export_line HPC_DATA_TARBALL "$plan_data_tarball"
-  [[ "$opt_compress" == none ]] || export_line HPC_COMPRESS "$opt_compress"
-  [[ -z "${opt_stage_out:-}" ]] || export_line HPC_STAGE_OUT "$opt_stage_out"
-  [[ -z "${opt_pass_local_rank:-}" ]] || export_line HPC_PASS_LOCAL_RANK "$opt_pass_local_rank"
-  if ((${#site_env[@]} > 0)); then
-    printf "\n# Site '%s': environment (a container gets these names too).\n" "$site_name"
-    for entry in "${site_env[@]}"; do
+  [[ "$plan_compress" == none ]] || export_line HPC_COMPRESS "$plan_compress"
+  [[ -z "$plan_stage_out" ]] || export_line HPC_STAGE_OUT "$plan_stage_out"
+  [[ -z "$plan_pass_local_rank" ]] || export_line HPC_PASS_LOCAL_RANK "$plan_pass_local_rank"
+  if ((${#plan_env[@]} > 0)); then
+    printf "\n# Site '%s': environment (a container gets these names too).\n" "$plan_site_name"
+    for entry in "${plan_env[@]}"; do
       export_line "${entry%%=*}" "${entry#*=}"
     done
-    export_line HPC_PASS_ENV "$(site_env_names)"
+    export_line HPC_PASS_ENV "$plan_pass_env"
   fi
-  if [[ -n "${opt_modules:-}" ]]; then
+  if [[ -n "$plan_modules" ]]; then
     printf '\n# Environment modules (Lmod or Environment Modules).\n'
-    printf 'module load %s || { echo "hpc: error: module load %s failed" >&2; exit 1; }\n' "$opt_modules" "$opt_modules"
+    printf 'module load %s || { echo "hpc: error: module load %s failed" >&2; exit 1; }\n' "$plan_modules" "$plan_modules"
   fi
-  if ((${#site_command[@]} > 0)); then
-    printf "\n# Site '%s': commands.\n" "$site_name"
-    printf '%s\n' "${site_command[@]}"
+  if ((${#plan_site_commands[@]} > 0)); then
+    printf "\n# Site '%s': commands.\n" "$plan_site_name"
+    printf '%s\n' "${plan_site_commands[@]}"
   fi
 }
 
@@ -185,7 +185,7 @@ render_setup_script() {
   sbatch_line --ntasks=1
   sbatch_line "--cpus-per-task=$plan_cpus_per_task"
   sbatch_line "--mem=$plan_mem"
-  sbatch_line "--time=$opt_time"
+  sbatch_line "--time=$plan_time"
   sbatch_line "--output=${plan_log_file%/*}/%x_%j.out"
   render_site_sbatch_lines
   render_environment

@@ -28,46 +28,55 @@ declare -A SITE_KEYS=(
   [command]=list              # extra shell lines run before the launch
 )
 
-site_name=""
-site_file=""
-site_env=()
-site_sbatch=()
-site_command=()
-
-# resolve_site_file NAME|PATH [VAR]: where the profile lives.
-resolve_site_file() {
-  local name=$1
-  if [[ "$name" == */* || "$name" == *.conf ]]; then
-    emit "${2:-}" "$name"
-  elif [[ -f "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf" ]]; then
-    emit "${2:-}" "${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$name.conf"
-  else
-    emit "${2:-}" "$HPC_FILES_DIR/sites/$name.conf"
-  fi
+# load_site: read the profile named by --site, HPC_SITE or the default into
+# site_* variables (the plan takes account, partition, modules and array
+# throttle from it where the command line gave none).
+load_site() {
+  site_name=${opt_site:-${HPC_SITE:-$DEFAULT_SITE}}
+  find_site_file "$site_name"
+  read_site_file "$site_file"
+  use_site_slurm_conf
 }
 
-# load_site: read the profile named by --site, HPC_SITE or the default, and
-# fill site_* variables; a site value becomes the default of its option.
-load_site() {
-  local line key value number=0
-  site_name=${opt_site:-${HPC_SITE:-$DEFAULT_SITE}}
-  [[ -n "$site_name" ]] || usage_error "--site expects a name or a file, got ''"
-  resolve_site_file "$site_name" site_file
+# find_site_file NAME|PATH: the profile's path into site_file (a NAME is
+# HPC_SITES_DIR's NAME.conf, else the shipped one); exit 2 when there is no
+# readable one.
+find_site_file() {
+  local mine="${HPC_SITES_DIR:-$HOME/.config/hpc_files/sites}/$1.conf"
+  [[ -n "$1" ]] || usage_error "--site expects a name or a file, got ''"
+  site_file="$HPC_FILES_DIR/sites/$1.conf"
+  if [[ "$1" == */* || "$1" == *.conf ]]; then
+    site_file=$1
+  elif [[ -f "$mine" ]]; then
+    site_file=$mine
+  fi
   [[ -f "$site_file" ]] ||
-    usage_error "site profile '$site_name' not found (looked for $site_file; shipped: $(list_shipped_sites))"
+    usage_error "site profile '$1' not found (looked for $site_file; shipped: $(list_shipped_sites))"
   [[ -r "$site_file" ]] || usage_error "site profile $site_file is not readable"
+}
+
+# read_site_file FILE: FILE's 'key = value' lines into site_* variables, each
+# value checked by its type (exit 2 naming file, line, key and what is
+# accepted); keys FILE does not set get their defaults.
+read_site_file() {
+  local file=$1 line key value number=0
+  site_file=$file
+  site_env=() site_sbatch=() site_command=()
+  for key in "${!SITE_KEYS[@]}"; do
+    [[ "${SITE_KEYS[$key]}" == list ]] || printf -v "site_${key}" '%s' ""
+  done
   while IFS= read -r line || [[ -n "$line" ]]; do
     number=$((number + 1))
     site_strip_comment "$line" line
     [[ -n "$line" ]] || continue
-    [[ "$line" == *=* ]] || usage_error "$site_file:$number: expected 'key = value', got '$line'"
+    [[ "$line" == *=* ]] || usage_error "$file:$number: expected 'key = value', got '$line'"
     key="${line%%=*}"
     key="${key%"${key##*[![:space:]]}"}"
     value="${line#*=}"
     value="${value#"${value%%[![:space:]]*}"}"
     [[ "$key" =~ ^[a-z_]+$ && -n "${SITE_KEYS[$key]:-}" ]] ||
-      usage_error "$site_file:$number: unknown key '$key' (known: $(printf '%s\n' "${!SITE_KEYS[@]}" | sort | tr '\n' ' '))"
-    site_check_value "$site_file:$number" "$key" "$value"
+      usage_error "$file:$number: unknown key '$key' (known: $(printf '%s\n' "${!SITE_KEYS[@]}" | sort | tr '\n' ' '))"
+    site_check_value "$file:$number" "$key" "$value"
     case "$key" in
       env) site_env+=("$value") ;;
       sbatch) site_sbatch+=("$value") ;;
@@ -76,8 +85,9 @@ load_site() {
         to_decimal "$value" "site_${key}" ;;
       *) printf -v "site_${key}" '%s' "$value" ;;
     esac
-  done <"$site_file"
-  apply_site_defaults
+  done <"$file"
+  : "${site_provides_tmpdir:=auto}"
+  : "${site_tmpdir_base:=/tmp}"
 }
 
 # site_strip_comment LINE VAR: LINE without its comment (a '#' first on the
@@ -107,6 +117,9 @@ site_check_value() {
   case "$key" in
     max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
       [[ "$value" =~ ^[0-9]{1,9}$ ]] || site_value_error "$where" "$key" "$value" "a whole number"
+      # The default of --array-throttle: what that option accepts.
+      [[ "$key" != array_throttle ]] || ((10#$value >= 1 && 10#$value <= 100000)) ||
+        site_value_error "$where" "$key" "$value" "a whole number from 1 to 100000"
       ;;
     provides_tmpdir)
       [[ "$value" =~ ^(yes|no|auto)$ ]] || site_value_error "$where" "$key" "$value" "yes, no or auto"
@@ -115,7 +128,11 @@ site_check_value() {
       [[ "$value" =~ ^(singularity|apptainer)$ ]] ||
         site_value_error "$where" "$key" "$value" "singularity or apptainer"
       ;;
-    account | partition | gpu_types)
+    account)
+      [[ "$value" =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$ ]] ||
+        site_value_error "$where" "$key" "$value" "names of letters, digits, '.', '_' and '-' (one account)"
+      ;;
+    partition | gpu_types)
       [[ "$value" =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*(,[A-Za-z0-9_][A-Za-z0-9._-]*)*$ ]] ||
         site_value_error "$where" "$key" "$value" "names of letters, digits, '.', '_' and '-', separated by commas"
       ;;
@@ -162,17 +179,6 @@ list_shipped_sites() {
     names+="${names:+, }${f%.conf}"
   done
   printf '%s' "$names"
-}
-
-apply_site_defaults() {
-  [[ -n "${OPT_GIVEN[account]:-}" ]] || opt_account=${site_account:-}
-  [[ -n "${OPT_GIVEN[partition]:-}" ]] || opt_partition=${site_partition:-}
-  [[ -n "${OPT_GIVEN[modules]:-}" ]] || opt_modules=${site_modules:-}
-  [[ -n "${OPT_GIVEN[array_throttle]:-}" ]] || opt_array_throttle=${site_array_throttle:-}
-  : "${site_provides_tmpdir:=auto}"
-  : "${site_tmpdir_base:=/tmp}"
-  : "${site_container_runtime:=}"
-  use_site_slurm_conf
 }
 
 # use_site_slurm_conf: export the site's slurm_conf as SLURM_CONF when none is

@@ -13,24 +13,8 @@ check_wandb_credentials() {
   fi
 }
 
-plan_runtime_settings() {
-  plan_runtime=venv
-  plan_venv=""
-  plan_container=""
-  if [[ -n "${opt_container:-}" ]]; then
-    plan_runtime=singularity
-    plan_container=$(realpath -e -- "$opt_container") || usage_error "cannot resolve '$opt_container'"
-  fi
-  if [[ -n "${opt_venv:-}" ]]; then
-    plan_venv=$(realpath -m -- "$opt_venv") || usage_error "cannot resolve --venv '$opt_venv'"
-  elif [[ -n "${opt_setup_venv:-}" ]]; then
-    plan_venv="$source_dir/.venv"
-  elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
-    plan_venv="$source_dir/.venv"
-  fi
-}
-
-# make_submission_dir: $scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp -d: mode 0700).
+# make_submission_dir: $plan_scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp
+# -d: a new folder, mode 0700).
 make_submission_dir() {
   local stamp
   if [[ ! -d "$plan_log_dir" || ! -d "$plan_exp_dir/checkpoints" ]]; then
@@ -67,8 +51,7 @@ prepare_trials() {
 # preview_submission: --dry-run. The batch script as a submission would
 # write it; nothing is written.
 preview_submission() {
-  plan_preview=1
-  plan_submission_folder "$plan_exp_dir/<YYYYmmdd-HHMMSS-XXXX>"
+  plan_submission_folder "$plan_exp_dir/<YYYYmmdd-HHMMSS-XXXX>" 1
   render_script
 }
 
@@ -157,7 +140,7 @@ report_unsubmitted() {
   submission_complete=1
   shell_quote_to quoted "$submission_dir/job.sbatch"
   printf 'Wrote %s (%s trial(s), %s node(s) x %s GPU(s), -W %s); nothing was queued.\n' \
-    "$submission_dir" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
+    "$submission_dir" "$plan_trial_count" "$plan_nodes" "$plan_gpus_per_node" "$plan_kind"
   printf 'Submit it from any directory, now or later (again re-runs it):\n'
   printf 'sbatch %s\n' "$quoted"
 }
@@ -192,17 +175,15 @@ warn_if_other_command_checkpointed() {
 # only when the venv's digest stamp does not match the requirements file.
 # Sets setup_job_id (empty when the venv is up to date).
 submit_setup_job() {
-  local digest stamp output
+  local stamp output
   setup_job_id=""
   [[ -n "${opt_setup_venv:-}" ]] || return 0
-  digest=$(sha256sum <"$opt_setup_venv" | cut -d' ' -f1)
   stamp="$plan_venv/.hpc-requirements.sha256"
-  if [[ -f "$stamp" && "$(<"$stamp")" == "$digest" ]]; then
+  if [[ -f "$stamp" && "$(<"$stamp")" == "$plan_requirements_digest" ]]; then
     info "venv: $plan_venv matches ${opt_setup_venv##*/}; no setup job"
     return 0
   fi
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
-  plan_requirements_digest=$digest
   render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
   output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
@@ -218,12 +199,12 @@ submit_job() {
   if [[ -n "${setup_job_id:-}" ]]; then
     # On the command line, it overrides the script's --dependency line: keep both.
     # A failed setup cancels the training job rather than leaving it pending forever.
-    sbatch_args+=(--dependency="afterok:$setup_job_id${opt_dependency:+,$opt_dependency}" --kill-on-invalid-dep=yes)
+    sbatch_args+=(--dependency="afterok:$setup_job_id${plan_dependency:+,$plan_dependency}" --kill-on-invalid-dep=yes)
   fi
   # On the command line, the requeue protocol and the wall time beat SBATCH_*
   # variables of this shell; the job gets this shell's environment (ALL),
   # minus the W&B key, which the node reads from its file.
-  sbatch_args+=("${plan_requeue_args[@]}" --time="$opt_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
+  sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
   output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}
@@ -247,7 +228,7 @@ report_submission() {
   local log quoted_log
   log=$(log_path "$job_id")
   printf 'Submitted job %s (%s trial(s), %s node(s) x %s GPU(s), -W %s)\n' \
-    "$job_id" "$plan_trial_count" "$plan_nodes" "$opt_gpus" "$opt_kind"
+    "$job_id" "$plan_trial_count" "$plan_nodes" "$plan_gpus_per_node" "$plan_kind"
   printf '  log:        %s\n' "$log"
   printf '  submission: %s\n' "$submission_dir"
   shell_quote_to quoted_log "$log"

@@ -23,7 +23,7 @@ require_trials_python() {
 trials_args() {
   trials_argv=(--prog "$HPC_PROG")
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
-    trials_argv+=(--wandb-sweep "$opt_wandb_sweep" --count "$opt_sweep_count")
+    trials_argv+=(--wandb-sweep "$opt_wandb_sweep" --count "$plan_sweep_count")
   elif [[ -n "${opt_sweep:-}" ]]; then
     trials_argv+=(--sweep "$opt_sweep" --sweep-seed "$opt_sweep_seed")
     [[ -z "${opt_trials:-}" ]] || trials_argv+=(--trials "$opt_trials")
@@ -89,17 +89,6 @@ write_trials() {
   read -r trials_count bayes_first <<<"$out"
 }
 
-# plan_bayes_array: method bayes. Round K's manifest lists rounds 1..K (trial =
-# global index, so trials/K folders never collide); its array runs this round's
-# tasks only, FIRST..COUNT-1, and is an array even for one trial.
-plan_bayes_array() {
-  [[ -n "${bayes_first:-}" ]] || return 0
-  plan_array_spec="$bayes_first-$((trials_count - 1))"
-  [[ -z "${opt_array_throttle:-}" ]] || plan_array_spec+="%$opt_array_throttle"
-  plan_log_name=%x_%A_%a.out
-  plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
-}
-
 # bayes_journal: the study's journal file, in the experiment folder.
 bayes_journal() {
   printf '%s/optuna.journal' "$plan_exp_dir"
@@ -129,8 +118,8 @@ submit_bayes_controller() {
   local python output wrap log_dir=${plan_log_dir//%/%%}
   local -a args=(--parsable --dependency="afterany:$job_id" --job-name="${plan_job_name}_bayes"
     --output="$log_dir/${plan_job_name}_bayes_%j.out" --ntasks=1 --cpus-per-task=1 --time=00:30:00)
-  [[ -z "${opt_account:-}" ]] || args+=(--account="$opt_account")
-  [[ -z "${opt_partition:-}" ]] || args+=(--partition="$opt_partition")
+  [[ -z "$plan_account" ]] || args+=(--account="$plan_account")
+  [[ -z "$plan_partition" ]] || args+=(--partition="$plan_partition")
   python=$(login_python)
   shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
   output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${args[@]}" --wrap="$wrap" 2>&1) ||

@@ -94,13 +94,7 @@ parse_memory_mb() {
   [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
   to_decimal "${BASH_REMATCH[1]}" number
   unit=${BASH_REMATCH[2]:-M}
-  case "$unit" in
-    k) unit=K ;;
-    m) unit=M ;;
-    g) unit=G ;;
-    t) unit=T ;;
-  esac
-  case "$unit" in
+  case "${unit^^}" in
     K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
     M) emit "${2:-}" "$number" ;;
     G) emit "${2:-}" $((number * 1024)) ;;
@@ -116,35 +110,30 @@ validate_scratch() {
   [[ "$SCRATCH" != *[\"\\]* ]] || usage_error "SCRATCH must not contain '\"' or '\\' (the log path goes in a quoted #SBATCH line), got '$SCRATCH'"
 }
 
+# validate_settings: every option, as given or defaulted, and the site's
+# limits; exit 2 at the first problem. Sets nothing.
 validate_settings() {
+  local seconds mb lead
   validate_scratch
-
   require_uint --gpus "$opt_gpus" 0 "${site_max_gpus_per_node:-64}"
-  to_decimal "$opt_gpus" opt_gpus
   require_uint --cpus "$opt_cpus" 1 1024
-  to_decimal "$opt_cpus" opt_cpus
   require_uint --num-nodes "$opt_nodes" 1 "${site_max_nodes:-4096}"
-  to_decimal "$opt_nodes" opt_nodes
-  [[ "$opt_kind" != script ]] || opt_kind=torchrun
   require_one_of --which-distributed "$opt_kind" lightning torchrun script none
   require_name --exp-name "$opt_exp_name"
-
-  parse_slurm_time "$opt_time" plan_time_seconds
-  [[ -n "$plan_time_seconds" ]] ||
+  parse_slurm_time "$opt_time" seconds
+  [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
-  ((plan_time_seconds > 0)) || usage_error "--time must be longer than zero, got '$opt_time'"
-  parse_memory_mb "$opt_mem_per_gpu" plan_mem_per_gpu_mb
-  [[ -n "$plan_mem_per_gpu_mb" ]] ||
+  ((seconds > 0)) || usage_error "--time must be longer than zero, got '$opt_time'"
+  parse_memory_mb "$opt_mem_per_gpu" mb
+  [[ -n "$mb" ]] ||
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
-  ((plan_mem_per_gpu_mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
-
+  ((mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
-  to_decimal "$opt_signal_lead" opt_signal_lead
-  [[ -n "${opt_no_signal:-}" ]] || ((opt_signal_lead < plan_time_seconds)) ||
-    usage_error "--signal-lead ($opt_signal_lead s) must be shorter than --time ($opt_time = $plan_time_seconds s)"
+  to_decimal "$opt_signal_lead" lead
+  [[ -n "${opt_no_signal:-}" ]] || ((lead < seconds)) ||
+    usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
   require_uint --max-requeues "$opt_max_requeues" 0 1000
-  to_decimal "$opt_max_requeues" opt_max_requeues
 
   validate_gpu_type
   validate_experiment_source
@@ -166,35 +155,30 @@ validate_signal() {
 validate_gpu_type() {
   [[ -n "${opt_gpu_type:-}" ]] || return 0
   require_name --gpu-type "$opt_gpu_type"
-  ((opt_gpus > 0)) || usage_error "--gpu-type '$opt_gpu_type' needs --gpus of at least 1"
+  ((10#$opt_gpus > 0)) || usage_error "--gpu-type '$opt_gpu_type' needs --gpus of at least 1"
   if [[ -n "${site_gpu_types:-}" && ",${site_gpu_types// /}," != *",$opt_gpu_type,"* ]]; then
     usage_error "--gpu-type '$opt_gpu_type' is not offered by site '$site_name' (offered: $site_gpu_types)"
   fi
 }
 
 validate_kind_layout() {
+  local kind
+  plan_kind_of kind
   # A wandb sweep task is one agent process that starts each run itself.
-  if [[ -n "${opt_wandb_sweep:-}" ]]; then
-    [[ -z "${OPT_GIVEN[kind]:-}" || "$opt_kind" == none ]] ||
-      usage_error "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W $opt_kind"
-    opt_kind=none
-  fi
+  [[ -z "${opt_wandb_sweep:-}" || -z "${OPT_GIVEN[kind]:-}" || "$opt_kind" == none ]] ||
+    usage_error "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W $opt_kind"
   require_uint --tasks-per-node "$opt_tasks_per_node" 1 1024
-  to_decimal "$opt_tasks_per_node" opt_tasks_per_node
-  if [[ -n "${OPT_GIVEN[tasks_per_node]:-}" ]] && ((opt_gpus > 0)); then
+  if [[ -n "${OPT_GIVEN[tasks_per_node]:-}" ]] && ((10#$opt_gpus > 0)); then
     usage_error "--tasks-per-node applies to CPU-only runs (--gpus 0); with GPUs there is one process per GPU"
   fi
-  case "$opt_kind" in
-    none)
-      ((opt_nodes == 1)) || usage_error "-W none runs one process on one node, got --num-nodes $opt_nodes; use -W torchrun or -W lightning for several nodes"
-      ;;
-  esac
+  [[ "$kind" != none ]] || ((10#$opt_nodes == 1)) ||
+    usage_error "-W none runs one process on one node, got --num-nodes $((10#$opt_nodes)); use -W torchrun or -W lightning for several nodes"
   case "${opt_pass_local_rank:-}" in
     "" | 1 | hyphen | underscore) ;;
     *) usage_error "--pass-local-rank expects hyphen (--local-rank=N) or underscore (--local_rank=N), got '$opt_pass_local_rank'" ;;
   esac
-  if [[ -n "${opt_pass_local_rank:-}" && "$opt_kind" != torchrun ]]; then
-    usage_error "--pass-local-rank only applies to -W torchrun/script (torchrun starts the processes), got -W $opt_kind"
+  if [[ -n "${opt_pass_local_rank:-}" && "$kind" != torchrun ]]; then
+    usage_error "--pass-local-rank only applies to -W torchrun/script (torchrun starts the processes), got -W $kind"
   fi
 }
 
@@ -210,17 +194,14 @@ validate_experiment_source() {
   if [[ -n "${opt_wandb_sweep:-}" ]]; then
     [[ "$opt_wandb_sweep" =~ ^[A-Za-z0-9_-]+(/[A-Za-z0-9_.-]+/[A-Za-z0-9_-]+)?$ ]] ||
       usage_error "--wandb-sweepid expects ID or ENTITY/PROJECT/ID (letters, digits, '_', '-'), got '$opt_wandb_sweep'"
-    ((opt_nodes == 1)) || usage_error "a wandb sweep runs one agent per array task on one node; got --num-nodes $opt_nodes"
+    ((10#$opt_nodes == 1)) || usage_error "a wandb sweep runs one agent per array task on one node; got --num-nodes $((10#$opt_nodes))"
     [[ -z "${opt_seeds:-}" ]] || usage_error "--seeds does not apply to a wandb sweep (the sweep chooses the runs)"
     if [[ -z "${opt_sweep_count:-}" ]]; then
       [[ -z "${opt_list_trials:-}" && -z "${opt_dry_run:-}" ]] ||
         usage_error "--sweep-count is required with --wandb-sweepid for --dry-run and --list-trials"
-      [[ -t 0 ]] || usage_error "--sweep-count is required with --wandb-sweepid when not run from a terminal"
-      read -r -p "Number of sweep runs (array tasks) for $opt_wandb_sweep: " opt_sweep_count ||
-        usage_error "no --sweep-count given"
+      usage_error "--sweep-count is required with --wandb-sweepid when not run from a terminal"
     fi
     require_uint --sweep-count "$opt_sweep_count" 1 100000
-    to_decimal "$opt_sweep_count" opt_sweep_count
   elif [[ -n "${opt_sweep_count:-}" ]]; then
     usage_error "--sweep-count only applies with -w/--wandb-sweepid (for --sweep, use --trials)"
   fi
@@ -244,10 +225,6 @@ validate_experiment_source() {
   fi
 
   if [[ -z "${opt_wandb_sweep:-}" && -z "${opt_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
-    if [[ -z "${opt_configs:-}" ]]; then
-      opt_configs="$source_dir/hpc_files/experiment_configurations.txt"
-      [[ -f "$opt_configs" ]] || opt_configs="$source_dir/experiment_configurations.txt"
-    fi
     [[ -f "$opt_configs" ]] || usage_error "--configs file '$opt_configs' does not exist (or put the command after '--')"
     [[ -r "$opt_configs" ]] || usage_error "--configs file '$opt_configs' is not readable"
   fi
@@ -263,7 +240,6 @@ validate_optional_settings() {
   fi
   if [[ -n "${opt_array_throttle:-}" ]]; then
     require_uint --array-throttle "$opt_array_throttle" 1 100000
-    to_decimal "$opt_array_throttle" opt_array_throttle
   fi
   if [[ -n "${opt_dependency:-}" ]]; then
     [[ "$opt_dependency" =~ ^[a-z_]+(:[0-9_+*]+)*([,?][a-z_]+(:[0-9_+*]+)*)*$ ]] ||

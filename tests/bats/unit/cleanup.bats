@@ -337,3 +337,22 @@ EOF"
   assert_output --partial "\$SCRATCH/plai_cleanup_logs/ if SCRATCH is"
   assert_output --partial "set, else in the current folder"
 }
+
+@test "the cleanup reads site profiles with read_site_file, touching no option of the submitter" {
+  local site="$BATS_TEST_TMPDIR/p.conf"
+  # shellcheck disable=SC2016 # the profile holds the literal text $USER
+  printf 'partition = cpu\ntmpdir_base = /t/$USER\n' >"$site"
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1/hpc_files
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    source "$1/plai_cleanups/lib.sh"
+    check_base() { printf "%s\n" "$1"; }
+    cleanup_site_partition "$2"
+    printf "\n"
+    cleanup_base 0 "" "$2"
+    declare -p | grep -E "^declare -[-aA]+ (opt_|OPT_GIVEN|DEFAULT_SITE)" || true' _ "$REPO_ROOT" "$site"
+  assert_success
+  assert_equal "$output" "cpu
+/t/alice"
+}

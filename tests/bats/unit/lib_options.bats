@@ -83,3 +83,28 @@ command="
   parsed -g ''
   assert_failure 2
 }
+
+@test "apply_defaults: the configs file is the project's hpc_files/ one, else its root's, unless another source is given" {
+  local dir="$BATS_TEST_TMPDIR/proj"
+  mkdir -p "$dir/hpc_files"
+  defaults_in() {
+    # The libraries of this repository, as if they lived in DIR/hpc_files.
+    run --separate-stderr bash -c 'set -euo pipefail
+      source "$1/lib/common.sh"
+      source "$1/lib/options.sh"
+      HPC_FILES_DIR=$2
+      shift 2
+      parse_options "$@"
+      apply_defaults
+      printf "[%s]" "${opt_configs:-}"' _ "$REPO_ROOT/hpc_files" "$@"
+  }
+  defaults_in "$dir/hpc_files"
+  assert_output "[$dir/experiment_configurations.txt]"
+  touch "$dir/hpc_files/experiment_configurations.txt"
+  defaults_in "$dir/hpc_files"
+  assert_output "[$dir/hpc_files/experiment_configurations.txt]"
+  defaults_in "$dir/hpc_files" -- true
+  assert_output "[]"
+  defaults_in "$dir/hpc_files" --sweep x.yml
+  assert_output "[]"
+}

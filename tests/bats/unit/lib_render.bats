@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
-# hpc_files/lib/render.sh: the small writers the batch script is made of.
-# (Whole scripts are compared with golden files in tests/bats/cli/render.bats.)
+# hpc_files/lib/render.sh: the small writers the batch script is made of, and
+# whole scripts rendered from the golden plans alone. (tests/bats/cli/render.bats
+# compares what the submitter renders from its options with the same files.)
 
 load '../test_helper'
 
@@ -33,4 +34,29 @@ source "$HPC_FILES_DIR/lib/render.sh"
   eval "$line"
   assert_equal "$X" "\$(touch $BATS_TEST_TMPDIR/pwned) it's"
   assert_file_not_exists "$BATS_TEST_TMPDIR/pwned"
+}
+
+@test "render.sh reads the plan only: it names no opt_* or site_* variable" {
+  run grep -nE '\b(opt|site)_[a-z]' "$HPC_FILES_DIR/lib/render.sh"
+  assert_failure 1
+}
+
+@test "golden: each plan fixture alone renders its golden script, byte for byte" {
+  local plan name rendered
+  for plan in "$FIXTURES"/golden/*.plan; do
+    name=${plan##*/}
+    name=${name%.plan}
+    rendered="$BATS_TEST_TMPDIR/$name.sbatch"
+    # A fresh bash with -u: the renderer and the plan, nothing else.
+    env -i PATH="$PATH" LC_ALL=C bash -uc 'set -eo pipefail
+      source "$1/lib/common.sh"
+      source "$1/lib/options.sh"
+      source "$1/lib/render.sh"
+      source "$2"
+      render_script' _ "$HPC_FILES_DIR" "$plan" >"$rendered" || fail "rendering $name.plan failed"
+    cmp -s "$rendered" "$FIXTURES/golden/$name.sbatch" ||
+      fail "$name.plan does not render $name.sbatch (if intended: make golden):
+$(diff -u "$FIXTURES/golden/$name.sbatch" "$rendered")"
+  done
+  [[ -n "${name:-}" ]] || fail "no plan fixtures in $FIXTURES/golden"
 }

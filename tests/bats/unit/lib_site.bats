@@ -31,7 +31,7 @@ site() {
 @test "scalars, comments, blank lines and spaces around '='" {
   site '# comment' '' '  account   =  def-x  ' 'partition=gpu' 'max_gpus_per_node = 4' '   # indented comment'
   in_libs 'parse_options --site "$SITE_FILE"; load_site
-    printf "%s\n" "$opt_account" "$opt_partition" "$site_max_gpus_per_node" "$site_name"'
+    printf "%s\n" "$site_account" "$site_partition" "$site_max_gpus_per_node" "$site_name"'
   assert_success
   assert_equal "$output" "def-x
 gpu
@@ -54,38 +54,16 @@ command:echo two'
 
 @test "a scalar key given twice keeps the last value" {
   site 'partition = a' 'partition = b'
-  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$opt_partition"'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_partition"'
   assert_success
   assert_output b
 }
 
 @test "a last line without a newline is read" {
   printf 'partition = last' >"$SITE_FILE"
-  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$opt_partition"'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_partition"'
   assert_success
   assert_output last
-}
-
-@test "command-line values win over the site's" {
-  site 'account = site-acct' 'partition = site-part' 'modules = site/1' 'array_throttle = 7'
-  in_libs 'parse_options --site "$SITE_FILE" -a mine -p other --modules mod/2 --array-throttle 3; load_site
-    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$opt_array_throttle"'
-  assert_success
-  assert_equal "$output" "mine
-other
-mod/2
-3"
-}
-
-@test "site values fill what the command line left open" {
-  site 'account = site-acct' 'partition = site-part' 'modules = site/1' 'array_throttle = 7'
-  in_libs 'parse_options --site "$SITE_FILE" -a mine; load_site
-    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$opt_array_throttle"'
-  assert_success
-  assert_equal "$output" "mine
-site-part
-site/1
-7"
 }
 
 @test "defaults for tmpdir mode and base" {
@@ -96,7 +74,7 @@ site/1
 }
 
 @test "a name means hpc_files/sites/NAME.conf; HPC_SITE when --site is not given" {
-  HPC_SITE=local in_libs 'parse_options; load_site; printf "%s %s" "$site_file" "$opt_partition"'
+  HPC_SITE=local in_libs 'parse_options; load_site; printf "%s %s" "$site_file" "$site_partition"'
   assert_success
   assert_output "$REPO_ROOT/hpc_files/sites/local.conf tmpdir"
 }
@@ -116,7 +94,7 @@ site/1
 @test "a personal profile in HPC_SITES_DIR wins over a shipped one of the same name" {
   mkdir -p "$BATS_TEST_TMPDIR/mine"
   printf 'partition = personal\n' >"$BATS_TEST_TMPDIR/mine/local.conf"
-  HPC_SITES_DIR="$BATS_TEST_TMPDIR/mine" in_libs 'parse_options --site local; load_site; printf "%s" "$opt_partition"'
+  HPC_SITES_DIR="$BATS_TEST_TMPDIR/mine" in_libs 'parse_options --site local; load_site; printf "%s" "$site_partition"'
   assert_success
   assert_output personal
 }
@@ -142,4 +120,33 @@ site/1
     assert_success
     assert_equal "$stderr" ""
   done
+}
+
+@test "load_site reads the profile into site_* only: no option is set from it" {
+  site 'account = site-acct' 'partition = p' 'modules = m/1' 'array_throttle = 7'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site
+    declare -p ${!opt_@} | grep -E "opt_(account|partition|modules|array_throttle)=" || echo none
+    printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_array_throttle"'
+  assert_success
+  assert_equal "$output" "none
+site-acct
+p
+m/1
+7"
+}
+
+@test "read_site_file FILE: a profile alone, with no option parsed" {
+  site 'partition = p' 'env = A=1'
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    read_site_file "$2"
+    printf "%s\n" "$site_file" "$site_partition" "${site_env[@]}" "$site_provides_tmpdir" "[$site_account]"' _ "$REPO_ROOT/hpc_files" "$SITE_FILE"
+  assert_success
+  assert_equal "$output" "$SITE_FILE
+p
+A=1
+auto
+[]"
 }

@@ -48,6 +48,15 @@ refused() {
   refused 'array_throttle = -3' 'a whole number'
 }
 
+@test "array_throttle is what --array-throttle accepts, as it defaults that option" {
+  refused 'array_throttle = 0' 'a whole number from 1 to 100000'
+  refused 'array_throttle = 100001' 'a whole number from 1 to 100000'
+  site 'array_throttle = 0100000'
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_array_throttle"'
+  assert_success
+  assert_output 100000
+}
+
 @test "numbers with leading zeros are read as decimal" {
   site 'max_cpus_per_node = 08' 'max_gpus_per_node = 010'
   in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s\n" "$site_max_cpus_per_node" "$site_max_gpus_per_node"'
@@ -65,7 +74,7 @@ refused() {
     'env = TAG=a#b' \
     'command = echo hi # comment'
   in_libs 'parse_options --site "$SITE_FILE"; load_site
-    printf "%s\n" "$opt_account" "$opt_partition" "$site_provides_tmpdir" "$site_max_nodes" "${site_sbatch[@]}" "${site_env[@]}" "${site_command[@]}"'
+    printf "%s\n" "$site_account" "$site_partition" "$site_provides_tmpdir" "$site_max_nodes" "${site_sbatch[@]}" "${site_env[@]}" "${site_command[@]}"'
   assert_success
   assert_equal "$output" 'my-account
 gpu
@@ -87,7 +96,9 @@ echo hi'
 @test "yes/no/auto, runtimes, names, modules, paths and sbatch options are checked" {
   refused 'provides_tmpdir = maybe' 'yes, no or auto'
   refused 'container_runtime = docker' 'singularity or apptainer'
-  refused 'account = a b' "names of letters, digits, '.', '_' and '-', separated by commas"
+  refused 'account = a b' "names of letters, digits, '.', '_' and '-' (one account)"
+  # The default of --account, which takes one account.
+  refused 'account = a,b' "names of letters, digits, '.', '_' and '-' (one account)"
   refused 'partition = $(touch "$PWNED")' "names of letters, digits, '.', '_' and '-', separated by commas"
   refused 'gpu_types = v100;a100' "names of letters, digits, '.', '_' and '-', separated by commas"
   refused 'modules = cuda/12 $(touch "$PWNED")' "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
@@ -100,7 +111,7 @@ echo hi'
   site 'tmpdir_base = /scratch-ssd/$USER/x' 'tmpdir_base = /local ssd/${USER}' 'partition = gpu,cpu' \
     'modules = StdEnv/2023 python/3.11' 'container_runtime = apptainer' 'provides_tmpdir = auto'
   in_libs 'parse_options --site "$SITE_FILE"; load_site
-    printf "%s\n" "$site_tmpdir_base" "$opt_partition" "$opt_modules" "$site_container_runtime" "$site_provides_tmpdir"'
+    printf "%s\n" "$site_tmpdir_base" "$site_partition" "$site_modules" "$site_container_runtime" "$site_provides_tmpdir"'
   assert_success
   assert_equal "$output" '/local ssd/${USER}
 gpu,cpu
@@ -133,7 +144,7 @@ auto'
   sed -n '/^   account = def-mypi/,/^   command = /p' "$REPO_ROOT/README.md" >"$SITE_FILE"
   [[ -s "$SITE_FILE" ]] || fail "README example not found"
   in_libs 'parse_options --site "$SITE_FILE"; load_site
-    printf "%s\n" "$opt_account" "$opt_partition" "$opt_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
+    printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
   assert_success
   assert_equal "$output" 'def-mypi
 gpu

@@ -135,7 +135,7 @@ PY
 
 @test "a wandb sweep id: K 'wandb agent --count 1 ID' trials, from trials.py" {
   opt_wandb_sweep=ent/proj/abc123
-  opt_sweep_count=3
+  plan_sweep_count=3
   ! command_in_bash
   write_trials "$OUT"
   assert_equal "$trials_count" 3

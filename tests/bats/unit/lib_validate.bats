@@ -124,3 +124,34 @@ mem_is() {
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: --compress expects one of: none zstd pigz; got 'xz'"
 }
+
+# settings_around STEP ARG...: in a fresh bash, parse the submitter's options
+# ARG... (with the defaults), read the site, then print every opt_* and
+# plan_* variable (declare -p) before and after STEP, separated by '--'.
+settings_around() {
+  run --separate-stderr bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1 step=$2
+    shift 2
+    for lib in common options site validate plan; do
+      source "$HPC_FILES_DIR/lib/$lib.sh"
+    done
+    SCRATCH=/scratch
+    project_paths
+    parse_options "$@"
+    apply_defaults
+    load_site
+    declare -p ${!opt_@} ${!plan_@} 2>/dev/null || true
+    echo --
+    $step
+    declare -p ${!opt_@} ${!plan_@} 2>/dev/null || true' _ "$REPO_ROOT/hpc_files" "$@"
+}
+
+@test "validate_settings checks and stops: it changes no opt_* and sets no plan_*" {
+  local before
+  settings_around validate_settings -C "$FIXTURES/configs/one_line.txt" -g 02 -c 08 -n 01 -W script \
+    --signal-lead 030 --max-requeues 05 --array-throttle 04
+  assert_success
+  before=${output%%$'\n'--$'\n'*}
+  assert_equal "${output#*$'\n'--$'\n'}" "$before"
+  [[ "$before" == *'opt_gpus="02"'* && "$before" == *'opt_kind="script"'* ]] || fail "not the options given: $before"
+}
