@@ -96,9 +96,9 @@ unpack_code() {
 # job got it. The submitter puts it on sbatch's command line; a job.sbatch
 # submitted by hand takes whatever SBATCH_* variables that shell had.
 check_job_contract() {
-  local job
-  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || job=""
-  if [[ " $job " == *" Requeue=0 "* ]]; then
+  local requeue
+  record_field "$(job_record "$(job_key)")" Requeue requeue || true
+  if [[ "$requeue" == 0 ]]; then
     hpc_error "this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
   fi
   [[ -z "${HPC_CONTRACT_ON_COMMAND_LINE:-}" ]] || return 0
@@ -239,10 +239,13 @@ report_first_failure() {
 # REQUEUED or pending again. (Not 'Requeue' anywhere in the line: every job
 # shows its Requeue=0|1 flag.)
 requeue_already_requested() {
-  local job
-  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || return 1
-  [[ " $job " =~ \ JobState=(REQUEUED|REQUEUE_HOLD|PENDING)\  ]] && return 0
-  [[ " $job " =~ \ Restarts=([0-9]+)\  ]] && ((BASH_REMATCH[1] > ${SLURM_RESTART_COUNT:-0}))
+  local record state restarts
+  record=$(job_record "$(job_key)")
+  if record_field "$record" JobState state && [[ "$state" =~ ^(REQUEUED|REQUEUE_HOLD|PENDING)$ ]]; then
+    return 0
+  fi
+  record_field "$record" Restarts restarts && [[ "$restarts" =~ ^[0-9]+$ ]] &&
+    ((10#$restarts > ${SLURM_RESTART_COUNT:-0}))
 }
 
 requeue_or_stop() {

@@ -4,6 +4,9 @@
 # Sourced; defines functions only. Runs on compute nodes, from the submission
 # folder's copy (node/), with the variables the batch script exported.
 
+# shellcheck source=shared.sh
+source "${BASH_SOURCE[0]%/*}/shared.sh"
+
 # The exit code the harness uses for "checkpointed at a signal, requeue me".
 HPC_REQUEUE_EXIT_CODE=42
 

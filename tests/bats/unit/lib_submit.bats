@@ -42,16 +42,6 @@ FAILED 7:0
 REQUEUE_HOLD 0:15'
 }
 
-@test "is_final_state: held jobs (SPECIAL_EXIT, REQUEUE_HOLD) end --wait; pending and running do not" {
-  local state
-  for state in COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY PREEMPTED SPECIAL_EXIT REQUEUE_HOLD; do
-    is_final_state "$state" || fail "$state is not final"
-  done
-  for state in PENDING RUNNING REQUEUED CONFIGURING COMPLETING SUSPENDED; do
-    ! is_final_state "$state" || fail "$state is final"
-  done
-}
-
 @test "wait_for_job ends on a job held after a requeue, says how to release it, exits non-zero" {
   stub_scontrol 'JobId=9 JobName=x JobState=REQUEUE_HOLD Reason=JobHeldAdmin ExitCode=0:0 RunTime=1'
   job_id=9
@@ -59,7 +49,7 @@ REQUEUE_HOLD 0:15'
   plan_log_dir=$BATS_TEST_TMPDIR
   plan_log_name=%x_%j.out
   plan_job_name=x
-  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
+  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
   assert_failure 1
   [[ "$stderr" == *"job 9 is held after a requeue; it runs again only after: scontrol release 9"* ]] || fail "stderr: $stderr"
 }

@@ -110,3 +110,18 @@ run_step() {
   run run_step
   assert_line 'sent SIGUSR1 to the step'
 }
+
+@test "check_job_contract: warns when SLURM shows the job may not be requeued (Requeue=0), not otherwise" {
+  HPC_CONTRACT_ON_COMMAND_LINE=1
+  scontrol_says 'JobId=77 JobName=x JobState=RUNNING Reason=None Requeue=0 Restarts=0 ExitCode=0:0'
+  run --separate-stderr check_job_contract
+  assert_success
+  assert_equal "$stderr" "hpc: error: this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
+  scontrol_says 'JobId=77 JobName=x JobState=RUNNING Reason=None Requeue=1 Restarts=0 ExitCode=0:0'
+  run --separate-stderr check_job_contract
+  assert_equal "$stderr" ''
+  # A job name that reads like the flag is not the flag.
+  scontrol_says 'JobId=77 JobName=Requeue=0 JobState=RUNNING Requeue=1 Restarts=0'
+  run --separate-stderr check_job_contract
+  assert_equal "$stderr" ''
+}
