@@ -53,3 +53,52 @@ setup() {
   assert_equal "$stderr" "hpc: error: nodeA: $base is writable by other users without the sticky bit (mode 777), so they could swap the folders in it; ask the admins to chmod +t it, or pick another tmpdir_base"
   assert_not_exist "$base/alice"
 }
+
+# data_tarball: a tarball of two files and its .meta, as the submitter writes
+# them; SLURM_TMPDIR is a folder of the test's (no mimic folder).
+data_tarball() {
+  local src="$BATS_TEST_TMPDIR/src"
+  mkdir -p "$src/ds one" "$BATS_TEST_TMPDIR/cache" "$BATS_TEST_TMPDIR/node tmp"
+  printf 'a\n' >"$src/ds one/a.txt"
+  printf 'b\n' >"$src/ds one/b.txt"
+  tarball="$BATS_TEST_TMPDIR/cache/data-0123.tar"
+  tar -C "$src" -cf "$tarball" "ds one"
+  printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tarball")" 4 >"$tarball.meta"
+  export HPC_TMPDIR_MIMIC=0 SLURM_TMPDIR="$BATS_TEST_TMPDIR/node tmp" HPC_DATA_TARBALL="$tarball"
+}
+
+@test "extract_data: a complete tarball is extracted into SLURM_TMPDIR and the node reports ok" {
+  data_tarball
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_success
+  assert_output --regexp "^hpc: nodeA: staged data-0123.tar into $SLURM_TMPDIR in [0-9]+ s$"
+  assert_equal "$(cat "$SLURM_TMPDIR/ds one/b.txt")" b
+  assert_equal "$(cat "$sub/runs/77/stage/nodeA.ok")" "$SLURM_TMPDIR"
+}
+
+@test "extract_data: a tarball whose size is not the one in its .meta is refused, nothing extracted" {
+  data_tarball
+  printf 'tarball_bytes=99\ncontent_bytes=4\n' >"$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_equal "$stderr" "hpc: error: nodeA: data tarball $tarball is $(stat -c %s "$tarball") bytes but was built as 99 bytes (truncated or replaced); resubmit to rebuild it"
+  assert_file_exists "$sub/runs/77/stage/nodeA.failed"
+  assert_not_exist "$SLURM_TMPDIR/ds one"
+}
+
+@test "extract_data: data larger than the free space in SLURM_TMPDIR is refused (content_bytes of the .meta)" {
+  data_tarball
+  printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tarball")" 999999999999999999 >"$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_regex "$stderr" "^hpc: error: nodeA: not enough space in $SLURM_TMPDIR: the data needs 999999999999999999 bytes, [0-9]+ bytes are free$"
+  assert_not_exist "$SLURM_TMPDIR/ds one"
+}
+
+@test "extract_data: a tarball without its .meta (never completed) is refused" {
+  data_tarball
+  rm "$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_equal "$stderr" "hpc: error: nodeA: data tarball $tarball has no .meta file (it was never completed)"
+}
