@@ -104,3 +104,34 @@ setup() {
   assert_failure 1
   assert_output "cannot create $base/no such parent/me (is its parent writable by you?)"
 }
+
+@test "record_exit writes <run>/exit/task<PROCID> as 'STATUS NODE'; exit_records reads them back, oldest first" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub mission" SLURM_JOB_ID=77
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  in_lib 'SLURM_PROCID=2 SLURMD_NODENAME=node2 record_exit 7
+    SLURM_PROCID=0 SLURMD_NODENAME=node1 record_exit 0
+    SLURM_PROCID=1 record_exit 143
+    touch -d "2026-01-01 10:00:02" "$HPC_SUBMISSION_DIR/runs/77/exit/task0"
+    touch -d "2026-01-01 10:00:01" "$HPC_SUBMISSION_DIR/runs/77/exit/task2"
+    touch -d "2026-01-01 10:00:03" "$HPC_SUBMISSION_DIR/runs/77/exit/task1"
+    exit_records'
+  assert_success
+  assert_equal "$(cat "$HPC_SUBMISSION_DIR/runs/77/exit/task2")" "7 node2"
+  assert_output "7 node2 task2
+0 node1 task0
+143 ? task1"
+}
+
+@test "exit_records: nothing without exit files; a file cut short is left out" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub" SLURM_JOB_ID=78
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  in_lib 'exit_records'
+  assert_success
+  assert_output ""
+  mkdir -p "$HPC_SUBMISSION_DIR/runs/78/exit"
+  : >"$HPC_SUBMISSION_DIR/runs/78/exit/task0"
+  printf '1' >"$HPC_SUBMISSION_DIR/runs/78/exit/task1"
+  in_lib 'exit_records'
+  assert_success
+  assert_output "1 ? task1"
+}
