@@ -59,7 +59,7 @@ source "$REPO_ROOT/hpc_files/node/shared.sh"
 job_field() {
   local value
   record_field "$(job_record "$1")" "$2" value || true
-  printf '%s' "$value"
+  printf '%s\n' "$value"
 }
 
 # wait_job_state JOB SECONDS STATE_REGEX: poll until the job's state matches.
