@@ -102,3 +102,59 @@ data_tarball() {
   assert_failure 1
   assert_equal "$stderr" "hpc: error: nodeA: data tarball $tarball has no .meta file (it was never completed)"
 }
+
+# keeper_until_ok: start keeper.sh in the background (keeper_pid) and wait
+# for its '<node>.ok'.
+keeper_until_ok() {
+  bash "$sub/node/keeper.sh" >"$BATS_TEST_TMPDIR/keeper.out" 2>&1 &
+  keeper_pid=$!
+  local deadline=$((SECONDS + 20))
+  until [[ -f "$sub/runs/77/stage/nodeA.ok" ]]; do
+    ((SECONDS < deadline)) || fail "no nodeA.ok: $(cat "$BATS_TEST_TMPDIR/keeper.out")"
+    sleep 0.1
+  done
+}
+
+# wait_keeper: until the keeper started by keeper_until_ok has exited (20 s
+# at most; then it and its sleep are killed and the test fails).
+wait_keeper() {
+  local deadline=$((SECONDS + 20))
+  while kill -0 "$keeper_pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      pkill -KILL -P "$keeper_pid" || true
+      kill -KILL "$keeper_pid" || true
+      fail "the keeper did not end: $(cat "$BATS_TEST_TMPDIR/keeper.out")"
+    fi
+    sleep 0.1
+  done
+}
+
+@test "stage_out: at USR2 (the job's end) the keeper copies the stage-out folder into the trial folder, per node on several nodes" {
+  mkdir -p "$BATS_TEST_TMPDIR/node tmp"
+  export HPC_TMPDIR_MIMIC=0 SLURM_TMPDIR="$BATS_TEST_TMPDIR/node tmp" HPC_STAGE_OUT=results
+  export HPC_TRIAL_DIR="$BATS_TEST_TMPDIR/trial dir" SLURM_JOB_NUM_NODES=2
+  keeper_until_ok
+  mkdir -p "$SLURM_TMPDIR/results/sub"
+  printf 'r\n' >"$SLURM_TMPDIR/results/sub/out.txt"
+  kill -USR2 "$keeper_pid"
+  wait_keeper
+  assert_equal "$(cat "$HPC_TRIAL_DIR/results/nodeA/sub/out.txt")" r
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: staged out results to $HPC_TRIAL_DIR/results/nodeA"
+  # The site's SLURM_TMPDIR is not the keeper's to remove.
+  assert_dir_exists "$SLURM_TMPDIR/results"
+}
+
+@test "finish: the mimic folder the keeper made is removed when the job ends (USR2 or TERM), and only that" {
+  local sig
+  for sig in USR2 TERM; do
+    rm -rf "${sub:?}/runs"
+    keeper_until_ok
+    assert_dir_exists "$base/alice/77/nodeA"
+    : >"$base/alice/77/nodeA/tmpfile"
+    kill -s "$sig" "$keeper_pid"
+    wait_keeper
+    assert_not_exist "$base/alice/77"
+    assert_dir_exists "$base/alice"
+    assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
+  done
+}
