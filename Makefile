@@ -18,7 +18,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test lint shellcheck ruff \
-	check-bash42 bats-unit bats-unit-bash42 bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
+	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
 	bench bench-smoke
 
 help:
@@ -62,6 +62,15 @@ bats-unit: deps
 bats-unit-bash42: deps
 	@BASH42_OPTIONAL=1 tools/with_bash42.sh bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
 
+# Both unit runs at once: each keeps one core busy and they share nothing
+# (saves about 2 minutes of make test on 2 cores); the 4.2 run's output is
+# printed when both have ended.
+bats-unit-both: deps
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	  $(MAKE) --no-print-directory bats-unit-bash42 >"$$log" 2>&1 & bash42=$$!; \
+	  rc=0; $(MAKE) --no-print-directory bats-unit || rc=$$?; \
+	  wait "$$bash42" || rc=$$?; cat "$$log"; exit "$$rc"
+
 # Integration tests submit real jobs to the local cluster.
 bats-integration: cluster-up
 	@bats -r tests/bats/integration tests/bats/reliability/security.bats tests/bats/reliability/hostile_inputs.bats
@@ -70,7 +79,7 @@ pytest: cluster-up
 	@$(PY) -m pytest -q
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
-test: lint bats-unit bats-unit-bash42 bats-integration pytest bench-smoke
+test: lint bats-unit-both bats-integration pytest bench-smoke
 
 # The integration suite with bash 4.2 first on PATH (against the default
 # cluster), then on SLURM 24.11 (its own cluster, started and stopped here).

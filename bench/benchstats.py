@@ -10,10 +10,12 @@ Library use (Python benchmarks)::
     from benchstats import Series, md_table
     print(md_table([Series("raw", "cmd", [1.0, 1.1])], anchor="raw", unit="s"))
 
-Command line (shell benchmarks), samples as ``config<TAB>rep<TAB>value`` lines::
+Command line (shell benchmarks), samples as ``config<TAB>rep<TAB>value`` lines (seconds)::
 
     python bench/benchstats.py table samples.tsv --anchor bare --unit s \\
-        [--commands commands.tsv] [--order a,b,c] [--higher-is-better]
+        [--commands commands.tsv] [--order a,b,c]
+    python bench/benchstats.py diff samples.tsv --anchor ours \\
+        [--commands commands.tsv] [--order b,c]
 
 ``commands.tsv`` holds ``config<TAB>command`` lines, shown in the table's command column.
 Standard library only, so any python3 can run it.
@@ -106,6 +108,25 @@ def md_table(
     return "\n".join(lines) + "\n"
 
 
+def diff_table(series: Sequence[Series], anchor: Series) -> str:
+    """Paired differences ``series_i - anchor_i`` in ms: median, min-max, reps slower."""
+    lines = [
+        "| config | command | n | median difference | min-max | reps slower than the anchor |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in series:
+        diffs = [(a - b) * 1000 for a, b in zip(s.values, anchor.values)]
+        if not diffs:
+            continue
+        slower = sum(d > 0 for d in diffs)
+        med = statistics.median(diffs)
+        lines.append(
+            f"| `{s.name}` | `{md_escape(s.command)}` | {len(diffs)} | **{med:+.1f} ms** "
+            f"| {min(diffs):+.1f} - {max(diffs):+.1f} ms | {slower}/{len(diffs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def read_samples(path: str, order: Sequence[str] = ()) -> list[Series]:
     """``config<TAB>rep<TAB>value`` lines -> one Series per config (rep order kept)."""
     found: dict[str, dict[int, float]] = {}
@@ -142,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--commands", default=None)
     t.add_argument("--order", default="", help="comma-separated config order")
     t.add_argument("--value-name", default="median")
+    d = sub.add_parser("diff", help="paired differences to the anchor, in ms")
+    d.add_argument("samples")
+    d.add_argument("--anchor", required=True)
+    d.add_argument("--commands", default=None)
+    d.add_argument("--order", default="", help="comma-separated configs (default: all but anchor)")
     m = sub.add_parser("median", help="print the median of one config's samples")
     m.add_argument("samples")
     m.add_argument("config")
@@ -158,6 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = read_commands(args.commands)
     for s in series:
         s.command = commands.get(s.name, "")
+    if args.cmd == "diff":
+        by_name = {s.name: s for s in series}
+        if args.anchor not in by_name:
+            print(f"benchstats.py: no samples of {args.anchor}", file=sys.stderr)
+            return 1
+        shown = [s for s in series if s.name != args.anchor and (not order or s.name in order)]
+        sys.stdout.write(diff_table(shown, by_name[args.anchor]))
+        return 0
     extra = [a for a in args.also_vs.split(",") if a]
     sys.stdout.write(md_table(series, args.anchor, args.unit, args.value_name, extra))
     return 0

@@ -159,3 +159,71 @@ make_user_project() {
   git -C "$dir" add -A
   git -C "$dir" -c user.name=bench -c user.email=bench@localhost commit -q -m project
 }
+
+# The preamble every shell benchmark shares: options, work dir, clean-up,
+# site file, data set. Each sets globals the calling script reads.
+
+# bench_options DEFAULT_REPS ARG...: the options every benchmark takes
+# (--smoke, --reps N, --out FILE, -h); sets reps, smoke ("" or 1), out, and
+# rounds: the rounds to run, a discarded warm-up (-1) first unless --smoke.
+bench_options() {
+  local r
+  reps=$1
+  smoke=""
+  out=""
+  shift
+  while (($# > 0)); do
+    case "$1" in
+      --smoke) smoke=1 reps=1 ;;
+      --reps) reps=${2:?--reps expects a number} && shift ;;
+      --out) out=${2:?--out expects a file} && shift ;;
+      -h | --help) bench_usage && exit 0 ;;
+      *) bench_die "unknown option '$1'" ;;
+    esac
+    shift
+  done
+  rounds=()
+  [[ -n "$smoke" ]] || rounds+=(-1)
+  for ((r = 0; r < reps; r++)); do rounds+=("$r"); done
+}
+
+# warmup_note: how the rounds began, for the section's text.
+warmup_note() {
+  if [[ -n "$smoke" ]]; then echo 'no warm-up (smoke)'; else echo 'one discarded warm-up round'; fi
+}
+
+# bench_workdir NAME [PARENT]: a fresh folder in work (PARENT defaults to
+# /var/tmp), removed at exit after the jobs this benchmark submitted are
+# cancelled and the FUSE mount at bench_mount (if any) is unmounted.
+bench_mount=""
+bench_workdir() {
+  work=$(mktemp -d "${2:-/var/tmp}/bench-$1.XXXXXX") || bench_die "mktemp failed"
+  trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+  cancel_submitted
+  if [[ -n "$bench_mount" ]] && mountpoint -q "$bench_mount" 2>/dev/null; then
+    fusermount -u "$bench_mount" 2>/dev/null || umount "$bench_mount" 2>/dev/null || true
+  fi
+  rm -rf -- "${work:?}"
+}
+
+# bench_harness_job_setup: what the benchmarks that run hpc_harness.train
+# through the submitter need: project (this repository's name), SCRATCH in
+# work, site (the local profile that prints the job's start time) and the
+# example's data set, written once up front (not part of what is measured).
+bench_harness_job_setup() {
+  project=${BENCH_ROOT##*/}
+  export SCRATCH="$work/scratch"
+  site="$work/bench_site.conf"
+  bench_site_file "$site"
+  PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.data import ensure_digits; ensure_digits(sys.argv[1])' \
+    "$SCRATCH/$project/datasets/digits"
+}
+
+# bench_section TEXT: the benchmark's Markdown section, to --out (if given) and stdout.
+bench_section() {
+  [[ -z "$out" ]] || printf '%s\n' "$1" >"$out"
+  printf '%s\n' "$1"
+}

@@ -21,34 +21,11 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-reps=3
-smoke=""
-out=""
-while (($# > 0)); do
-  case "$1" in
-    --smoke) smoke=1 reps=1 ;;
-    --reps) reps=${2:?--reps expects a number} && shift ;;
-    --out) out=${2:?--out expects a file} && shift ;;
-    -h | --help) bench_usage && exit 0 ;;
-    *) bench_die "unknown option '$1'" ;;
-  esac
-  shift
-done
+bench_options 3 "$@"
 
 need_cluster
-work=$(mktemp -d "${BENCH_WORK_DIR:-/var/tmp}/bench-requeue.XXXXXX")
-cleanup() {
-  cancel_submitted
-  rm -rf -- "${work:?}"
-}
-trap cleanup EXIT
-project=${BENCH_ROOT##*/}
-export SCRATCH="$work/scratch"
-site="$work/bench_site.conf"
-bench_site_file "$site"
-# The example's data, written once up front (not part of what is measured).
-PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.data import ensure_digits; ensure_digits(sys.argv[1])' \
-  "$SCRATCH/$project/datasets/digits"
+bench_workdir requeue "${BENCH_WORK_DIR:-/var/tmp}"
+bench_harness_job_setup
 signal_at_step=150
 [[ -z "$smoke" ]] || signal_at_step=30
 
@@ -190,7 +167,4 @@ section=$(
     printf "\nDisk: %.0f MiB/s synced (dd). The checkpoint (%d bytes) would take %.2f ms at that bandwidth; atomic_save takes %.2f ms (%.1fx): at this size the cost is the fsyncs and torch.save, not bandwidth.\n", bw / 1048576, b, b / bw * 1000, s * 1000, s / (b / bw)
   }'
 )
-if [[ -n "$out" ]]; then
-  printf '%s\n' "$section" >"$out"
-fi
-printf '%s\n' "$section"
+bench_section "$section"

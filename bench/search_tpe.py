@@ -8,7 +8,7 @@ use the toolkit's own code paths for a sweep file with two uniform parameters:
   5: ``ensure_round`` asks 5 trials (round 1 is TPE's random startup), every trial is
   evaluated, ``tell_round`` tells the results, then the next round (a study in memory;
   the controller's is the same study in a journal file);
-* ``method: random``: hpc_harness/trials.py's seeded draws (``expand_sweep``).
+* ``method: random``: hpc_files/lib/trials.py's seeded draws (``expand_sweep``).
 
 Best value found after 30 trials, per seed; the table gives medians over 10 seeds (and
 min-max) and how often TPE beat random on the same seed::
@@ -27,7 +27,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "hpc_files", "lib"))
-sys.path.insert(0, os.path.join(ROOT, "hpc_harness"))
 
 import bayes  # noqa: E402
 import trials  # noqa: E402

@@ -19,27 +19,11 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-reps=5
-smoke=""
-out=""
-while (($# > 0)); do
-  case "$1" in
-    --smoke) smoke=1 reps=1 ;;
-    --reps) reps=${2:?--reps expects a number} && shift ;;
-    --out) out=${2:?--out expects a file} && shift ;;
-    -h | --help) bench_usage && exit 0 ;;
-    *) bench_die "unknown option '$1'" ;;
-  esac
-  shift
-done
+bench_options 5 "$@"
 
-work=$(mktemp -d "${BENCH_STAGING_DIR:-/var/tmp}/bench-staging.XXXXXX")
+bench_workdir staging "${BENCH_STAGING_DIR:-/var/tmp}"
 mnt="$work/mnt"
-cleanup() {
-  if mountpoint -q "$mnt" 2>/dev/null; then fusermount -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null || true; fi
-  rm -rf -- "${work:?}"
-}
-trap cleanup EXIT
+bench_mount=$mnt
 mkdir -p "$mnt" "$work/scratch/datasets" "$work/submission"
 
 if drop_caches; then
@@ -145,9 +129,6 @@ for spec in "${datasets[@]}"; do
   fi
   configs+=(tar_create)
   samples="$work/$name.tsv"
-  rounds=()
-  [[ -n "$smoke" ]] || rounds+=(-1)
-  for ((r = 0; r < reps; r++)); do rounds+=("$r"); done
   for r in "${rounds[@]}"; do
     for c in $(round_order "$r" "${configs[@]}"); do
       s=$(run_config "$c" "$name")
@@ -186,11 +167,8 @@ section=$(
   printf 'Source, tarball, image and destination on the same disk (%s). %s; the clean-up (rm of the last destination, sync) is not timed. ' \
     "$(df -PT "$work" | awk 'NR == 2 { print $2 " on " $1 }')" "$cache_note"
   printf '%s interleaved reps after %s. Load before/after: %s / %s.\n' "$reps" \
-    "$([[ -n "$smoke" ]] && echo 'no warm-up (smoke)' || echo 'one discarded warm-up round')" "$load_before" "$load_after"
+    "$(warmup_note)" "$load_before" "$load_after"
   [[ -z "$sqfs_error" ]] || printf '\nsquashfs: %s\n' "$sqfs_error"
   printf '%s\n' "$sections"
 )
-if [[ -n "$out" ]]; then
-  printf '%s\n' "$section" >"$out"
-fi
-printf '%s\n' "$section"
+bench_section "$section"

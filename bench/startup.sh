@@ -16,33 +16,11 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-reps=5
-smoke=""
-out=""
-while (($# > 0)); do
-  case "$1" in
-    --smoke) smoke=1 reps=1 ;;
-    --reps) reps=${2:?--reps expects a number} && shift ;;
-    --out) out=${2:?--out expects a file} && shift ;;
-    -h | --help) bench_usage && exit 0 ;;
-    *) bench_die "unknown option '$1'" ;;
-  esac
-  shift
-done
+bench_options 5 "$@"
 
 need_cluster
-work=$(mktemp -d "${BENCH_WORK_DIR:-/var/tmp}/bench-startup.XXXXXX")
-cleanup() {
-  cancel_submitted
-  rm -rf -- "${work:?}"
-}
-trap cleanup EXIT
-project=${BENCH_ROOT##*/}
-export SCRATCH="$work/scratch"
-site="$work/bench_site.conf"
-bench_site_file "$site"
-PYTHONPATH="$BENCH_ROOT" "$BENCH_PY" -c 'import sys; from hpc_harness.data import ensure_digits; ensure_digits(sys.argv[1])' \
-  "$SCRATCH/$project/datasets/digits"
+bench_workdir startup "${BENCH_WORK_DIR:-/var/tmp}"
+bench_harness_job_setup
 train=(python -m hpc_harness.train --epochs 1 --max-steps 3 --log-every 1 --no-resume --checkpoint-every 0)
 
 # The anchor's batch script: bash (sbatch --wrap would use /bin/sh).
@@ -91,9 +69,6 @@ run_one() {
 
 load_before=$(loadavg)
 configs=(bare ours_none ours_torchrun)
-rounds=()
-[[ -n "$smoke" ]] || rounds+=(-1)
-for ((r = 0; r < reps; r++)); do rounds+=("$r"); done
 for r in "${rounds[@]}"; do
   for c in $(round_order "$r" "${configs[@]}"); do
     run_one "$c" "$r"
@@ -112,12 +87,9 @@ commands="$work/commands.tsv"
 section=$(
   printf '## 5. Start-up: batch script start to first training step\n\n'
   printf '%s interleaved reps after %s; one job at a time. Load before/after: %s / %s.\n\n' "$reps" \
-    "$([[ -n "$smoke" ]] && echo 'no warm-up (smoke)' || echo 'one discarded warm-up round')" "$load_before" "$load_after"
+    "$(warmup_note)" "$load_before" "$load_after"
   md_table "$samples" "$commands" bare "bare,ours_none,ours_torchrun"
   printf '\nFork of the submit command to the first line of the batch script (submission + scheduling):\n\n'
   md_table "$submit_samples" "$commands" bare "bare,ours_none,ours_torchrun"
 )
-if [[ -n "$out" ]]; then
-  printf '%s\n' "$section" >"$out"
-fi
-printf '%s\n' "$section"
+bench_section "$section"

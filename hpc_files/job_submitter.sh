@@ -8,24 +8,8 @@
 # Works from any directory: the project root is the folder holding hpc_files/.
 set -euo pipefail
 
-# This script's folder, as 'cd "$(dirname "$0")" && pwd' prints it; without
-# forking for it when the path is already in that shape (absolute, no '.',
-# '..' or '//'), as it is when run by its full path or from the project root.
-hpc_files_dir() {
-  local dir=$PWD
-  if [[ "${BASH_SOURCE[0]}" == */* ]]; then
-    dir=${BASH_SOURCE[0]%/*}
-    dir=${dir:-/}
-    [[ "$dir" == /* ]] || dir="$PWD/$dir"
-  fi
-  case "$dir/" in
-    *//* | */./* | */../*) dir=$(cd "$dir" && pwd) ;;
-  esac
-  hpc_dir=$dir
-}
-hpc_files_dir
-HPC_FILES_DIR=$hpc_dir
-HPC_HARNESS_DIR="${HPC_FILES_DIR%/*}/hpc_harness"
+# This script's folder (the toolkit's hpc_files/), absolute.
+HPC_FILES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 # shellcheck source=lib/options.sh
@@ -47,6 +31,7 @@ source "$HPC_FILES_DIR/lib/submit.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
+  trace_steps
   parse_options "$@"
   if [[ -n "${opt_help:-}" ]]; then
     print_help

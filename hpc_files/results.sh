@@ -9,12 +9,16 @@
 #   hpc_files/results.sh EXP --sort test_loss:min --no-group
 #   hpc_files/results.sh EXP --csv results.csv --plot results.png
 #
-# The table work is hpc_files/lib/results.py (python3; matplotlib for --plot).
+# The table work is hpc_files/lib/results.py (matplotlib for --plot), run by
+# the python login_python (lib/common.sh) chooses.
 set -euo pipefail
 
 HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-project_root=${HPC_FILES_DIR%/*}
-project=${project_root##*/}
+HPC_PROG=results.sh
+# shellcheck source=lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+source_dir=${HPC_FILES_DIR%/*}
+project=${source_dir##*/}
 
 usage() {
   cat <<USAGE
@@ -44,14 +48,4 @@ run's run.json.
 USAGE
 }
 
-for arg in "$@"; do
-  [[ "$arg" != -- ]] || break
-  if [[ "$arg" == -h || "$arg" == --help ]]; then
-    usage
-    exit 0
-  fi
-done
-
-python=python3
-[[ ! -x "$project_root/.venv/bin/python" ]] || python="$project_root/.venv/bin/python"
-HPC_PROG=results.sh exec "$python" "$HPC_FILES_DIR/lib/results.py" results --project "$project" "$@"
+run_results_py results "$@"

@@ -9,12 +9,16 @@
 #   hpc_files/status.sh JOBID           the submission whose job id is JOBID (or JOBID_TASK)
 #   hpc_files/status.sh EXP --watch 10  redraw every 10 s (a terminal only)
 #
-# The table work is hpc_files/lib/results.py (python3, standard library).
+# The table work is hpc_files/lib/results.py (standard library), run by the
+# python login_python (lib/common.sh) chooses.
 set -euo pipefail
 
 HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-project_root=${HPC_FILES_DIR%/*}
-project=${project_root##*/}
+HPC_PROG=status.sh
+# shellcheck source=lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+source_dir=${HPC_FILES_DIR%/*}
+project=${source_dir##*/}
 
 usage() {
   cat <<USAGE
@@ -35,14 +39,4 @@ finished, failed (exit N), requeued), restarts, elapsed, last progress line
 USAGE
 }
 
-for arg in "$@"; do
-  [[ "$arg" != -- ]] || break
-  if [[ "$arg" == -h || "$arg" == --help ]]; then
-    usage
-    exit 0
-  fi
-done
-
-python=python3
-[[ ! -x "$project_root/.venv/bin/python" ]] || python="$project_root/.venv/bin/python"
-HPC_PROG=status.sh exec "$python" "$HPC_FILES_DIR/lib/results.py" status --project "$project" "$@"
+run_results_py status "$@"

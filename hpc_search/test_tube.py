@@ -3,7 +3,7 @@
 The Lightning docs' recipe keeps working, but nothing here writes a batch script:
 the search space becomes a sweep file in the format ``sweeper.yml`` uses, and
 ``hpc_files/job_submitter.sh --sweep FILE --trials N ...`` submits it, so the
-trials are exactly what ``python3 hpc_harness/trials.py --sweep FILE --list``
+trials are exactly what ``python3 hpc_files/lib/trials.py --sweep FILE --list``
 prints (``SlurmCluster.plan()`` shows them without submitting)::
 
     from hpc_search.test_tube import HyperOptArgumentParser, SlurmCluster
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 REPO = Path(__file__).resolve().parent.parent
-TRIALS_PY = REPO / "hpc_harness" / "trials.py"
+TRIALS_PY = REPO / "hpc_files" / "lib" / "trials.py"
 SUBMITTER_ENV = "HPC_JOB_SUBMITTER"
 TRIAL_FLAG = "--hpc-trial"
 
@@ -384,20 +384,16 @@ class SlurmCluster:
         nb_trials: int,
         job_name: str | None,
         gpus: int | None,
-        seeds: int | None,
-        dry_run: bool,
-        list_trials: bool,
-        extra_args: Sequence[str],
+        **options: Any,
     ) -> subprocess.CompletedProcess | Any:
+        """Submit, or inside a trial run main; options: submitter_argv's keywords."""
         if self.hparams is not None and getattr(self.hparams, "hpc_trial", False):
             if not callable(main_or_script):
                 raise ValueError(f"{TRIAL_FLAG} is set but main_or_script is not a function")
             return main_or_script(self.hparams)  # inside a trial: train, do not submit
 
         def submit(path: str) -> subprocess.CompletedProcess:
-            argv = self.submitter_argv(
-                path, nb_trials, job_name, gpus, seeds, dry_run, list_trials, extra_args
-            )
+            argv = self.submitter_argv(path, nb_trials, job_name, gpus, **options)
             if not os.access(argv[0], os.X_OK):
                 argv.insert(0, "bash")
             return subprocess.run(argv, env={**os.environ, **self.env}, check=True)
@@ -425,10 +421,10 @@ class SlurmCluster:
             nb_trials,
             job_name,
             self.per_experiment_nb_gpus,
-            seeds,
-            dry_run,
-            list_trials,
-            extra_args,
+            seeds=seeds,
+            dry_run=dry_run,
+            list_trials=list_trials,
+            extra_args=extra_args,
         )
 
     def optimize_parallel_cluster_cpu(
@@ -436,13 +432,7 @@ class SlurmCluster:
         main_or_script: MainOrScript,
         nb_trials: int,
         job_name: str | None = None,
-        *,
-        seeds: int | None = None,
-        dry_run: bool = False,
-        list_trials: bool = False,
-        extra_args: Sequence[str] = (),
+        **options: Any,
     ) -> Any:
-        """As optimize_parallel_cluster_gpu, with --gpus=0."""
-        return self._optimize(
-            main_or_script, nb_trials, job_name, 0, seeds, dry_run, list_trials, extra_args
-        )
+        """As optimize_parallel_cluster_gpu (the same keyword options), with --gpus=0."""
+        return self._optimize(main_or_script, nb_trials, job_name, 0, **options)

@@ -4,8 +4,8 @@
     .venv/bin/python tools/count_core_lines.py --max 900  # exit 1 above the budget
 
 The core is what every training job runs (issue 12): setup, strategy, checkpoint, sampler,
-stop agreement, precision, metrics and the optional Trainer. Examples, login-node tools
-(trials.py, plot.py) and the digits dataset writer are not counted.
+stop agreement, precision, metrics and the optional Trainer. Examples, login-node
+tools (plot.py; trials.py is in hpc_files/lib/) and the digits dataset writer are not counted.
 """
 
 from __future__ import annotations

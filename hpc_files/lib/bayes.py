@@ -43,12 +43,10 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "hpc_harness")
-for _path in (HERE, HARNESS):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-import trials as trials_mod  # noqa: E402  (hpc_harness/trials.py: sweep files, argv)
+import trials as trials_mod  # noqa: E402  (hpc_files/lib/trials.py: sweep files, argv)
 
 GOALS = ("minimize", "maximize")
 

@@ -40,10 +40,28 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
+# trace_steps: with HPC_TRACE=FILE in the environment, the caller (main) and
+# its EXIT trap append 'SECONDS<TAB>COMMAND' to FILE as each of their commands
+# starts (a DEBUG trap, which the functions they call do not inherit), so a
+# step takes the next line's time minus its own. bench/submit_latency.sh
+# times the submitter with it; unset, it costs this one test.
+trace_steps() {
+  [[ -n "${HPC_TRACE:-}" ]] || return 0
+  # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
+  # none (the name expands to nothing there), and runs date instead.
+  trace_clock=EPOCHREALTIME
+  # A file that cannot be written loses the trace, not the submission (a
+  # failed redirection would end main under set -e).
+  # shellcheck disable=SC2016 # expanded when the trap runs
+  trap '{ printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"; } 2>/dev/null || :' DEBUG
+}
+
 # Helpers that compute a string print it, or store it in the variable named by
 # an optional last argument: 'to_decimal "$x" x' costs no subshell, where
-# 'x=$(to_decimal "$x")' forks one (the submitter runs dozens of these). The
-# variable must not be one of the helper's own locals.
+# 'x=$(to_decimal "$x")' forks one. Kept because it pays: the plain $(...)
+# form made a submission 17 ms slower (bench/submit_latency.sh, paired, 21 and
+# 41 reps; about 28 subshells). The variable must not be one of the helper's
+# own locals.
 
 # emit VAR VALUE: store VALUE in VAR, or print it when VAR is empty.
 emit() {
@@ -63,7 +81,9 @@ shell_quote() {
   printf '%s' "$quoted"
 }
 
-# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR.
+# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR. Kept as
+# emit is: 'x=$(shell_quote ...)' at its callers (one per export line of the
+# batch script) made a submission 12 ms slower (bench/submit_latency.sh, paired).
 shell_quote_to() {
   local into=$1 word out="" sep="" quote="'" escaped="'\\''"
   shift
@@ -101,4 +121,36 @@ register_cleanup() {
 
 run_cleanup() {
   ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
+}
+
+# login_python: the python that runs the login-node tools beside this file
+# (trials.py, bayes.py, results.py): HPC_PYTHON, else the --venv's, else the
+# project's .venv, else python3.
+login_python() {
+  if [[ -n "${HPC_PYTHON:-}" ]]; then
+    printf '%s' "$HPC_PYTHON"
+  elif [[ -n "${opt_venv:-}" && -x "$opt_venv/bin/python" ]]; then
+    printf '%s' "$opt_venv/bin/python"
+  elif [[ -x "$source_dir/.venv/bin/python" ]]; then
+    printf '%s' "$source_dir/.venv/bin/python"
+  else
+    printf '%s' python3
+  fi
+}
+
+# run_results_py MODE ARG...: status.sh and results.sh. Their usage (a
+# function of the caller's) for -h or --help before any '--', else
+# results.py MODE for the project in source_dir.
+run_results_py() {
+  local mode=$1 arg python
+  shift
+  for arg in "$@"; do
+    [[ "$arg" != -- ]] || break
+    if [[ "$arg" == -h || "$arg" == --help ]]; then
+      usage
+      return 0
+    fi
+  done
+  python=$(login_python)
+  HPC_PROG=$HPC_PROG exec "$python" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "${source_dir##*/}" "$@"
 }

@@ -9,78 +9,24 @@
 # node/shared.sh). Sourced; functions only.
 
 # validate_data_paths: every -d path is relative, stays inside $scratch_dir
-# (symlinks included) and exists. Sets plan_data_paths (sorted, unique).
+# (symbolic links followed) and exists; otherwise exits 2 naming the first
+# path (in order) with a problem. Sets plan_data_paths (sorted, unique).
 validate_data_paths() {
-  local path problem="" symlink=""
+  local path problem real real_scratch
   plan_data_paths=()
   ((${#opt_data[@]} > 0)) || return 0
-  # First what shows without a process. With no problem and no symbolic
-  # link on the way, every path is inside $scratch_dir as written ('..' is
-  # refused): nothing needs resolving.
+  real_scratch=$(cd "$scratch_dir" 2>/dev/null && pwd -P) ||
+    usage_error "--data paths are relative to $scratch_dir, which does not exist"
   for path in "${opt_data[@]}"; do
     data_path_problem "$path" problem
-    [[ -z "$problem" ]] || break
-    ! has_symlink "$scratch_dir/$path" || symlink=1
-  done
-  [[ -z "$problem" && -z "$symlink" ]] || data_paths_resolve_inside "$problem"
-  for path in "${opt_data[@]}"; do
+    [[ -z "$problem" ]] || usage_error "$problem"
+    real=$(realpath -e -- "$scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
+    [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
+      usage_error "--data path '$path' resolves outside $scratch_dir (symlink to '$real')"
     path=${path%/}
     plan_data_paths+=("${path#./}")
   done
-  # One path needs no sort process.
-  ((${#plan_data_paths[@]} == 1)) ||
-    mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
-}
-
-# data_paths_resolve_inside [PROBLEM]: every -d path, symbolic links
-# followed, is inside $scratch_dir; otherwise exits 2 naming the first path
-# (in order) with a problem. When no path has a PROBLEM that shows without a
-# process, one realpath resolves the scratch folder and all paths; otherwise,
-# or when that fails, each path is checked and resolved in turn.
-data_paths_resolve_inside() {
-  local path problem real real_scratch reals=() i=0
-  if [[ -z "$1" && -d "$scratch_dir" && -x "$scratch_dir" ]]; then
-    for path in "${opt_data[@]}"; do
-      reals+=("$scratch_dir/$path")
-    done
-    mapfile -t reals < <(realpath -e -- "$scratch_dir" "${reals[@]}" 2>/dev/null || echo -failed-)
-    # One line per path (a resolved path could hold a newline), no failure.
-    if ((${#reals[@]} != ${#opt_data[@]} + 1)) || [[ "${reals[${#reals[@]} - 1]}" == -failed- ]]; then
-      reals=()
-    fi
-  fi
-  if ((${#reals[@]} > 0)); then
-    real_scratch=${reals[0]}
-  else
-    real_scratch=$(cd "$scratch_dir" 2>/dev/null && pwd -P) ||
-      usage_error "--data paths are relative to $scratch_dir, which does not exist"
-  fi
-  for path in "${opt_data[@]}"; do
-    i=$((i + 1))
-    if ((${#reals[@]} > 0)); then
-      real=${reals[i]}
-    else
-      data_path_problem "$path" problem
-      [[ -z "$problem" ]] || usage_error "$problem"
-      real=$(realpath -e -- "$scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
-    fi
-    [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
-      usage_error "--data path '$path' resolves outside $scratch_dir (symlink to '$real')"
-  done
-}
-
-# has_symlink PATH: some component of the absolute PATH is a symbolic link.
-has_symlink() {
-  local rest=${1#/} part prefix=""
-  while [[ -n "$rest" ]]; do
-    part=${rest%%/*}
-    rest=${rest#"$part"}
-    rest=${rest#/}
-    [[ -n "$part" ]] || continue
-    prefix+=/$part
-    [[ ! -L "$prefix" ]] || return 0
-  done
-  return 1
+  mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
 }
 
 # data_path_problem PATH VAR: what is wrong with one -d path, as far as that

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Rendering: the batch script as a pure function of the validated settings and
-# the plan. It runs no command and reads no clock, so --dry-run is byte-stable
-# and golden files can test it; what varies (job id, node names, the
-# submission folder) is resolved on the node. Sourced; functions only.
+# the plan. It reads no clock and runs no command but cat (its here-documents),
+# so --dry-run is byte-stable and golden files can test it; what varies (job
+# id, node names, the submission folder) is resolved on the node. Sourced;
+# functions only.
 
 # sbatch_line ARG: one '#SBATCH' line; sbatch honours double quotes there.
 # A value with spaces is quoted, given as '--opt=a b' or as '--opt a b'.
@@ -25,14 +26,6 @@ export_line() {
   printf 'export %s=%s\n' "$1" "$quoted"
 }
 
-# print_text: its standard input (a here-document) on stdout, as cat would,
-# without starting a process.
-print_text() {
-  local text
-  IFS= read -r -d '' text || true
-  printf '%s' "$text"
-}
-
 render_header() {
   local kind_text array_note=""
   case "$opt_kind" in
@@ -46,7 +39,7 @@ render_header() {
     printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'
     printf '# folder named below does not exist; --no-submit writes it with this script.\n'
   fi
-  print_text <<EOF
+  cat <<EOF
 # Rendered by hpc_files/job_submitter.sh $HPC_VERSION; do not edit: re-run the
 # submitter (its exact command is in command.txt beside this file).
 #
@@ -104,7 +97,7 @@ render_site_sbatch_lines() {
 
 render_environment() {
   local entry quoted
-  print_text <<'EOF'
+  cat <<'EOF'
 
 set -uo pipefail
 # srun does not inherit --cpus-per-task since SLURM 22.05.
@@ -164,7 +157,7 @@ EOF
 }
 
 render_launch() {
-  print_text <<'EOF'
+  cat <<'EOF'
 
 # Stage data, launch, forward signals, requeue: node/batch.sh, copied into the
 # submission folder when it was written, so editing the project later changes
@@ -199,7 +192,7 @@ render_setup_script() {
   printf '\n# What to install, and the digest the venv is stamped with.\n'
   export_line HPC_REQUIREMENTS "$plan_submission_dir/requirements.txt"
   export_line HPC_REQUIREMENTS_DIGEST "$plan_requirements_digest"
-  print_text <<'EOF'
+  cat <<'EOF'
 exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"
 EOF
 }

@@ -13,7 +13,8 @@ Where things are (written by job_submitter.sh and the batch script):
 
 * a submission folder ``$SCRATCH/<project>/<exp>/<YYYYmmdd-HHMMSS-XXXX>/`` holds
   ``job.sbatch`` (``#SBATCH --array=`` for an array), ``job_id``, ``trials.jsonl`` (one
-  trial per line: ``trial``, ``params``, ``argv``) and ``sweep.yml`` for a sweep;
+  trial per line: ``trial``, ``params``, ``argv``; for a command after ``--``,
+  ``commands.txt`` alone, read by trials.py) and ``sweep.yml`` for a sweep;
 * the log of a plain job is ``$SCRATCH/<project>/hpc_outputs/<project>_<exp>_<id>.out``,
   of array task K ``..._<arrayid>_K.out``; every run appends ``hpc: job KEY (trial K) on
   NODES, restart N, started DATE`` and ends with ``hpc: training step ended with exit code
@@ -42,6 +43,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import trials as trials_mod  # noqa: E402  (trials.py beside this file: the manifest)
 
 STAMP = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9]+$")
 START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), started (.+)$")
@@ -98,7 +105,7 @@ def _read_text(path: str) -> str | None:
 
 def load_submission(path: str) -> Submission:
     trials: list[dict] = []
-    text = _read_text(os.path.join(path, "trials.jsonl")) or ""
+    text = trials_mod.manifest_of(path)
     for line in text.splitlines():
         if line.strip():
             try:
@@ -772,6 +779,17 @@ class Parser:
         self.i += 1
         return self.argv[self.i - 1]
 
+    def target(self, name: str, inline: str | None, target: str | None) -> str | None:
+        """The one positional word (EXP or JOBID), given as NAME/INLINE by the loop;
+        a second one, or an option the caller did not take, is an error."""
+        if name == "" and target is None and inline is not None:
+            return inline
+        if name not in ("", "--"):
+            raise UsageError(f"unknown option {name!r} (see --help)")
+        if inline is not None:
+            raise UsageError(f"unexpected argument {inline!r}")
+        return target
+
     def optional_value(self, inline: str | None) -> str | None:
         if inline is not None:
             return inline
@@ -805,13 +823,8 @@ def cmd_status(argv: Sequence[str], prog: str) -> int:
                 watch = -1
             if not watch > 0:
                 raise UsageError(f"--watch expects seconds > 0, got {text!r}")
-        elif name == "" and target is None and inline is not None:
-            target = inline
-        elif name in ("", "--"):
-            if inline is not None:
-                raise UsageError(f"unexpected argument {inline!r}")
         else:
-            raise UsageError(f"unknown option {name!r} (see --help)")
+            target = p.target(name, inline, target)
     project, project_dir = _project_dir(project)
     if watch is not None and not sys.stdout.isatty():
         raise UsageError("--watch redraws a terminal; stdout is not one (drop --watch)")
@@ -860,13 +873,8 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
             csv_out = p.value(name, inline)
         elif name == "--plot":
             plot_out = p.value(name, inline)
-        elif name == "" and target is None and inline is not None:
-            target = inline
-        elif name in ("", "--"):
-            if inline is not None:
-                raise UsageError(f"unexpected argument {inline!r}")
         else:
-            raise UsageError(f"unknown option {name!r} (see --help)")
+            target = p.target(name, inline, target)
     for opt, path in (("--csv", csv_out), ("--plot", plot_out)):
         if path == "":
             raise UsageError(f"{opt} expects a file name, got ''")

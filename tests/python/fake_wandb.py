@@ -2,7 +2,7 @@
 
 Loopback only (127.0.0.1, an ephemeral port), standard library only, with a bounded
 lifetime (it shuts itself down after ``lifetime`` seconds). The grid points come from
-``hpc_harness/trials.py --sweep FILE --list``, so an agent gets the same trials, in the
+``hpc_files/lib/trials.py --sweep FILE --list``, so an agent gets the same trials, in the
 same order, as the array job built from the same file. Seen with wandb 0.31.0:
 
 * ``POST /graphql``: ``Viewer`` (login), ``SweepWithRuns`` (the agent reads the sweep's
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_harness" / "trials.py"
+TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 DUMMY_KEY = "k" * 40
 
 

@@ -15,7 +15,6 @@ optuna = pytest.importorskip("optuna")
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hpc_files" / "lib"))
-sys.path.insert(0, str(REPO / "hpc_harness"))
 
 import bayes  # noqa: E402
 import results  # noqa: E402

@@ -282,3 +282,20 @@ def test_wandb_sweep_array_reads_each_tasks_run(scratch, capsys) -> None:
         ["0", "aaaa1111", "0.01", "finished", "0.9", "0.9"],
         ["2", "cccc3333", "0.5", "failed (exit 7)", "0.2", "0.2"],
     ]
+
+
+def test_command_after_dashes_manifest_read_from_commands_txt(tmp_path: Path) -> None:
+    # '-- CMD' without --seeds: the submitter writes commands.txt alone (no python
+    # start); its one line, read by trials.py as a configs file, is the manifest.
+    sub = tmp_path / "proj" / "inline" / "20261123-140000-inln"
+    sub.mkdir(parents=True)
+    (sub / "job.sbatch").write_text("#!/bin/bash\n")
+    (sub / "commands.txt").write_text("python train.py --lr 0.1 --name 'a b'\n")
+    assert results.load_submission(str(sub)).trials == [
+        {
+            "argv": ["python", "train.py", "--lr", "0.1", "--name", "a b"],
+            "params": {},
+            "source": "configs:1",
+            "trial": 0,
+        }
+    ]

@@ -14,7 +14,7 @@ import pytest
 from hpc_search.test_tube import HyperOptArgumentParser, HyperOptNamespace, SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_harness" / "trials.py"
+TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 
 # A stand-in for hpc_files/job_submitter.sh: logs its argv (NUL-separated) and keeps a
 # copy of the sweep file it was given.

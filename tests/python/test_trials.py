@@ -1,4 +1,4 @@
-"""hpc_harness/trials.py: configs file / sweep file / --seeds -> trials manifest."""
+"""hpc_files/lib/trials.py: configs file / sweep file / --seeds -> trials manifest."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_harness" / "trials.py"
+TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 
 GRID = """\
 program: train.py
@@ -486,7 +486,7 @@ def test_cli_refusals(tmp_path, write, args, message):
 
 def test_cli_needs_a_source_and_one_output(tmp_path, write):
     configs = write("c.txt", "python a.py\n")
-    assert_refused(run("--list"), "give --configs FILE or --sweep FILE")
+    assert_refused(run("--list"), "give --configs FILE, --sweep FILE or --wandb-sweep ID")
     assert_refused(run("--configs", configs), "give exactly one of --list or --out-dir")
     assert_refused(
         run("--configs", configs, "--list", "--out-dir", str(tmp_path / "o")),
@@ -504,7 +504,10 @@ def test_cli_needs_a_source_and_one_output(tmp_path, write):
 def test_prog_names_the_errors_and_help_exits_zero():
     proc = run("--prog", "job_submitter.sh", "--list")
     assert proc.returncode == 2
-    assert proc.stderr == "job_submitter.sh: error: give --configs FILE or --sweep FILE\n"
+    assert (
+        proc.stderr
+        == "job_submitter.sh: error: give --configs FILE, --sweep FILE or --wandb-sweep ID\n"
+    )
     helped = run("--help")
     assert helped.returncode == 0
     for option in (
@@ -620,3 +623,23 @@ def test_stdlib_only_for_configs_and_clear_error_without_yaml(write):
         pytest.skip("yaml importable without site-packages here")
     proc = run("--sweep", sweep, "--list", python_flags=("-S", "-I"))
     assert_refused(proc, "--sweep needs PyYAML", code=1)
+
+
+def test_wandb_sweep_id_gives_count_identical_agent_trials(tmp_path):
+    proc = run("--wandb-sweep", "e/p/abc", "--count", "2", "--list")
+    assert proc.returncode == 0, proc.stderr
+    argv = '["wandb","agent","--count","1","e/p/abc"]'
+    lines = [
+        f'{{"argv":{argv},"params":{{}},"source":"wandb:e/p/abc","trial":{k}}}\n' for k in (0, 1)
+    ]
+    assert proc.stdout == "".join(lines)
+    out = tmp_path / "out"
+    assert run("--wandb-sweep", "abc", "--count", "3", "--out-dir", str(out)).stdout == "3\n"
+    assert (out / "commands.txt").read_text() == "wandb agent --count 1 abc\n" * 3
+    assert_refused(
+        run("--wandb-sweep", "abc", "--list"), "--wandb-sweep ID and --count K go together"
+    )
+    assert_refused(
+        run("--wandb-sweep", "abc", "--count", "2", "--seeds", "2", "--list"),
+        "--seeds does not apply to a wandb sweep",
+    )

@@ -125,3 +125,16 @@ OUT
   assert_failure 2
   assert_equal "$stderr" 'status.sh: error: SCRATCH is not set (the folder job_submitter.sh writes under)'
 }
+
+@test "status.sh and results.sh run the python the submitter runs (HPC_PYTHON first)" {
+  local stub="$BATS_TEST_TMPDIR/my python/python"
+  mkdir -p "${stub%/*}"
+  printf '#!/usr/bin/env bash\nprintf "%%s\\n" "$@"\n' >"$stub"
+  chmod +x "$stub"
+  HPC_PYTHON=$stub run --separate-stderr "$STATUS" grid
+  assert_success
+  assert_equal "$output" "$(printf '%s\n' "$REPO_ROOT/hpc_files/lib/results.py" status --project "$project" grid)"
+  HPC_PYTHON=$stub run --separate-stderr "$REPO_ROOT/hpc_files/results.sh" grid --no-group
+  assert_success
+  assert_equal "$output" "$(printf '%s\n' "$REPO_ROOT/hpc_files/lib/results.py" results --project "$project" grid --no-group)"
+}

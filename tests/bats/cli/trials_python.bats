@@ -49,3 +49,19 @@ STUB
   run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
   assert_success
 }
+
+@test "a project holding hpc_files/ without hpc_harness/ expands any configs file and a sweep" {
+  # README: hpc_harness/ is optional; the submitter's own python must travel
+  # with hpc_files/.
+  local project="$BATS_TEST_TMPDIR/user project"
+  mkdir -p "$project"
+  cp -r "$REPO_ROOT/hpc_files" "$REPO_ROOT/virtual_env_hpc_files" "$REPO_ROOT/singularity_hpc_files" "$project/"
+  # Quotes need parsing: not a plain line.
+  printf '%s\n' "python train.py --name 'a b'" >"$project/configs.txt"
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" --list-trials --configs "$project/configs.txt"
+  assert_success
+  assert_output '{"argv":["python","train.py","--name","a b"],"params":{},"source":"configs:1","trial":0}'
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_success
+  [[ -n "$output" ]] || fail "no trials listed"
+}

@@ -21,26 +21,29 @@ setup() {
 
 @test "a wandb key in ~/wandb_credentials.txt and an *_API_KEY in the environment: never in any process's argv during the job, the script, the submission folder, the log or scontrol show job -dd" {
   local out job_id
+  # The program runs until the test has sampled /proc five times (it creates
+  # 'sampled'; at most 2 minutes), however slowly the machine takes them.
   out=$("$SUBMITTER" --site local -n 2 -g 1 -c 1 -W lightning -t 5 -e secrets -- \
-    bash -c 'echo "key_len=${#WANDB_API_KEY}"; sleep 6' 2>&1)
+    bash -c 'echo "key_len=${#WANDB_API_KEY}"; for _ in $(seq 600); do [[ -e "$1" ]] && exit 0; sleep 0.2; done; exit 1' \
+    _ "$BATS_TEST_TMPDIR/sampled" 2>&1)
   job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
   [[ -n "$job_id" ]] || fail "no job id: $out"
   [[ "$out" != *"$secret"* ]] || fail "the submitter printed the key"
-  # Sample every process's command line while the job runs.
-  local samples=0 hits="" pid
-  wait_job_state "$job_id" 60 RUNNING
-  while [[ "$(job_field "$job_id" JobState)" == RUNNING ]]; do
-    for pid in /proc/[0-9]*; do
-      if tr '\0' ' ' <"$pid/cmdline" 2>/dev/null | grep -qF -e "$secret" -e "$MY_SERVICE_API_KEY"; then
-        hits+="${pid#/proc/}: $(tr '\0' ' ' <"$pid/cmdline" 2>/dev/null) | "
-      fi
+  # Sample every process's command line while the program runs (it has
+  # printed key_len, so the job's whole process tree is up).
+  local samples=0 hits="" file
+  wait_log "$job_id" '^key_len=' 120
+  while ((samples < 5)); do
+    for file in $(grep -laF -e "$secret" -e "$MY_SERVICE_API_KEY" /proc/[0-9]*/cmdline 2>/dev/null); do
+      hits+="$file: $(tr '\0' ' ' <"$file" 2>/dev/null) | "
     done
     samples=$((samples + 1))
     sleep 0.2
   done
-  wait_job_done "$job_id" 60
+  assert_equal "$(job_field "$job_id" JobState)" RUNNING
+  touch "$BATS_TEST_TMPDIR/sampled"
+  wait_job_done "$job_id" 120
   assert_job_state "$job_id" COMPLETED
-  ((samples >= 5)) || fail "only $samples samples of /proc taken while the job ran"
   assert_equal "$hits" ""
   # The program did get the key (through its environment).
   run cat "$SCRATCH/$project/hpc_outputs/${project}_secrets_$job_id.out"

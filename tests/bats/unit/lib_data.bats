@@ -67,21 +67,10 @@ validate_data_paths_for() {
   assert_success
 }
 
-@test "data_paths_resolve_inside: path by path, the first with a problem stops it (exit 2)" {
-  opt_data=(labels '../up' 'ds one')
-  run --separate-stderr data_paths_resolve_inside "some problem"
+@test "validate_data_paths: the first path with a problem, in order, is the one named" {
+  run --separate-stderr validate_data_paths_for labels '../up' nosuch
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: --data path '../up' must not contain '..'"
-  opt_data=(labels 'ds one')
-  run data_paths_resolve_inside ""
-  assert_success
-}
-
-@test "has_symlink: true when any component of the path is a symbolic link" {
-  ln -s "$scratch_dir/ds one" "$scratch_dir/link"
-  has_symlink "$scratch_dir/link/sub/b.txt" || fail "missed the link"
-  ! has_symlink "$scratch_dir/ds one/sub/b.txt" || fail "no link there"
-  ! has_symlink / || fail "the root is no link"
 }
 
 @test "data_path_problem: each problem in words, '' for a good path" {

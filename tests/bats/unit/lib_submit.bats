@@ -82,12 +82,6 @@ REQUEUE_HOLD 0:15'
   [[ "$submission_dir" != "$first" ]] || fail "the same folder twice"
 }
 
-@test "random_name: LENGTH letters and digits into the variable" {
-  local name
-  random_name name 12
-  assert_regex "$name" '^[A-Za-z0-9]{12}$'
-}
-
 @test "remove_unsubmitted_dir: removes the folder of a job sbatch never accepted, keeps a submitted or --no-submit one" {
   submission_dir="$BATS_TEST_TMPDIR/sub"
   mkdir -p "$submission_dir"

@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
-"""Turn a configs file, a wandb-format sweep file and --seeds into one trials manifest.
+"""Turn a configs file, a wandb-format sweep file, a wandb sweep id and --seeds into one
+trials manifest.
 
-This is the definition behind every array job: job_submitter.sh calls it on the
-login node, and SLURM array task K runs trial K. (For a command after ``--`` and
-for configs files of plain lines, where nothing needs parsing, the submitter
-writes the same bytes itself without starting a python: ``trials_in_bash`` in
-hpc_files/lib/trials.sh, compared with this file by
-tests/bats/unit/lib_trials.bats; anything else comes here.) It runs with the
-system ``python3`` (3.9+) and the standard library only; PyYAML is imported only
-for ``--sweep``. Nothing here executes, expands or evaluates user text.
+This is the definition behind every array job, and the only writer of trials.jsonl:
+job_submitter.sh calls it on the login node (hpc_files/lib/trials.sh), and SLURM array
+task K runs trial K. One source skips the python start: a command after ``--`` without
+--seeds is one trial, and the submitter writes its commands.txt line (the quoted words)
+itself; ``manifest_of`` reads such a folder's commands.txt here, as a configs file, when
+results.py needs its trials.jsonl. It runs with the system ``python3`` (3.9+) and the
+standard library only; PyYAML is imported only for ``--sweep``. Nothing here executes,
+expands or evaluates user text.
 
 Usage::
 
-    python3 hpc_harness/trials.py --configs experiment_configurations.txt --list
-    python3 hpc_harness/trials.py --sweep sweeper.yml --out-dir SUBMISSION_DIR
-    python3 hpc_harness/trials.py --sweep sweeper.yml --trials 20 --sweep-seed 3 --seeds 2 --list
+    python3 hpc_files/lib/trials.py --configs experiment_configurations.txt --list
+    python3 hpc_files/lib/trials.py --sweep sweeper.yml --out-dir SUBMISSION_DIR
+    python3 hpc_files/lib/trials.py --sweep sweeper.yml --trials 20 --sweep-seed 3 --seeds 2 --list
+    python3 hpc_files/lib/trials.py --wandb-sweep ENTITY/PROJECT/ID --count 8 --list
 
 Sources (if --sweep is given, --configs is ignored; the submitter always passes
 --configs when a configs file exists):
@@ -28,6 +30,8 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   runs the line. Refused: unbalanced quotes, a ``\\`` on the last line, and
   unquoted ``; & | < > ( )`` outside ``$(...)`` (on the node they would end or
   redirect the command; quote them).
+* ``--wandb-sweep ID --count K``: K identical trials ``wandb agent --count 1 ID`` (a
+  sweep on a wandb server chooses each run's parameters); source ``wandb:ID``.
 * ``--sweep FILE``: a wandb sweep file (``program``, ``method``, ``parameters``,
   optional ``command``; ``metric``, ``name``, ``project`` ... are accepted and
   ignored). ``program`` is required.
@@ -113,6 +117,8 @@ Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
 
   --configs FILE    one experiment (a command line) per line; ignored with --sweep
   --sweep FILE      wandb sweep file (method grid, random or bayes)
+  --wandb-sweep ID --count K
+                    K trials 'wandb agent --count 1 ID' (a sweep on a wandb server)
   --trials N        random: number of trials (required); grid: keep the first N;
                     bayes: trials per round (required)
   --rounds R        bayes: number of rounds (default: 1)
@@ -129,6 +135,8 @@ Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
 VALUE_OPTIONS = (
     "--configs",
     "--sweep",
+    "--wandb-sweep",
+    "--count",
     "--trials",
     "--sweep-seed",
     "--seeds",
@@ -219,7 +227,7 @@ def parse_cli(argv: list[str]) -> dict:
         raise TrialsError(f"unexpected argument {_q(arg)}")
     if opts["help"]:
         return opts
-    for key in ("trials", "seeds", "rounds", "round"):
+    for key in ("trials", "seeds", "rounds", "round", "count"):
         if key in opts:
             opts[key] = _whole(f"--{key}", opts[key], 1)
     opts["sweep_seed"] = _whole("--sweep-seed", opts.get("sweep_seed", "0"), 0)
@@ -228,9 +236,13 @@ def parse_cli(argv: list[str]) -> dict:
             raise TrialsError(f"--{key.replace('_', '-')} expects a path, got ''")
     if opts["list"] == ("out_dir" in opts):
         raise TrialsError("give exactly one of --list or --out-dir DIR")
-    if "sweep" not in opts:
+    if ("wandb_sweep" in opts) != ("count" in opts):
+        raise TrialsError("--wandb-sweep ID and --count K go together")
+    if "wandb_sweep" in opts and "seeds" in opts:
+        raise TrialsError("--seeds does not apply to a wandb sweep (the sweep chooses the runs)")
+    if "sweep" not in opts and "wandb_sweep" not in opts:
         if "configs" not in opts:
-            raise TrialsError("give --configs FILE or --sweep FILE")
+            raise TrialsError("give --configs FILE, --sweep FILE or --wandb-sweep ID")
         if "trials" in opts:
             raise TrialsError("--trials applies to --sweep only")
     if "rounds" in opts and "sweep" not in opts:
@@ -763,10 +775,8 @@ def _write_atomic(directory: str, name: str, text: str) -> None:
 
 
 def _bayes_module():
-    """hpc_files/lib/bayes.py (Optuna is imported there, only for method bayes)."""
-    lib = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hpc_files", "lib"
-    )
+    """bayes.py beside this file (Optuna is imported there, only for method bayes)."""
+    lib = os.path.dirname(os.path.abspath(__file__))
     if lib not in sys.path:
         sys.path.insert(0, lib)
     import bayes
@@ -774,7 +784,35 @@ def _bayes_module():
     return bayes
 
 
+def manifest_of(folder: str) -> str:
+    """A submission folder's trials.jsonl text. A folder without one holds a command given
+    after ``--`` (no --seeds): the submitter wrote its commands.txt line alone, and that
+    line read as a configs file is the manifest ("" when neither file can be read)."""
+    try:
+        with open(os.path.join(folder, "trials.jsonl"), encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return ""
+    try:
+        return render(read_configs(os.path.join(folder, "commands.txt")))[0]
+    except TrialsError:
+        return ""
+
+
+def wandb_trials(sweep_id: str, count: int) -> list[dict]:
+    """COUNT identical trials that each ask the wandb server for one run of SWEEP_ID."""
+    argv = ["wandb", "agent", "--count", "1", sweep_id]
+    trial = {"argv": argv, "params": {}, "source": f"wandb:{sweep_id}", "command": shlex.join(argv)}
+    return [trial] * count
+
+
 def build(opts: dict) -> list[dict]:
+    if "wandb_sweep" in opts:
+        if opts["count"] > MAX_TRIALS:
+            raise TrialsError(f"{opts['count']} trials, more than {MAX_TRIALS}")
+        return wandb_trials(opts["wandb_sweep"], opts["count"])
     if "sweep" in opts:
         path = opts["sweep"]
         spec = load_sweep(path)
