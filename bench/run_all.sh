@@ -81,10 +81,11 @@ for name in "${BENCHES[@]}"; do
     continue
   fi
   bench_note "running $name${smoke:+ (smoke)}"
+  bench_started=$SECONDS
   # shellcheck disable=SC2046 # bench_command's words are the command
   if timeout 600 $(bench_command "$name") ${smoke:+--smoke} --out "$fragments/$name.md" \
     >"$fragments/$name.log" 2>&1; then
-    bench_note "$name done"
+    bench_note "$name done ($((SECONDS - bench_started)) s)"
   else
     status=$?
     failed+=("$name")

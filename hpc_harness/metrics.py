@@ -33,9 +33,9 @@ import importlib.util
 import os
 import secrets
 import socket
-import string
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 CSV_NAME = "metrics.csv"
@@ -44,33 +44,21 @@ CSV_FIELDS = ("time", "step", "epoch", "name", "value")
 
 def wandb_server() -> tuple[str, int]:
     """(host, port) of the W&B server: ``WANDB_BASE_URL`` (self-hosted) or api.wandb.ai."""
-    from urllib.parse import urlsplit
-
     url = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
-    host = url.hostname or "api.wandb.ai"
     try:
         port = url.port
     except ValueError:
         port = None
-    return host, port or (80 if url.scheme == "http" else 443)
+    return url.hostname or "api.wandb.ai", port or (80 if url.scheme == "http" else 443)
 
 
 def _has_api_key() -> bool:
     """``WANDB_API_KEY``, or a netrc entry for the server (``wandb login`` writes one)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    netrc = os.path.join(os.path.expanduser("~"), ".netrc")
     try:
-        with open(netrc) as f:
+        with open(os.path.join(os.path.expanduser("~"), ".netrc")) as f:
             return wandb_server()[0] in f.read().split()
-    except OSError:
-        return False
-
-
-def _online_reachable(timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection(wandb_server(), timeout=timeout):
-            return True
     except OSError:
         return False
 
@@ -84,17 +72,18 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         return "disabled", "requested"
     if importlib.util.find_spec("wandb") is None:
         return "disabled", "wandb is not installed"
-    if requested == "auto":
-        if not _has_api_key():
-            return "disabled", "auto: no wandb API key"
-        requested = "online"
-    if requested == "online":
+    if requested == "auto" and not _has_api_key():
+        return "disabled", "auto: no wandb API key"
+    if requested in ("auto", "online"):
         if not _has_api_key():
             return "offline", "no wandb API key"
-        if not _online_reachable():
-            host, port = wandb_server()
-            where = host if port == 443 and host == "api.wandb.ai" else f"{host}:{port}"
+        host, port = wandb_server()
+        try:
+            socket.create_connection((host, port), timeout=3.0).close()
+        except OSError:
+            where = host if (host, port) == ("api.wandb.ai", 443) else f"{host}:{port}"
             return "offline", f"{where} not reachable"
+        return "online", "requested"
     return requested, "requested"
 
 
@@ -110,8 +99,7 @@ class MetricsLogger:
         project: str | None = None,
         name: str | None = None,
     ) -> None:
-        self.enabled = enabled
-        self.run_dir = run_dir
+        self.enabled, self.run_dir = enabled, run_dir
         self.csv_path = os.path.join(run_dir, CSV_NAME)
         self.wandb_run: Any = None
         self.wandb_exit_code = 0
@@ -138,16 +126,13 @@ class MetricsLogger:
         id_file = os.path.join(self.run_dir, "wandb_run_id")
         if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
             run_id = os.environ["WANDB_RUN_ID"]  # the sweep's run, also when handed out again
-            with open(id_file, "w") as f:
-                f.write(run_id + "\n")
         elif os.path.exists(id_file):
             with open(id_file) as f:
                 run_id = f.read().strip()
         else:
-            alphabet = string.ascii_lowercase + string.digits
-            run_id = "".join(secrets.choice(alphabet) for _ in range(8))
-            with open(id_file, "w") as f:
-                f.write(run_id + "\n")
+            run_id = secrets.token_hex(4)
+        with open(id_file, "w") as f:
+            f.write(run_id + "\n")
         if reason != "requested":
             print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
         self.wandb_run = wandb.init(
@@ -167,8 +152,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         now = f"{time.time():.3f}"
-        for k, v in values.items():
-            self._csv.writerow((now, step, epoch, k, f"{v:.6g}"))
+        self._csv.writerows((now, step, epoch, k, f"{v:.6g}") for k, v in values.items())
         self._file.flush()
         if self.wandb_run is not None:
             self.wandb_run.log({**values, "epoch": epoch}, step=step)
@@ -188,11 +172,11 @@ class MetricsLogger:
         if not self.enabled:
             return
         self._file.close()
-        if self.wandb_run is not None:
-            run, self.wandb_run = self.wandb_run, None
-            try:
+        run, self.wandb_run = self.wandb_run, None
+        try:
+            if run is not None:
                 run.finish(exit_code=self.wandb_exit_code)
-            except Exception as exc:
-                if not self.wandb_exit_code:
-                    raise
-                print(f"hpc_harness: warning: could not finish the wandb run: {exc}", flush=True)
+        except Exception as exc:
+            if not self.wandb_exit_code:
+                raise
+            print(f"hpc_harness: warning: could not finish the wandb run: {exc}", flush=True)

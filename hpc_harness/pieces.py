@@ -28,12 +28,15 @@ rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomnes
 (dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between
 the load and the step (give the DataLoader its own ``generator``: an epoch's iterator draws a
 seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
-pieces with the loop written for you.
+pieces with the loop written for you. ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from
+``checkpoint.fingerprint(your_args)``, also stored in your checkpoints) refuses, on every rank,
+to resume another run's checkpoints (``checkpoint.RunMismatch``).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from hpc_harness import checkpoint as ckpt
@@ -50,6 +53,7 @@ __all__ = [
     "average_gradients",
     "barrier",
     "cleanup",
+    "from_rank0",
     "gather_rng",
     "load_checkpoint",
     "requeue_exit",
@@ -58,62 +62,93 @@ __all__ = [
 ]
 
 
-def _rank_world() -> tuple[int, int]:
+def _group() -> Any:
+    """torch.distributed when a process group of more than one rank exists, else None."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    ok = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return dist if ok else None
 
 
-def gather_rng() -> list[dict[str, Any]]:
-    """Every rank's RNG states (torch, cuda, numpy, python), in rank order. Collective."""
-    import torch.distributed as dist
+def _rank() -> int:
+    return _group().get_rank() if _group() else 0
 
-    mine = ckpt.capture_rng()
-    rank, world = _rank_world()
-    if world == 1:
+
+def from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank. Collective when distributed."""
+    if (dist := _group()) is None:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_rng(extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every rank's RNG states (torch, cuda, numpy, python; plus ``extra``), in rank order.
+    Collective."""
+    mine = {**ckpt.capture_rng(), **(extra or {})}
+    if (dist := _group()) is None:
         return [mine]
-    out: list[Any] = [None] * world
+    out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out
 
 
 def save_checkpoint(
-    ckpt_dir: str, state: dict[str, Any] | None, step: int, keep_last: int = 3
+    ckpt_dir: str,
+    state: dict[str, Any] | None,
+    step: int,
+    keep_last: int = 3,
+    rng_extra: Mapping[str, Any] | None = None,
+    write: Callable[[dict[str, Any], str], None] = ckpt.atomic_save,
 ) -> str:
-    """Rank 0 writes ``state`` (other ranks may pass None) atomically to
-    ``<ckpt_dir>/ckpt_step<step>.pt`` and keeps the newest ``keep_last``; returns the path once
-    every rank is past the write. Collective: call on every rank at the same step."""
-    rng = gather_rng()
+    """Rank 0 writes ``state`` (other ranks may pass None) with every rank's RNG states
+    atomically to ``<ckpt_dir>/ckpt_step<step>.pt`` and keeps the newest ``keep_last``; returns
+    the path once every rank is past the write. Collective: call on every rank at the same step.
+    """
+    rng = gather_rng(rng_extra)
     path = ckpt.checkpoint_path(ckpt_dir, step)
-    if _rank_world()[0] == 0:
-        ckpt.atomic_save({**(state or {}), "rng": rng}, path)
+    if _rank() == 0:
+        write({**(state or {}), "rng": rng}, path)
         ckpt.prune(ckpt_dir, keep_last)
     barrier()
     return path
 
 
-def load_checkpoint(ckpt_dir: str, restore_rng: bool = True) -> dict[str, Any] | None:
+def load_checkpoint(
+    ckpt_dir: str, restore_rng: bool = True, fingerprint: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The newest checkpoint that loads, as chosen by rank 0, on every rank (None if there is
-    none); restores this rank's RNG states when the world size is the one that saved them.
-    Collective: call on every rank."""
-    rank, world = _rank_world()
-    state, path = ckpt.load_latest_shared(ckpt_dir, log=say if rank == 0 else lambda _: None)
+    none; its path is ``state["path"]``); restores this rank's RNG states when the world size is
+    the one that saved them. With ``fingerprint`` (checkpoint.fingerprint of the run's
+    arguments), a checkpoint or ``run.json`` of another run raises checkpoint.RunMismatch on
+    every rank, before anything is loaded into the model. Collective: call on every rank."""
+    rank = _rank()
+    log = say if rank == 0 else lambda _: None
+    state, path = ckpt.load_latest_shared(ckpt_dir, log=log)
+    if fingerprint is not None:
+        saved = state.get("fingerprint") if state is not None else None
+        if state is not None and saved is None:
+            log(
+                f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
+                "wrote it): resuming without checking that it belongs to this run"
+            )
+        error = from_rank0(ckpt.identity_error(ckpt_dir, fingerprint, saved) if rank == 0 else None)
+        if error:
+            raise ckpt.RunMismatch(error)
     if state is None:
         return None
     rng = state.get("rng") or []
-    if restore_rng and len(rng) == world:
+    if restore_rng and len(rng) == (_group().get_world_size() if _group() else 1):
         ckpt.restore_rng(rng[rank])
-    if rank == 0:
-        say(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
-    return state
+    log(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
+    return {**state, "path": path}
 
 
 def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:
     """After a complete checkpoint at a signal: rank 0 writes the requeue marker
     (``$HPC_REQUEUE_MARKER``), every rank leaves the process group together and exits 42."""
-    if _rank_world()[0] == 0:
+    if _rank() == 0:
         announce_requeue(step, epoch, checkpoint, stop.signal_name)
     barrier()
     cleanup()

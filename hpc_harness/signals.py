@@ -26,6 +26,8 @@ import signal
 import time
 from typing import Any
 
+from hpc_harness.checkpoint import atomic_write
+
 REQUEUE_EXIT_CODE = 42
 MARKER_ENV = "HPC_REQUEUE_MARKER"
 
@@ -50,8 +52,7 @@ class StopFlag:
 
     def install(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> StopFlag:
         """Install the handlers (main thread only); returns self."""
-        for s in signals:
-            self._previous[s] = signal.signal(s, self._handler)
+        self._previous.update({s: signal.signal(s, self._handler) for s in signals})
         return self
 
     def uninstall(self) -> None:
@@ -124,46 +125,35 @@ class StopAgreement:
     def should_stop(self) -> bool:
         """True (on every rank at the same step) when the ranks agreed to stop. Collective:
         call once per step on every rank."""
+        import torch.distributed as dist
+
         self._steps += 1
         if self._steps < self._interval:
             return False
-        stop, due = self._check()
-        self.checkpoint_due = self.checkpoint_due or due
-        return stop
-
-    def _local(self) -> tuple[bool, bool]:
-        every = self.checkpoint_every_s
-        due = self.is_main and every > 0 and time.monotonic() - self._saved_time >= every
-        return self.flag.is_set, due
-
-    def _proposal(self) -> int:
-        """Steps that take about ``check_s`` at this rank's pace since the last check."""
-        now = time.perf_counter()
+        now = time.perf_counter()  # propose the steps that take about check_s at this pace
         per_step = (now - self._check_time) / max(self._steps, 1)
         self._check_time, self._steps = now, 0
-        if self.check_every > 0:
-            return self.check_every
-        return int(min(max(self.check_s / max(per_step, 1e-9), 1), 1000))
-
-    def _check(self) -> tuple[bool, bool]:
-        import torch.distributed as dist
-
-        proposal = self._proposal()
+        proposal = self.check_every or int(min(max(self.check_s / max(per_step, 1e-9), 1), 1000))
+        every = self.checkpoint_every_s
+        local = (
+            self.flag.is_set,
+            self.is_main and every > 0 and time.monotonic() - self._saved_time >= every,
+        )
         if not (self.world_size > 1 and dist.is_initialized()):
             self._interval = proposal
-            return self._local()
-        result = (False, False)
-        if self._work is not None or self._unread:
-            self.drain()
-            self._unread = False
-            stop, due, minus_interval = self._flags.tolist()
-            result = (stop > 0, due > 0)
-            self._interval = max(int(-minus_interval), 1)
-        if not result[0]:
-            stop, due = self._local()
-            self._flags[0], self._flags[1], self._flags[2] = float(stop), float(due), -proposal
-            self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
-        return result
+            stop, due = local
+        else:
+            stop = due = False
+            if self._work is not None or self._unread:
+                self.drain()
+                self._unread = False
+                flags = self._flags.tolist()
+                stop, due, self._interval = flags[0] > 0, flags[1] > 0, max(int(-flags[2]), 1)
+            if not stop:
+                self._flags.copy_(self._flags.new_tensor([*map(float, local), -proposal]))
+                self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
+        self.checkpoint_due = self.checkpoint_due or due
+        return stop
 
     def drain(self) -> None:
         """Finish an in-flight reduction (every rank has one at the same point) before other
@@ -175,29 +165,16 @@ class StopAgreement:
             self._unread = True
 
 
-def write_json_atomic(path: str, payload: dict[str, Any]) -> None:
-    """Write one line of JSON to ``path`` via a temp file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(payload, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_requeue_marker(
     step: int, epoch: int, checkpoint: str, signal_name: str = ""
 ) -> str | None:
     """Write the requeue marker named by ``$HPC_REQUEUE_MARKER`` (rank 0 only). Returns its path."""
     path = os.environ.get(MARKER_ENV)
-    if not path:
-        return None
-    write_json_atomic(
-        path, {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
-    )
-    return path
+    if path:
+        info = {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
+        line = json.dumps(info, sort_keys=True) + "\n"
+        atomic_write(path, lambda f: f.write(line.encode()))
+    return path or None
 
 
 def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str) -> None:

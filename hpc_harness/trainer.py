@@ -25,7 +25,7 @@ What it does for you:
 - checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
   0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
   end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
-  chosen by rank 0 for every rank (checkpoint.load_latest_shared). A resumed
+  chosen by rank 0 for every rank (pieces.load_checkpoint). A resumed
   run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
   scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
   ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
@@ -52,14 +52,25 @@ about ``2 * signal_check_s`` seconds plus one step: each rank proposes the step 
 takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
 smallest wins), and every rank reads the same interval at the same step. A fixed
 ``signal_check_every`` (steps) turns that off.
-Override ``_compute_loss`` for batches that are not ``(inputs, targets)``. A
-``ReduceLROnPlateau`` scheduler is stepped with ``test_loss`` at each epoch end (the others
-every step).
+Lightning-style hooks, without its weight:
+- ``_compute_loss(batch)``: override for batches that are not ``(inputs, targets)``;
+- ``eval_step(batch) -> {name: value}``: override for your own evaluation metrics (batch
+  means); :meth:`evaluate` averages them over every sample of ``eval_data`` and all ranks, and
+  they are printed, logged (metrics.csv, wandb) and kept in ``trainer.metrics`` and the
+  checkpoint. The default is ``test_loss`` (``loss_fn``) and ``test_acc`` for class scores;
+- ``self.log(name, value)`` in a step: a custom training metric, logged like ``train_loss``;
+- ``accumulate=k``: one optimizer step per ``k`` batches, the loss divided by ``k``; gradients
+  are synchronised only at the last micro-batch (DDP ``no_sync``, FSDP
+  ``set_requires_gradient_sync``);
+- a ``ReduceLROnPlateau`` scheduler is stepped with the metric ``monitor`` (default
+  ``test_loss``) at each epoch end; the others every optimizer step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -70,11 +81,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from hpc_harness import checkpoint as ckpt
-from hpc_harness import dist as hdist
+from hpc_harness import pieces
 from hpc_harness.data import prepare_dataloader
+from hpc_harness.dist import say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
@@ -88,6 +101,8 @@ class TrainConfig:
     epochs: int = 10
     max_steps: int | None = None  # stop (with a checkpoint) once global_step reaches this
     seed: int = 0
+    accumulate: int = 1  # batches per optimizer step (gradient accumulation)
+    monitor: str = "test_loss"  # the eval metric a ReduceLROnPlateau scheduler is stepped with
     # checkpoints
     ckpt_dir: str = "checkpoints"
     checkpoint_every: int = 0  # steps; 0 = not by step count
@@ -137,50 +152,41 @@ class Trainer:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
         eval_data: Dataset | None = None,
     ) -> None:
-        self.ctx = ctx
-        self.cfg = config
-        self.rank = ctx.rank
-        self.world_size = ctx.world_size
-        self.is_main = ctx.is_main
+        self.ctx, self.cfg, self.loss_fn, self.eval_data = ctx, config, loss_fn, eval_data
+        self.rank, self.world_size, self.is_main = ctx.rank, ctx.world_size, ctx.is_main
         self.device = ctx.device
-        self.loss_fn = loss_fn
-        self.eval_data = eval_data
+        if config.accumulate < 1:
+            raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
         self.strategy = Strategy(config.strategy, ctx)
         self.model = self.strategy.wrap(model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
-        # ReduceLROnPlateau is stepped with a metric at each epoch end, the others every step
         self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if self._plateau and eval_data is None:
             raise ValueError(
-                "ReduceLROnPlateau is stepped with test_loss at each epoch end: pass eval_data"
+                f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
+                "pass eval_data"
             )
         self.precision = make_precision(config.precision, self.device, log=self._print)
+        # fp16's scaler, or a disabled one whose scale/step/update are the plain calls
+        self.scaler = self.precision.scaler or torch.amp.GradScaler(enabled=False)
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
         self.batch_size = train_loader.batch_size or 1
         self.collate_fn = train_loader.collate_fn or default_collate  # evaluate() uses it too
-        self.steps_per_epoch = len(self.train_loader)
-        self.total_steps = config.epochs * self.steps_per_epoch
-        if config.max_steps is not None:
-            self.total_steps = min(self.total_steps, config.max_steps)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
+        self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
         self.run_dir = config.run_dir or config.ckpt_dir
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
-        self.stop = self.agreement.flag
-        # position
-        self.epoch = 0
-        self.step_in_epoch = 0
-        self.global_step = 0
+        self.epoch = self.step_in_epoch = self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
-        # preallocated per-step buffers
-        self._loss_sum = torch.zeros((), device=self.device)  # losses since the last log line
-        self._log_step = 0  # global step of the last log line (or of the start/resume)
-        self._log_time = time.perf_counter()
-        self._non_blocking = self.device.type == "cuda"
+        self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
+        self._counts: dict[str, int] = {}
+        self._log_step, self._log_time = 0, time.perf_counter()
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
@@ -194,22 +200,15 @@ class Trainer:
         config.update(config.pop("hparams"))
         return config
 
-    # ------------------------------------------------------------------ helpers
-
     def _print(self, *args: Any) -> None:
         if self.is_main:
-            hdist.say(" ".join(str(a) for a in args))
+            say(" ".join(str(a) for a in args))
 
     def _to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
             return batch
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=self._non_blocking)
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self._to_device(b) for b in batch)
-        if isinstance(batch, dict):
-            return {k: self._to_device(v) for k, v in batch.items()}
-        return batch
+        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        return tree_map(lambda x: move(x) if isinstance(x, torch.Tensor) else x, batch)
 
     # ------------------------------------------------------------------ steps
 
@@ -217,48 +216,59 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.model(inputs), targets)
 
-    def _run_batch(self, batch: Any) -> None:
-        batch = self._to_device(batch)
-        with self.precision.autocast():
-            loss = self._compute_loss(batch)
+    def log(self, name: str, value: float | torch.Tensor) -> None:
+        """Add ``value`` to the training metric ``name``: every ``log_every`` steps the mean of
+        its values since the previous log line, over all ranks, is logged (one all-reduce for
+        all metrics, no host sync per step). Every rank must log the same names equally often."""
+        if name not in self._sums:
+            self._sums[name], self._counts[name] = torch.zeros((), device=self.device), 0
+        self._sums[name] += value.detach() if isinstance(value, torch.Tensor) else value
+        self._counts[name] += 1
+
+    def _sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        """Gradient synchronisation on (last micro-batch) or off (the others)."""
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
+            self.model.set_requires_gradient_sync(sync)
+        if sync or not hasattr(self.model, "no_sync"):  # ddp2 syncs after backward, dp never
+            return contextlib.nullcontext()
+        return self.model.no_sync()  # DDP
+
+    def _run_batch(self, batches: list[Any]) -> None:
+        """One optimizer step over ``batches`` (``accumulate`` of them; the last may be fewer)."""
         self.optimizer.zero_grad(set_to_none=True)
-        scaler = self.precision.scaler
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        for i, batch in enumerate(batches):
+            with self._sync_gradients(i == len(batches) - 1):
+                with self.precision.autocast():
+                    loss = self._compute_loss(self._to_device(batch))
+                self.scaler.scale(loss / len(batches) if len(batches) > 1 else loss).backward()
+            self.log("train_loss", loss)
         if self.strategy.needs_grad_sync:
             self.strategy.sync_gradients(self.model)
         if self.cfg.grad_clip:
-            if scaler is not None:
-                scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        if scaler is not None:
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         if self.scheduler is not None and not self._plateau:
             self.scheduler.step()
-        self._loss_sum.add_(loss.detach())
 
     def _run_epoch(self, epoch: int) -> str:
         """Run the rest of ``epoch``; returns "continue", "requeue" or "max_steps"."""
         cfg = self.cfg
         self.model.train()
-        start = self.step_in_epoch
+        done = self.step_in_epoch * cfg.accumulate  # batches of this epoch already trained
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
-            self.sampler.set_start(start * self.batch_size)
+            self.sampler.set_start(done * self.batch_size)
             self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
             batches = iter(self.train_loader)
         else:
-            batches = self._user_sampler_batches(epoch, start)
+            batches = self._user_sampler_batches(epoch, done)
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
             ckpt.restore_rng(self._pending_rng)
             self._pending_rng = None
-        for batch in batches:
-            self._run_batch(batch)
+        while chunk := list(itertools.islice(batches, cfg.accumulate)):
+            self._run_batch(chunk)
             self.step_in_epoch += 1
             self.global_step += 1
             step = self.global_step
@@ -285,17 +295,10 @@ class Trainer:
         sampler = getattr(self.train_loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-        if start >= self.steps_per_epoch:
+        if start >= len(self.train_loader):
             return iter(())
-        if start > 0 and self._pending_rng is not None:
-            epoch_rng = self._pending_rng.get("epoch_start_torch")
-            if epoch_rng is not None:
-                torch.set_rng_state(epoch_rng)
-            else:
-                self._print(
-                    "hpc_harness: warning: the checkpoint has no epoch-start RNG state (older "
-                    "hpc_harness): the rest of this epoch is not the same order"
-                )
+        if start > 0 and self._pending_rng is not None:  # the RNG of this epoch's start
+            torch.set_rng_state(self._pending_rng["epoch_start_torch"])
         self._epoch_rng = torch.get_rng_state()
         batches = iter(self.train_loader)
         for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
@@ -303,106 +306,83 @@ class Trainer:
         return batches
 
     def _log_progress(self, epoch: int) -> None:
-        """Log the mean loss over the steps since the last log line and over all ranks.
+        """Log the mean of every self.log() metric since the last log line over all ranks.
         Collective (one all-reduce): every rank calls it at the same steps."""
         now = time.perf_counter()
-        n = self.global_step - self._log_step
-        total = self._loss_sum
+        names = sorted(self._sums)
+        total = torch.stack([self._sums[k] for k in names])
         if self.world_size > 1 and dist.is_initialized():
-            total = total.clone()
             dist.all_reduce(total)
         # the only host sync, every log_every steps
-        loss = total.item() / (max(n, 1) * self.world_size)
-        self._loss_sum.zero_()
-        rate = n / max(now - self._log_time, 1e-9)
+        values = {k: v / (self._counts[k] * self.world_size) for k, v in zip(names, total.tolist())}
+        self._sums, self._counts = {}, {}
+        rate = (self.global_step - self._log_step) / max(now - self._log_time, 1e-9)
         self._log_step, self._log_time = self.global_step, now
-        samples = rate * self.batch_size * self.world_size
+        samples = rate * self.batch_size * self.cfg.accumulate * self.world_size
         eta = (self.total_steps - self.global_step) / max(rate, 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
         self._print(
             f"hpc_harness: step {self.global_step}/{self.total_steps} epoch {epoch} "
-            f"loss {loss:.4f} lr {lr:.3g} samples/s {samples:.0f} "
+            f"loss {values.get('train_loss', math.nan):.4f} lr {lr:.3g} samples/s {samples:.0f} "
             f"eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
         )
-        self.logger.log(
-            self.global_step, epoch, {"train_loss": loss, "lr": lr, "samples_per_s": samples}
-        )
+        self.logger.log(self.global_step, epoch, {**values, "lr": lr, "samples_per_s": samples})
 
     # ------------------------------------------------------------------ evaluation
 
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Metrics of one evaluation batch, as batch means (override for your own; every rank
+        must return the same names). Default: ``test_loss`` by ``loss_fn`` and ``test_acc`` for
+        class scores; a subclass that overrides ``_compute_loss`` gets its loss alone."""
+        if type(self)._compute_loss is not Trainer._compute_loss:
+            return {"test_loss": self._compute_loss(batch)}
+        inputs, targets = batch
+        out = self.model(inputs)
+        metrics = {"test_loss": self.loss_fn(out.float(), targets)}
+        if out.dim() == 2 and targets.dim() == 1 and not targets.dtype.is_floating_point:
+            metrics["test_acc"] = (out.argmax(dim=1) == targets).double().mean()
+        return metrics
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """``test_loss`` (and ``test_acc`` for class scores) on ``eval_data``, sharded over ranks,
-        every sample counted once. Batches are built with the training DataLoader's
-        ``collate_fn`` and scored with ``loss_fn`` (a batch mean, PyTorch's default reduction);
-        a subclass that overrides ``_compute_loss`` gets its own loss and no accuracy. Every
-        rank runs the same number of forward passes (a rank short of samples repeats a batch
-        and discards it): ddp and fsdp forwards are collective."""
+        """:meth:`eval_step`'s metrics averaged over ``eval_data``, sharded over ranks, every
+        sample counted once. Batches are built with the training DataLoader's ``collate_fn``.
+        Every rank runs the same number of forward passes (a rank short of samples repeats a
+        batch and discards it): ddp and fsdp forwards are collective."""
         if self.eval_data is None:
             return {}
         self.model.eval()
-        custom = type(self)._compute_loss is not Trainer._compute_loss
-        n = len(self.eval_data)
+        n, size = len(self.eval_data), self.batch_size
         mine = list(range(self.rank, n, self.world_size))
-        per_rank = -(-n // self.world_size)  # the most samples a rank has
-        batches = -(-per_rank // self.batch_size)  # the same on every rank
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        scored_acc = False
-        for b in range(batches):
-            idx = mine[b * self.batch_size : (b + 1) * self.batch_size]
-            counted = len(idx)
-            if not idx:  # this rank has run out: a forward for the others' sake, discarded
-                idx = mine[: self.batch_size] or [0]
-            batch = self._to_device(self.collate_fn([self.eval_data[i] for i in idx]))
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
+            idx = mine[b : b + size]
+            batch = self.collate_fn([self.eval_data[i] for i in idx or mine[:size] or [0]])
             with self.precision.autocast():
-                if custom:
-                    loss, out, targets = self._compute_loss(batch), None, None
-                else:
-                    inputs, targets = batch
-                    out = self.model(inputs)
-                    loss = self.loss_fn(out.float(), targets)
-            if not counted:
-                continue
-            sums[0] += loss.double() * counted
-            sums[2] += counted
-            if out is not None and out.dim() == 2 and targets.dim() == 1:
-                if not targets.dtype.is_floating_point:
-                    sums[1] += (out.argmax(dim=1) == targets).sum().double()
-                    scored_acc = True
+                values = self.eval_step(self._to_device(batch))
+            for k, v in values.items():
+                total = sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=self.device))
+                if idx:  # a rank that has run out ran this forward for the others' sake
+                    total += torch.as_tensor(v, device=self.device).double() * len(idx)
+            count += len(idx)
+        names, zero = sorted(sums), torch.zeros((), dtype=torch.float64, device=self.device)
+        totals = torch.stack([*(sums[k] for k in names), zero + count])
         if self.world_size > 1 and dist.is_initialized():
-            dist.all_reduce(sums)
+            dist.all_reduce(totals)
         self.model.train()
-        total = max(sums[2].item(), 1.0)
-        metrics = {"test_loss": sums[0].item() / total}
-        if scored_acc:
-            metrics["test_acc"] = sums[1].item() / total
-        return metrics
+        *values, samples = totals.tolist()
+        return {k: v / max(samples, 1.0) for k, v in zip(names, values)}
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _gather_rng(self) -> list[dict[str, Any]]:
-        mine = ckpt.capture_rng()
-        if self._epoch_rng is not None:
-            mine["epoch_start_torch"] = self._epoch_rng
-        if self.world_size > 1 and dist.is_initialized():
-            out: list[Any] = [None] * self.world_size
-            dist.all_gather_object(out, mine)
-            return out
-        return [mine]
-
-    def _state(self) -> dict[str, Any] | None:
-        """Checkpoint dict on rank 0 (None elsewhere). Collective: call on every rank."""
-        rng = self._gather_rng()
-        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
-        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
-        optim = (
-            self.strategy.optimizer_state(self.model, self.optimizer)
-            if (self.is_main or fsdp)
-            else None
-        )
-        if not self.is_main:
-            return None
-        return {
+    def _save_checkpoint(self) -> str:
+        """Save (atomically) and prune; every rank calls it; returns the path."""
+        self.agreement.drain()
+        full = self.is_main or (self.strategy.name == "fsdp" and self.strategy.distributed)
+        model = self.strategy.model_state(self.model) if full else None
+        optim = self.strategy.optimizer_state(self.model, self.optimizer) if full else None
+        state = {
             "format_version": ckpt.FORMAT_VERSION,
             "model": model,
             "optimizer": optim,
@@ -411,31 +391,16 @@ class Trainer:
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
-            "sampler": {
-                "epoch": self.epoch,
-                "start_batch": self.step_in_epoch,
-                "seed": self.cfg.seed,
-                "batch_size": self.batch_size,
-            },
-            "rng": rng,
             "world_size": self.world_size,
             "strategy": self.strategy.name,
             "precision": self.precision.name,
-            "config": asdict(self.cfg),
             "fingerprint": self.fingerprint,
             "metrics": dict(self.metrics),
         }
-
-    def _save_checkpoint(self) -> str:
-        """Save (atomically) and prune; every rank calls it; returns the path."""
-        path = ckpt.checkpoint_path(self.cfg.ckpt_dir, self.global_step)
-        self.agreement.drain()
-        state = self._state()
-        if self.is_main:
-            self._write(state, path)
-            ckpt.prune(self.cfg.ckpt_dir, self.cfg.keep_last)
-        if self.world_size > 1 and dist.is_initialized():
-            dist.barrier()
+        extra = {"epoch_start_torch": self._epoch_rng} if self._epoch_rng is not None else None
+        path = pieces.save_checkpoint(
+            self.cfg.ckpt_dir, state, self.global_step, self.cfg.keep_last, extra, self._write
+        )
         self.last_checkpoint = path
         self.agreement.saved()
         return path
@@ -446,27 +411,14 @@ class Trainer:
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
-        state, path = ckpt.load_latest_shared(self.cfg.ckpt_dir, log=self._print)
-        saved = state.get("fingerprint") if state is not None else None
-        error = None
-        if self.is_main:
-            if state is not None and saved is None:
-                self._print(
-                    f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
-                    "wrote it): resuming without checking that it belongs to this run"
-                )
-            error = ckpt.identity_error(self.cfg.ckpt_dir, self.fingerprint, saved)
-        error = self._from_rank0(error)
-        if error:
-            raise ckpt.RunMismatch(error)
+        state = pieces.load_checkpoint(self.cfg.ckpt_dir, False, self.fingerprint)
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler"))
-        self.epoch = int(state["epoch"])
-        self.step_in_epoch = int(state["step_in_epoch"])
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         self.metrics = dict(state.get("metrics") or {})
         rng = state.get("rng") or []
@@ -478,70 +430,17 @@ class Trainer:
                 f"is {self.world_size}: reseeding (the run will not match an uninterrupted one)"
             )
             torch.manual_seed(self.cfg.seed + self.rank)
-        self.last_checkpoint = path
-        self._print(
-            f"hpc_harness: resumed from {path} (global step {self.global_step}, epoch "
-            f"{self.epoch}, step in epoch {self.step_in_epoch})"
-        )
+        self.last_checkpoint = state["path"]
         return True
 
-    def _from_rank0(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (collective when distributed)."""
-        if self.world_size > 1 and dist.is_initialized():
-            box = [obj]
-            dist.broadcast_object_list(box, src=0)
-            return box[0]
-        return obj
-
-    def _start_fresh(self) -> None:
-        """``fresh``: rank 0 moves the folder of an earlier run aside (collective)."""
-        if self.is_main:
-            aside = ckpt.move_aside(self.cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))
-            if aside:
-                self._print(f"hpc_harness: starting fresh; the earlier run's files are in {aside}")
-        hdist.barrier()
-
-    def _record_identity(self) -> None:
-        """Rank 0 writes ``run.json`` unless it already holds this run's fingerprint."""
-        if self.is_main:
-            run = ckpt.read_run_file(self.cfg.ckpt_dir)
-            if run is None or run["fingerprint"] != self.fingerprint:
-                ckpt.write_run_file(self.cfg.ckpt_dir, self.fingerprint)
-
-    def _already_finished(self) -> bool:
-        cfg = self.cfg
-        return self.epoch >= cfg.epochs or (
-            cfg.max_steps is not None and self.global_step >= cfg.max_steps
-        )
-
-    def _finish_again(self) -> str:
-        """The resumed checkpoint is the end of the run: keep its results, train nothing.
-        ``last.pt`` is written only if it is missing (the job died before writing it)."""
-        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
-        if self._from_rank0(not os.path.exists(path)):
-            self._save_final()
-        status = "finished" if self.epoch >= self.cfg.epochs else "max_steps"
-        self._print(
-            f"hpc_harness: already finished ({status}) at global step {self.global_step}: "
-            f"{self.last_checkpoint} and {path} are kept as they are"
-        )
-        return status
-
-    def _save_final(self) -> str | None:
+    def _save_final(self) -> None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
         fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
         model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
-        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
         if self.is_main:
-            payload = {
-                "model": model,
-                "global_step": self.global_step,
-                "epoch": self.epoch,
-                "metrics": self.metrics,
-                "hparams": self.cfg.hparams,
-            }
-            ckpt.atomic_save(payload, path)
-        return path
+            payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
+            payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
+            ckpt.atomic_save(payload, os.path.join(self.cfg.ckpt_dir, "last.pt"))
 
     # ------------------------------------------------------------------ the loop
 
@@ -550,52 +449,45 @@ class Trainer:
         cfg = self.cfg
         self.agreement.install()
         try:
-            if cfg.fresh:
-                self._start_fresh()
+            if cfg.fresh and self.is_main:
+                aside = ckpt.move_aside(cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))
+                if aside:
+                    self._print(
+                        f"hpc_harness: starting fresh; the earlier run's files are in {aside}"
+                    )
+            pieces.barrier()
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
-            self._record_identity()
-            if resumed and self._already_finished():
-                return self._finish_again()
+            run = ckpt.read_run_file(cfg.ckpt_dir) if self.is_main else None
+            if self.is_main and (run is None or run["fingerprint"] != self.fingerprint):
+                ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint)
+            if resumed and self.epoch >= cfg.epochs:
+                return self._finish_again("finished")
+            if resumed and cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+                return self._finish_again("max_steps")
             self.logger = MetricsLogger(
-                self.run_dir,
-                enabled=self.is_main,
-                wandb_mode=cfg.wandb,
-                config=cfg.hparams,
-                project=cfg.wandb_project,
+                self.run_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
             )
             if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
-            status = "finished"
             t0 = time.perf_counter()
             self.agreement.saved()  # the timed interval counts training time
             start_step = self.global_step
             self._log_step, self._log_time = self.global_step, time.perf_counter()
-            while self.epoch < cfg.epochs:
+            status = "finished"
+            while self.epoch < cfg.epochs and status == "finished":
                 status = self._run_epoch(self.epoch)
                 self.agreement.drain()
                 if status == "requeue":
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:
-                    self.metrics = self.evaluate()
-                    if self.metrics:
-                        self._print(
-                            f"hpc_harness: epoch {self.epoch} "
-                            + " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
-                        )
-                        self.logger.log(self.global_step, self.epoch, self.metrics)
-                    if self._plateau:
-                        self.scheduler.step(self.metrics["test_loss"])
-                    self.epoch += 1
-                    self.step_in_epoch = 0
-                if status == "max_steps":
-                    break
-                status = "finished"
+                    self._end_epoch()
+                status = "max_steps" if status == "max_steps" else "finished"
             if self.global_step != start_step or self.last_checkpoint is None:
                 self._save_checkpoint()
             self._save_final()
-            elapsed = time.perf_counter() - t0
             self._print(
-                f"hpc_harness: {status} at global step {self.global_step} in {elapsed:.1f}s"
+                f"hpc_harness: {status} at global step {self.global_step} in "
+                f"{time.perf_counter() - t0:.1f}s"
                 + "".join(f" {k}={v:.4f}" for k, v in self.metrics.items())
             )
             return status
@@ -604,10 +496,34 @@ class Trainer:
             if self.logger is not None:
                 self.logger.close()
 
+    def _end_epoch(self) -> None:
+        """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch."""
+        self.metrics = self.evaluate()
+        if self.metrics:
+            values = " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
+            self._print(f"hpc_harness: epoch {self.epoch} {values}")
+            self.logger.log(self.global_step, self.epoch, self.metrics)
+        if self._plateau:
+            self.scheduler.step(self.metrics[self.cfg.monitor])
+        self.epoch += 1
+        self.step_in_epoch = 0
+
+    def _finish_again(self, status: str) -> str:
+        """The resumed checkpoint is the end of the run: keep its results, train nothing.
+        ``last.pt`` is written only if it is missing (the job died before writing it)."""
+        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        if pieces.from_rank0(not os.path.exists(path)):
+            self._save_final()
+        self._print(
+            f"hpc_harness: already finished ({status}) at global step {self.global_step}: "
+            f"{self.last_checkpoint} and {path} are kept as they are"
+        )
+        return status
+
     def _requeue(self) -> str:
         """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""
         path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
         self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
         if self.is_main:
-            announce_requeue(self.global_step, self.epoch, path, self.stop.name)
+            announce_requeue(self.global_step, self.epoch, path, self.agreement.signal_name)
         return "requeue"

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from hpc_harness import dist
-from hpc_harness.dist import LaunchError, RankInfo, detect_launch, parse_gpus, parse_nodelist
+from hpc_harness.dist import LaunchError, RankInfo, detect_launch, first_host, parse_gpus
 
 
 def test_laptop_is_single_process() -> None:
@@ -36,8 +34,7 @@ def test_torchrun_variables() -> None:
     assert (info.master_addr, info.master_port) == ("10.0.0.1", 29400)
 
 
-def test_srun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shutil, "which", lambda name: None)  # use the pure-Python parser
+def test_srun_variables() -> None:
     env = {
         "SLURM_JOB_ID": "123457",
         "SLURM_STEP_ID": "0",
@@ -87,29 +84,24 @@ def test_mismatched_variables_are_errors(env: dict, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "nodelist, hosts",
+    "nodelist, host",
     [
-        ("node1", ["node1"]),
-        ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
-        ("a1,b[01-02]", ["a1", "b01", "b02"]),
-        ("gpu[1-2]-ib[3-4]", ["gpu1-ib3", "gpu1-ib4", "gpu2-ib3", "gpu2-ib4"]),
-        ("cn[008-010],login", ["cn008", "cn009", "cn010", "login"]),
+        ("node1", "node1"),
+        ("node[1-3,5]", "node1"),
+        ("a1,b[01-02]", "a1"),
+        ("b[01-02],a1", "b01"),
+        ("gpu[1-2]-ib[3-4]", "gpu1-ib3"),
+        ("cn[008-010],login", "cn008"),
     ],
 )
-def test_parse_nodelist(nodelist: str, hosts: list[str]) -> None:
-    assert parse_nodelist(nodelist) == hosts
+def test_first_host(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
 
 
-def test_parse_nodelist_rejects_garbage() -> None:
-    with pytest.raises(ValueError):
-        parse_nodelist("node[1-3")
-    with pytest.raises(ValueError):
-        parse_nodelist("node[5-2]")
-
-
-def test_first_host_falls_back_when_scontrol_fails() -> None:
-    # scontrol exists here but has no cluster config: the parser must take over
-    assert dist.first_host("x[3-4]") == "x3"
+@pytest.mark.parametrize("nodelist", ["node[1-3", "node]1", "", "[x]"])
+def test_first_host_rejects_garbage(nodelist: str) -> None:
+    with pytest.raises(LaunchError, match="node list"):
+        first_host(nodelist)
 
 
 def test_tasks_per_node() -> None:
@@ -138,8 +130,6 @@ def test_select_devices() -> None:
     assert dist.select_devices(2, 0) == []  # no CUDA: CPU fallback
     with pytest.raises(ValueError):
         dist.select_devices([4], 4)
-    assert dist.slurm_set_gpus({"SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0,1"})
-    assert not dist.slurm_set_gpus({"CUDA_VISIBLE_DEVICES": "0"})
 
 
 def test_setup_single_process_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,3 +212,11 @@ def test_a_torch_whose_init_process_group_lacks_device_id_is_one_clear_error(mon
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(LaunchError, match=r"needs init_process_group\(device_id=\.\.\.\)"):
         dist.setup(env=_torchrun_env(local_rank=1, local_world=2), verbose=False)
+
+
+def test_gpus_is_ignored_when_slurm_chose_the_gpus(monkeypatch, capsys) -> None:
+    _fake_gpus(monkeypatch, count=4)
+    ctx = dist.setup(gpus="1", env={"SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert ctx.devices == [0, 1, 2, 3]
+    assert "--gpus ignored: SLURM set CUDA_VISIBLE_DEVICES" in capsys.readouterr().out
+    assert dist.setup(gpus="1", env={"CUDA_VISIBLE_DEVICES": "0,1"}, verbose=False).devices == [0]

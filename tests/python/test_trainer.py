@@ -219,3 +219,109 @@ def test_a_run_mismatch_stops_every_rank_before_training(tmp_path) -> None:
     assert first.train() == "max_steps"
     messages = spawn_gloo(_resume_with_another_lr, 2, ck)
     assert all("lr (0.1 -> 0.2)" in m for m in messages), messages
+
+
+def _sequential_trainer(ctx, ck: str, batch_size: int, accumulate: int, **kw) -> Trainer:
+    """SGD on 32 fixed samples in order (no shuffling): which samples make a step is known."""
+    g = torch.Generator().manual_seed(2)
+    data = TensorDataset(torch.randn(32, 3, generator=g), torch.randint(0, 2, (32,), generator=g))
+    cfg = TrainConfig(
+        epochs=1, ckpt_dir=ck, log_every=0, checkpoint_every_s=0, accumulate=accumulate, **kw
+    )
+    torch.manual_seed(0)
+    return Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.5),
+        DataLoader(data, batch_size=batch_size),
+        ctx,
+        cfg,
+    )
+
+
+def test_accumulated_steps_equal_big_batch_steps(tmp_path) -> None:
+    ctx = hdist.setup(verbose=False)
+    small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size=2, accumulate=4)
+    big = _sequential_trainer(ctx, str(tmp_path / "b"), batch_size=8, accumulate=1)
+    assert small.steps_per_epoch == big.steps_per_epoch == 4
+    assert small.train() == big.train() == "finished"
+    assert small.global_step == big.global_step == 4
+    a, b = small.model.state_dict(), big.model.state_dict()
+    assert all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in a)
+    torch.manual_seed(0)
+    assert not torch.equal(a["weight"], nn.Linear(3, 2).weight)  # it trained
+
+
+def _ddp_accumulating_rank(rank: int, world_size: int, ck: str) -> tuple[int, dict]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    trainer = _sequential_trainer(gloo_context(rank, world_size), ck, batch_size=2, accumulate=4)
+    calls = [0]
+
+    def counting_allreduce(state, bucket):  # DDP calls it once per bucket it all-reduces
+        calls[0] += 1
+        return allreduce_hook(None, bucket)
+
+    trainer.model.register_comm_hook(None, counting_allreduce)
+    assert trainer.train() == "finished" and trainer.global_step == 2
+    state = trainer.strategy.model_state(trainer.model)
+    return calls[0], {k: v.tolist() for k, v in state.items()}  # tensors do not cross the queue
+
+
+def test_ddp_accumulation_all_reduces_only_at_the_last_micro_batch(tmp_path) -> None:
+    results = spawn_gloo(_ddp_accumulating_rank, 2, str(tmp_path / "ddp"))
+    # 2 optimizer steps of 4 micro-batches: one all-reduce (one bucket) per step, not per batch
+    assert [calls for calls, _ in results] == [2, 2]
+    # 2 ranks x 4 x 2 samples = the 16-sample batches of one process, in the same order
+    big = _sequential_trainer(hdist.setup(verbose=False), str(tmp_path / "one"), 16, 1)
+    assert big.train() == "finished" and big.global_step == 2
+    ref = big.model.state_dict()
+    ddp = {k: torch.tensor(v) for k, v in results[0][1].items()}
+    assert all(torch.allclose(ddp[k], ref[k], rtol=1e-6, atol=1e-7) for k in ref)
+
+
+class MaeTrainer(Trainer):
+    """A user eval step with its own metric, and a custom training metric from the step."""
+
+    def eval_step(self, batch):
+        inputs, targets = batch
+        return {"test_mae": (self.model(inputs) - targets).abs().mean(), "test_const": 3.0}
+
+    def _compute_loss(self, batch):
+        self.log("known", float(self.global_step + 1))  # 1, 2, 3, ... at steps 1, 2, 3, ...
+        return super()._compute_loss(batch)
+
+
+def _logged(run_dir: str, name: str) -> dict[int, float]:
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        return {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == name}
+
+
+def test_a_user_eval_step_and_a_custom_metric_are_logged(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    cfg = TrainConfig(epochs=2, ckpt_dir=ck, log_every=2, checkpoint_every_s=0, monitor="test_mae")
+    torch.manual_seed(0)
+    trainer = MaeTrainer(
+        nn.Linear(3, 1),
+        lambda p: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),  # no progress
+        DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
+        hdist.setup(verbose=False),
+        cfg,
+        make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt, patience=0, factor=0.5
+        ),
+        loss_fn=torch.nn.functional.mse_loss,
+        eval_data=DictData(11, 1),
+    )
+    assert trainer.train() == "finished"
+    data = DictData(11, 1)
+    with torch.no_grad():
+        mae = (trainer.model(data.x) - data.y).abs().mean().item()
+    assert trainer.metrics == pytest.approx({"test_mae": mae, "test_const": 3.0})
+    # logged at each epoch end (5 steps per epoch), beside the training metrics
+    assert _logged(ck, "test_mae") == pytest.approx({5: mae, 10: mae})
+    assert _logged(ck, "test_const") == {5: 3.0, 10: 3.0}
+    # the mean of the custom metric since the previous log line: (1+2)/2, (3+4)/2, ...
+    assert _logged(ck, "known") == {2: 1.5, 4: 3.5, 6: 5.5, 8: 7.5, 10: 9.5}
+    assert set(_logged(ck, "train_loss")) == {2, 4, 6, 8, 10}
+    # ReduceLROnPlateau stepped with the monitored eval metric: epoch 1 did not improve it
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
