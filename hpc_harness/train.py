@@ -37,8 +37,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-from hpc_harness.signals import REQUEUE_EXIT_CODE  # noqa: F401  (documented contract)
-
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env

@@ -2,6 +2,11 @@
 # Messages and small helpers shared by every step of job_submitter.sh.
 # Sourced; defines functions only.
 
+# What the compute nodes read too (job states, the tarball's .meta): in
+# node/, which every submission folder copies.
+# shellcheck source=../node/shared.sh
+source "${BASH_SOURCE[0]%/*}/../node/shared.sh"
+
 # One prefix for every message on stderr.
 HPC_PROG="${HPC_PROG:-job_submitter.sh}"
 

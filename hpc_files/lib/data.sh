@@ -5,7 +5,8 @@
 # mtime) still matches, built under a lock to a temporary name and renamed only
 # when tar succeeded, so a killed or failed tar never leaves a trusted tarball.
 # Beside it: NAME.manifest and NAME.meta (size of the tarball and of its
-# contents, which the nodes check before extracting). Sourced; functions only.
+# contents, which the nodes check before extracting; read with meta_value,
+# node/shared.sh). Sourced; functions only.
 
 # validate_data_paths: every -d path is relative, exists and stays inside the
 # project's scratch folder, symbolic links followed; the first path (in
@@ -110,18 +111,15 @@ data_cache_fresh() {
 # exactly the one on stdin (data_manifest's output). Reads stdin to the end
 # either way, so the writer never meets a closed pipe.
 data_cache_matches() {
-  local size recorded="" sep="" line
+  local size recorded
   if [[ ! -f "$plan_data_tarball" || ! -f "$plan_data_tarball.manifest" || ! -f "$plan_data_tarball.meta" ]] ||
     ! cmp -s - "$plan_data_tarball.manifest"; then
     cat >/dev/null
     return 1
   fi
   size=$(stat -c %s "$plan_data_tarball")
-  # The tarball_bytes= value(s), as $(sed -n 's/^tarball_bytes=//p') gives them.
-  while IFS= read -r line || [[ -n "$line" ]]; do
-    [[ "$line" != tarball_bytes=* ]] || recorded+="$sep${line#tarball_bytes=}" sep=$'\n'
-  done <"$plan_data_tarball.meta"
-  [[ "$size" == "${recorded%"${recorded##*[!$'\n']}"}" ]]
+  recorded=$(meta_value "$plan_data_tarball.meta" tarball_bytes) || return 1
+  [[ "$size" == "$recorded" ]]
 }
 
 # prune_data_cache: --prune-data-cache. Removes the cached tarballs (and

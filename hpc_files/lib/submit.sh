@@ -240,22 +240,12 @@ report_submission() {
 job_states() {
   local line state exit_code
   while IFS= read -r line; do
-    [[ " $line " =~ \ JobState=([A-Z_]+)\  ]] || continue
-    state=${BASH_REMATCH[1]}
-    exit_code=0:0
-    [[ " $line " =~ \ ExitCode=([0-9]+:[0-9]+)\  ]] && exit_code=${BASH_REMATCH[1]}
+    record_field "$line" JobState state || continue
+    if ! record_field "$line" ExitCode exit_code || [[ ! "$exit_code" =~ ^[0-9]+:[0-9]+$ ]]; then
+      exit_code=0:0
+    fi
     printf '%s %s\n' "$state" "$exit_code"
-  done < <(scontrol show job -o "$1" 2>/dev/null)
-}
-
-# is_final_state STATE: the job will not run again by itself (held jobs
-# included: SPECIAL_EXIT and REQUEUE_HOLD wait for 'scontrol release').
-is_final_state() {
-  case "$1" in
-    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) return 0 ;;
-    SPECIAL_EXIT | REQUEUE_HOLD) return 0 ;;
-    *) return 1 ;;
-  esac
+  done < <(job_records "$1")
 }
 
 # wait_for_job: follow the job until every task ended; print state changes and

@@ -96,9 +96,9 @@ unpack_code() {
 # job got it. The submitter puts it on sbatch's command line; a job.sbatch
 # submitted by hand takes whatever SBATCH_* variables that shell had.
 check_job_contract() {
-  local job
-  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || job=""
-  if [[ " $job " == *" Requeue=0 "* ]]; then
+  local requeue
+  record_field "$(job_record "$(job_key)")" Requeue requeue || true
+  if [[ "$requeue" == 0 ]]; then
     hpc_error "this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
   fi
   [[ -z "${HPC_CONTRACT_ON_COMMAND_LINE:-}" ]] || return 0
@@ -203,34 +203,25 @@ run_training_step() {
 }
 
 # recorded_step_status: the largest exit status the step's tasks recorded
-# (launch.sh's exit files) into step_status; unchanged when none did.
+# (exit_records) into step_status; unchanged when none did.
 recorded_step_status() {
-  local file status node max=-1
-  for file in "$(run_dir)"/exit/task*; do
-    [[ -f "$file" ]] || continue
-    read -r status node <"$file" || continue
-    [[ "$status" =~ ^[0-9]+$ ]] && ((status > max)) && max=$status
-  done
+  local status node task max=-1
+  while read -r status node task; do
+    ((status <= max)) || max=$status
+  done < <(exit_records)
   ((max < 0)) || step_status=$max
 }
 
 # report_first_failure: names the task that failed first (srun then killed
 # the others) and makes its exit code the step's.
 report_first_failure() {
-  local dir file status first="" first_status
-  dir="$(run_dir)/exit"
-  [[ -d "$dir" ]] || return 0
-  while IFS= read -r file; do
-    status=$(cut -d' ' -f1 <"$file")
-    if [[ "$status" != 0 ]]; then
-      first=$file
-      first_status=$status
-      break
-    fi
-  done < <(ls -tr "$dir"/task* 2>/dev/null)
-  [[ -n "$first" ]] || return 0
-  hpc_error "${first##*/} on $(cut -d' ' -f2 <"$first") exited first, with code $first_status"
-  step_status=$first_status
+  local status node task
+  while read -r status node task; do
+    ((status != 0)) || continue
+    hpc_error "$task on $node exited first, with code $status"
+    step_status=$status
+    return 0
+  done < <(exit_records)
 }
 
 # requeue_already_requested: someone (Lightning) ran 'scontrol requeue' on
@@ -239,10 +230,13 @@ report_first_failure() {
 # REQUEUED or pending again. (Not 'Requeue' anywhere in the line: every job
 # shows its Requeue=0|1 flag.)
 requeue_already_requested() {
-  local job
-  job=$(scontrol show job -o "$(job_key)" 2>/dev/null) || return 1
-  [[ " $job " =~ \ JobState=(REQUEUED|REQUEUE_HOLD|PENDING)\  ]] && return 0
-  [[ " $job " =~ \ Restarts=([0-9]+)\  ]] && ((BASH_REMATCH[1] > ${SLURM_RESTART_COUNT:-0}))
+  local record state restarts
+  record=$(job_record "$(job_key)")
+  if record_field "$record" JobState state && [[ "$state" =~ ^(REQUEUED|REQUEUE_HOLD|PENDING)$ ]]; then
+    return 0
+  fi
+  record_field "$record" Restarts restarts && [[ "$restarts" =~ ^[0-9]+$ ]] &&
+    ((10#$restarts > ${SLURM_RESTART_COUNT:-0}))
 }
 
 requeue_or_stop() {

@@ -95,10 +95,10 @@ extract_data() {
   meta="$tarball.meta"
   [[ -f "$meta" ]] || fail "data tarball $tarball has no .meta file (it was never completed)"
   size=$(stat -c %s "$tarball")
-  recorded=$(sed -n 's/^tarball_bytes=//p' "$meta")
+  recorded=$(meta_value "$meta" tarball_bytes)
   [[ "$size" == "$recorded" ]] ||
     fail "data tarball $tarball is $size bytes but was built as $recorded bytes (truncated or replaced); resubmit to rebuild it"
-  need=$(sed -n 's/^content_bytes=//p' "$meta")
+  need=$(meta_value "$meta" content_bytes)
   free=$(df -Pk "$local_dir" | awk 'NR == 2 { printf "%d", $4 * 1024 }')
   ((need < free)) || fail "not enough space in $local_dir: the data needs $need bytes, $free bytes are free"
   local start=$SECONDS

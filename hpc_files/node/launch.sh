@@ -4,8 +4,8 @@
 #   lightning, none  the trial's command as it is (one task per GPU / one task)
 #   torchrun         torchrun --nnodes=N --nproc-per-node=G with c10d
 #                    rendezvous at MASTER_ADDR:MASTER_PORT (or --standalone)
-# Then records this task's exit status in the run folder, so batch.sh can tell
-# which rank failed first, and exits with it.
+# Then records this task's exit status in the run folder (record_exit, lib.sh),
+# so batch.sh can tell which rank failed first, and exits with it.
 #
 # Signals: SLURM delivers a step's signals to every process of the step, so
 # the program receives USR1/TERM directly. torchrun forwards them too when it
@@ -132,13 +132,6 @@ build_command() {
       exit 1
       ;;
   esac
-}
-
-record_exit() {
-  local status=$1 dir
-  dir="$(run_dir)/exit"
-  mkdir -p "$dir"
-  printf '%s %s\n' "$status" "${SLURMD_NODENAME:-?}" >"$dir/task${SLURM_PROCID:-0}"
 }
 
 # signal_before_start: a signal came before the program started (during the

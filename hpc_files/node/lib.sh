@@ -4,6 +4,9 @@
 # Sourced; defines functions only. Runs on compute nodes, from the submission
 # folder's copy (node/), with the variables the batch script exported.
 
+# shellcheck source=shared.sh
+source "${BASH_SOURCE[0]%/*}/shared.sh"
+
 # The exit code the harness uses for "checkpointed at a signal, requeue me".
 HPC_REQUEUE_EXIT_CODE=42
 
@@ -31,6 +34,29 @@ trial_index() {
 
 run_dir() {
   printf '%s/runs/%s' "$HPC_SUBMISSION_DIR" "$(job_key)"
+}
+
+# record_exit STATUS: this task's exit status, for batch.sh: the file
+# <run>/exit/task<SLURM_PROCID> holds 'STATUS NODE'. Read by exit_records.
+record_exit() {
+  local dir
+  dir="$(run_dir)/exit"
+  mkdir -p "$dir"
+  printf '%s %s\n' "$1" "${SLURMD_NODENAME:-?}" >"$dir/task${SLURM_PROCID:-0}"
+}
+
+# exit_records: 'STATUS NODE TASK' for each exit file record_exit wrote in
+# this run, oldest first (the order the tasks ended in); files without a
+# numeric status (cut short) are left out.
+exit_records() {
+  local dir file status node
+  dir="$(run_dir)/exit"
+  [[ -d "$dir" ]] || return 0
+  while IFS= read -r file; do
+    read -r status node <"$file" || [[ -n "$status" ]] || continue
+    [[ "$status" =~ ^[0-9]+$ ]] || continue
+    printf '%s %s %s\n' "$status" "${node:-?}" "${file##*/}"
+  done < <(ls -tr -- "$dir"/task* 2>/dev/null)
 }
 
 # mimic_tmpdir [NODE]: the job-unique node-local folder used where the site

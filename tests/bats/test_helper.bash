@@ -50,9 +50,16 @@ require_cluster() {
     fail "the local SLURM cluster is not up (SLURM_CONF=$SLURM_CONF); run 'make cluster-up'"
 }
 
+# job_record, record_field, job_state, is_final_state: read as the
+# submitter, the batch script and the cleanup read them.
+# shellcheck source=../../hpc_files/node/shared.sh
+source "$REPO_ROOT/hpc_files/node/shared.sh"
+
 # job_field JOB FIELD: one field of 'scontrol show job' (first record).
 job_field() {
-  scontrol show job -o "$1" 2>/dev/null | head -n 1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+  local value
+  record_field "$(job_record "$1")" "$2" value || true
+  printf '%s\n' "$value"
 }
 
 # wait_job_state JOB SECONDS STATE_REGEX: poll until the job's state matches.
@@ -60,23 +67,30 @@ wait_job_state() {
   local job=$1 seconds=$2 want=$3 deadline state=""
   deadline=$((SECONDS + seconds))
   while ((SECONDS < deadline)); do
-    state=$(job_field "$job" JobState)
+    state=$(job_state "$job")
     [[ "$state" =~ ^($want)$ ]] && return 0
     sleep 0.5
   done
   fail "job $job did not reach state '$want' within ${seconds}s (last: '${state:-unknown}'); $(scontrol show job "$job" 2>&1 | head -n 20)"
 }
 
-# wait_job_done JOB SECONDS: poll until the job has ended, whatever the outcome.
+# wait_job_done JOB SECONDS: poll until the job has ended (is_final_state),
+# whatever the outcome.
 wait_job_done() {
-  wait_job_state "$1" "$2" 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE'
+  local job=$1 deadline=$((SECONDS + $2)) state=""
+  while ((SECONDS < deadline)); do
+    state=$(job_state "$job")
+    is_final_state "$state" && return 0
+    sleep 0.5
+  done
+  fail "job $job did not end within ${2}s (last: '${state:-unknown}'); $(scontrol show job "$job" 2>&1 | head -n 20)"
 }
 
 # assert_job_state JOB STATE: the job ended in STATE; otherwise fail showing
 # the end of its log.
 assert_job_state() {
   local job=$1 want=$2 state log
-  state=$(job_field "$job" JobState)
+  state=$(job_state "$job")
   [[ "$state" == "$want" ]] && return 0
   log=$(scontrol show job -o "$job" | head -n 1 | sed -n 's/.* StdOut=\(.*\) Power=.*/\1/p')
   fail "job $job is $state, expected $want; $(job_field "$job" ExitCode); log $log:
@@ -126,7 +140,7 @@ wait_log() {
 # refuse the new launch as 'Job credential revoked'.
 release_requeued() {
   local job=$1 restarts=$2 deadline=$((SECONDS + ${3:-120})) requeued_at
-  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_field "$job" JobState)" == PENDING ]]; do
+  until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_state "$job")" == PENDING ]]; do
     ((SECONDS < deadline)) ||
       fail "job $job was not requeued (restart $restarts) in time: $(scontrol show job "$job" | head -n 5); log: $(job_log "$job" 2>&1 | tail -n 15)"
     sleep 0.5

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, clean_env
+from conftest import PY, clean_env
 
 pytest.importorskip("wandb")
-sys.path.insert(0, str(REPO / "tests" / "wandb_fake"))
 from fake_wandb import read_records  # noqa: E402
 
 RUN_ID = "swrun042"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # The wandb-server sweep path (-w ENTITY/PROJECT/ID --sweep-count K) on the
 # real local cluster: the real `wandb agent` CLI, inside the project's .venv,
-# talks to the fake W&B backend of tests/wandb_fake/fake_wandb.py on
+# talks to the fake W&B backend of tests/python/fake_wandb.py on
 # 127.0.0.1 (its grid points come from hpc_files/lib/trials.py). The API key is
 # only in $HOME/wandb_credentials.txt (mode 600) and is read on the node; the
 # fake refuses any other key (401), so a run that starts proves it got there.
@@ -76,7 +76,7 @@ import json, os, signal, sys, time
 repo, sweep, ready, state, offline_root = sys.argv[1:6]
 with open(os.path.join(os.environ["HOME"], "wandb_credentials.txt")) as fh:
     key = fh.read().strip()
-sys.path.insert(0, os.path.join(repo, "tests", "wandb_fake"))
+sys.path.insert(0, os.path.join(repo, "tests", "python"))
 from fake_wandb import FakeWandb
 
 fake = FakeWandb(sweep, api_key=key, lifetime=float(os.environ.get("FAKE_LIFETIME", "180")),

@@ -356,3 +356,21 @@ EOF"
   assert_equal "$output" "cpu
 /t/alice"
 }
+
+@test "submit_plai_cleanup --wait ends on a job held after a requeue (REQUEUE_HOLD), says its state, exits 1" {
+  export FAKE_SINFO_OUT=$'node1 idle\nnode2 idle\n'
+  unset SCRATCH
+  cd "$BATS_TEST_TMPDIR"
+  printf '#!/bin/sh\ncat >/dev/null\necho "55;cluster"\n' >"$bin/sbatch"
+  # Every job id: the first record scontrol prints for it.
+  cat >"$bin/scontrol" <<'STUB'
+#!/usr/bin/env bash
+[[ "$1 $2 $3" == "show job -o" ]] || exit 1
+printf 'JobId=%s JobName=plai_cleanup JobState=REQUEUE_HOLD Reason=JobHeldAdmin Requeue=1 Restarts=1\n' "$4"
+STUB
+  chmod +x "$bin/sbatch" "$bin/scontrol"
+  run --separate-stderr timeout 20 "$SUBMIT_CLEANUP" -p part --base "$base" --wait
+  assert_failure 1
+  assert_line "submit_plai_cleanup: job 55 on node1: REQUEUE_HOLD"
+  assert_line "submit_plai_cleanup: job 55 on node2: REQUEUE_HOLD"
+}

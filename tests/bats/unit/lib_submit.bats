@@ -42,16 +42,6 @@ FAILED 7:0
 REQUEUE_HOLD 0:15'
 }
 
-@test "is_final_state: held jobs (SPECIAL_EXIT, REQUEUE_HOLD) end --wait; pending and running do not" {
-  local state
-  for state in COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL OUT_OF_MEMORY PREEMPTED SPECIAL_EXIT REQUEUE_HOLD; do
-    is_final_state "$state" || fail "$state is not final"
-  done
-  for state in PENDING RUNNING REQUEUED CONFIGURING COMPLETING SUSPENDED; do
-    ! is_final_state "$state" || fail "$state is final"
-  done
-}
-
 @test "wait_for_job ends on a job held after a requeue, says how to release it, exits non-zero" {
   stub_scontrol 'JobId=9 JobName=x JobState=REQUEUE_HOLD Reason=JobHeldAdmin ExitCode=0:0 RunTime=1'
   job_id=9
@@ -59,7 +49,112 @@ REQUEUE_HOLD 0:15'
   plan_log_dir=$BATS_TEST_TMPDIR
   plan_log_name=%x_%j.out
   plan_job_name=x
-  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
+  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
   assert_failure 1
   [[ "$stderr" == *"job 9 is held after a requeue; it runs again only after: scontrol release 9"* ]] || fail "stderr: $stderr"
+}
+
+@test "check_wandb_credentials: a key file others can read is refused (exit 2, says chmod 600); a private or missing one passes" {
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME"
+  run check_wandb_credentials
+  assert_success
+  printf 'k\n' >"$HOME/wandb_credentials.txt"
+  chmod 644 "$HOME/wandb_credentials.txt"
+  run --separate-stderr check_wandb_credentials
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: $HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600 '$HOME/wandb_credentials.txt'"
+  chmod 600 "$HOME/wandb_credentials.txt"
+  run check_wandb_credentials
+  assert_success
+}
+
+@test "make_submission_dir: a new private folder <stamp>-XXXX under the experiment, and the log and checkpoint folders" {
+  plan_exp_dir="$BATS_TEST_TMPDIR/scratch space/proj/exp"
+  plan_log_dir="$BATS_TEST_TMPDIR/scratch space/proj/hpc_outputs"
+  make_submission_dir
+  assert_regex "$submission_dir" "^$plan_exp_dir/[0-9]{8}-[0-9]{6}-[A-Za-z0-9]{4}$"
+  assert_equal "$(stat -c %a "$submission_dir")" 700
+  assert_dir_exists "$plan_log_dir"
+  assert_dir_exists "$plan_exp_dir/checkpoints"
+  local first=$submission_dir
+  make_submission_dir
+  [[ "$submission_dir" != "$first" ]] || fail "the same folder twice"
+}
+
+@test "remove_unsubmitted_dir: removes the folder of a job sbatch never accepted, keeps a submitted or --no-submit one" {
+  submission_dir="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$submission_dir"
+  job_id=4242
+  remove_unsubmitted_dir
+  assert_dir_exists "$submission_dir"
+  job_id=""
+  submission_complete=1
+  remove_unsubmitted_dir
+  assert_dir_exists "$submission_dir"
+  submission_complete=""
+  remove_unsubmitted_dir
+  assert_not_exist "$submission_dir"
+}
+
+@test "record_git_state: the commit, the status and the diff of a git project; 'not a git repository' outside one" {
+  source_dir="$BATS_TEST_TMPDIR/project"
+  mkdir -p "$source_dir"
+  record_git_state "$BATS_TEST_TMPDIR/git.txt"
+  assert_equal "$(head -n 1 "$BATS_TEST_TMPDIR/git.txt")" "commit: not a git repository"
+  git -C "$source_dir" init -q
+  printf 'one\n' >"$source_dir/train.py"
+  git -C "$source_dir" add train.py
+  git -C "$source_dir" -c user.name=t -c user.email=t@t commit -qm one
+  printf 'two\n' >"$source_dir/train.py"
+  record_git_state "$BATS_TEST_TMPDIR/git.txt"
+  run cat "$BATS_TEST_TMPDIR/git.txt"
+  assert_line "commit: $(git -C "$source_dir" rev-parse HEAD)"
+  assert_line " M train.py"
+  assert_line "+two"
+}
+
+@test "snapshot_code: git's files (tracked and not ignored) into one archive; over the cap: exit 2" {
+  source_dir="$BATS_TEST_TMPDIR/project"
+  mkdir -p "$source_dir/results"
+  git -C "$source_dir" init -q
+  printf 'results/\n' >"$source_dir/.gitignore"
+  printf 'print(1)\n' >"$source_dir/train.py"
+  printf 'big\n' >"$source_dir/results/out.bin"
+  snapshot_code "$BATS_TEST_TMPDIR/code.tar"
+  assert_equal "$(tar -tf "$BATS_TEST_TMPDIR/code.tar" | LC_ALL=C sort | tr '\n' ' ')" ".gitignore train.py "
+  head -c 2097152 /dev/zero >"$source_dir/weights.bin"
+  HPC_SNAPSHOT_MAX_MB=1 run --separate-stderr snapshot_code "$BATS_TEST_TMPDIR/code2.tar"
+  assert_failure 2
+  assert_regex "$stderr" "over the 1 MiB cap \(HPC_SNAPSHOT_MAX_MB\)"
+}
+
+@test "report_unsubmitted: says nothing was queued; the last line submits the folder from anywhere" {
+  submission_dir="$BATS_TEST_TMPDIR/sub mission"
+  plan_trial_count=3 plan_nodes=2 opt_gpus=4 opt_kind=torchrun
+  run report_unsubmitted
+  assert_line --index 0 "Wrote $submission_dir (3 trial(s), 2 node(s) x 4 GPU(s), -W torchrun); nothing was queued."
+  assert_equal "${lines[-1]}" "sbatch '$submission_dir/job.sbatch'"
+}
+
+@test "submit_job: sbatch from the submission folder with the requeue contract on its command line; the job id from its output" {
+  stub_sbatch
+  submission_dir="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$submission_dir"
+  plan_requeue_args=(--requeue --signal=B:USR1@90)
+  opt_time=01:00:00 opt_dependency="" setup_job_id=""
+  submit_job
+  assert_equal "$job_id" 4242
+  assert_equal "$(cat "$submission_dir/job_id")" 4242
+  assert_equal "$(tr '\n' ' ' <"$SBATCH_LOG")" "--parsable --requeue --signal=B:USR1@90 --time=01:00:00 --export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1 job.sbatch -- "
+}
+
+@test "wait_for_job: exits with the largest exit code over the tasks (a signal as 128+N)" {
+  stub_scontrol 'JobId=5 ArrayTaskId=0 JobState=COMPLETED ExitCode=0:0' \
+    'JobId=6 ArrayTaskId=1 JobState=FAILED ExitCode=3:0' \
+    'JobId=7 ArrayTaskId=2 JobState=CANCELLED ExitCode=0:9'
+  job_id=5 plan_array_spec=0-2 plan_log_dir=$BATS_TEST_TMPDIR plan_log_name=%x_%A_%a.out plan_job_name=x
+  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
+  assert_failure 137
+  assert_regex "$stderr" "job 5: CANCELLED x1, COMPLETED x1, FAILED x1"
 }

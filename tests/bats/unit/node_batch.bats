@@ -110,3 +110,63 @@ run_step() {
   run run_step
   assert_line 'sent SIGUSR1 to the step'
 }
+
+@test "check_job_contract: warns when SLURM shows the job may not be requeued (Requeue=0), not otherwise" {
+  HPC_CONTRACT_ON_COMMAND_LINE=1
+  scontrol_says 'JobId=77 JobName=x JobState=RUNNING Reason=None Requeue=0 Restarts=0 ExitCode=0:0'
+  run --separate-stderr check_job_contract
+  assert_success
+  assert_equal "$stderr" "hpc: error: this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
+  scontrol_says 'JobId=77 JobName=x JobState=RUNNING Reason=None Requeue=1 Restarts=0 ExitCode=0:0'
+  run --separate-stderr check_job_contract
+  assert_equal "$stderr" ''
+  # A job name that reads like the flag is not the flag.
+  scontrol_says 'JobId=77 JobName=Requeue=0 JobState=RUNNING Requeue=1 Restarts=0'
+  run --separate-stderr check_job_contract
+  assert_equal "$stderr" ''
+}
+
+# task_exit TASK STATUS NODE TIME: the exit file launch.sh writes for TASK,
+# dated TIME (the order tasks ended in).
+task_exit() {
+  local dir
+  dir="$(run_dir)/exit"
+  mkdir -p "$dir"
+  printf '%s %s\n' "$2" "$3" >"$dir/task$1"
+  touch -d "$4" "$dir/task$1"
+}
+
+@test "report_first_failure: names the task that failed first and makes its code the step's" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  task_exit 0 0 node1 '2026-01-01 10:00:00'
+  task_exit 3 7 node2 '2026-01-01 10:00:01'
+  task_exit 1 143 node1 '2026-01-01 10:00:02'
+  task_exit 2 143 node2 '2026-01-01 10:00:03'
+  step_status=143
+  report_first_failure 2>"$BATS_TEST_TMPDIR/err"
+  assert_equal "$step_status" 7
+  assert_equal "$(cat "$BATS_TEST_TMPDIR/err")" "hpc: error: task3 on node2 exited first, with code 7"
+}
+
+@test "report_first_failure: no exit files, or none non-zero, changes nothing" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  step_status=9
+  run --separate-stderr report_first_failure
+  assert_success
+  assert_equal "$stderr" ""
+  task_exit 0 0 node1 '2026-01-01 10:00:00'
+  report_first_failure
+  assert_equal "$step_status" 9
+}
+
+@test "recorded_step_status: the largest status the tasks recorded; unchanged when none did" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  step_status=-1
+  recorded_step_status
+  assert_equal "$step_status" -1
+  task_exit 0 0 node1 '2026-01-01 10:00:00'
+  task_exit 1 42 node1 '2026-01-01 10:00:02'
+  task_exit 2 3 node2 '2026-01-01 10:00:01'
+  recorded_step_status
+  assert_equal "$step_status" 42
+}

@@ -53,3 +53,108 @@ setup() {
   assert_equal "$stderr" "hpc: error: nodeA: $base is writable by other users without the sticky bit (mode 777), so they could swap the folders in it; ask the admins to chmod +t it, or pick another tmpdir_base"
   assert_not_exist "$base/alice"
 }
+
+# data_tarball: a tarball of two files and its .meta, as the submitter writes
+# them; SLURM_TMPDIR is a folder of the test's (no mimic folder).
+data_tarball() {
+  local src="$BATS_TEST_TMPDIR/src"
+  mkdir -p "$src/ds one" "$BATS_TEST_TMPDIR/cache" "$BATS_TEST_TMPDIR/node tmp"
+  printf 'a\n' >"$src/ds one/a.txt"
+  printf 'b\n' >"$src/ds one/b.txt"
+  tarball="$BATS_TEST_TMPDIR/cache/data-0123.tar"
+  tar -C "$src" -cf "$tarball" "ds one"
+  printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tarball")" 4 >"$tarball.meta"
+  export HPC_TMPDIR_MIMIC=0 SLURM_TMPDIR="$BATS_TEST_TMPDIR/node tmp" HPC_DATA_TARBALL="$tarball"
+}
+
+@test "extract_data: a complete tarball is extracted into SLURM_TMPDIR and the node reports ok" {
+  data_tarball
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_success
+  assert_output --regexp "^hpc: nodeA: staged data-0123.tar into $SLURM_TMPDIR in [0-9]+ s$"
+  assert_equal "$(cat "$SLURM_TMPDIR/ds one/b.txt")" b
+  assert_equal "$(cat "$sub/runs/77/stage/nodeA.ok")" "$SLURM_TMPDIR"
+}
+
+@test "extract_data: a tarball whose size is not the one in its .meta is refused, nothing extracted" {
+  data_tarball
+  printf 'tarball_bytes=99\ncontent_bytes=4\n' >"$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_equal "$stderr" "hpc: error: nodeA: data tarball $tarball is $(stat -c %s "$tarball") bytes but was built as 99 bytes (truncated or replaced); resubmit to rebuild it"
+  assert_file_exists "$sub/runs/77/stage/nodeA.failed"
+  assert_not_exist "$SLURM_TMPDIR/ds one"
+}
+
+@test "extract_data: data larger than the free space in SLURM_TMPDIR is refused (content_bytes of the .meta)" {
+  data_tarball
+  printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tarball")" 999999999999999999 >"$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_regex "$stderr" "^hpc: error: nodeA: not enough space in $SLURM_TMPDIR: the data needs 999999999999999999 bytes, [0-9]+ bytes are free$"
+  assert_not_exist "$SLURM_TMPDIR/ds one"
+}
+
+@test "extract_data: a tarball without its .meta (never completed) is refused" {
+  data_tarball
+  rm "$tarball.meta"
+  run --separate-stderr timeout 20 bash "$sub/node/keeper.sh"
+  assert_failure 1
+  assert_equal "$stderr" "hpc: error: nodeA: data tarball $tarball has no .meta file (it was never completed)"
+}
+
+# keeper_until_ok: start keeper.sh in the background (keeper_pid) and wait
+# for its '<node>.ok'.
+keeper_until_ok() {
+  bash "$sub/node/keeper.sh" >"$BATS_TEST_TMPDIR/keeper.out" 2>&1 &
+  keeper_pid=$!
+  local deadline=$((SECONDS + 20))
+  until [[ -f "$sub/runs/77/stage/nodeA.ok" ]]; do
+    ((SECONDS < deadline)) || fail "no nodeA.ok: $(cat "$BATS_TEST_TMPDIR/keeper.out")"
+    sleep 0.1
+  done
+}
+
+# wait_keeper: until the keeper started by keeper_until_ok has exited (20 s
+# at most; then it and its sleep are killed and the test fails).
+wait_keeper() {
+  local deadline=$((SECONDS + 20))
+  while kill -0 "$keeper_pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      pkill -KILL -P "$keeper_pid" || true
+      kill -KILL "$keeper_pid" || true
+      fail "the keeper did not end: $(cat "$BATS_TEST_TMPDIR/keeper.out")"
+    fi
+    sleep 0.1
+  done
+}
+
+@test "stage_out: at USR2 (the job's end) the keeper copies the stage-out folder into the trial folder, per node on several nodes" {
+  mkdir -p "$BATS_TEST_TMPDIR/node tmp"
+  export HPC_TMPDIR_MIMIC=0 SLURM_TMPDIR="$BATS_TEST_TMPDIR/node tmp" HPC_STAGE_OUT=results
+  export HPC_TRIAL_DIR="$BATS_TEST_TMPDIR/trial dir" SLURM_JOB_NUM_NODES=2
+  keeper_until_ok
+  mkdir -p "$SLURM_TMPDIR/results/sub"
+  printf 'r\n' >"$SLURM_TMPDIR/results/sub/out.txt"
+  kill -USR2 "$keeper_pid"
+  wait_keeper
+  assert_equal "$(cat "$HPC_TRIAL_DIR/results/nodeA/sub/out.txt")" r
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: staged out results to $HPC_TRIAL_DIR/results/nodeA"
+  # The site's SLURM_TMPDIR is not the keeper's to remove.
+  assert_dir_exists "$SLURM_TMPDIR/results"
+}
+
+@test "finish: the mimic folder the keeper made is removed when the job ends (USR2 or TERM), and only that" {
+  local sig
+  for sig in USR2 TERM; do
+    rm -rf "${sub:?}/runs"
+    keeper_until_ok
+    assert_dir_exists "$base/alice/77/nodeA"
+    : >"$base/alice/77/nodeA/tmpfile"
+    kill -s "$sig" "$keeper_pid"
+    wait_keeper
+    assert_not_exist "$base/alice/77"
+    assert_dir_exists "$base/alice"
+    assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
+  done
+}

@@ -104,3 +104,97 @@ setup() {
   assert_failure 1
   assert_output "cannot create $base/no such parent/me (is its parent writable by you?)"
 }
+
+@test "record_exit writes <run>/exit/task<PROCID> as 'STATUS NODE'; exit_records reads them back, oldest first" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub mission" SLURM_JOB_ID=77
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  in_lib 'SLURM_PROCID=2 SLURMD_NODENAME=node2 record_exit 7
+    SLURM_PROCID=0 SLURMD_NODENAME=node1 record_exit 0
+    SLURM_PROCID=1 record_exit 143
+    touch -d "2026-01-01 10:00:02" "$HPC_SUBMISSION_DIR/runs/77/exit/task0"
+    touch -d "2026-01-01 10:00:01" "$HPC_SUBMISSION_DIR/runs/77/exit/task2"
+    touch -d "2026-01-01 10:00:03" "$HPC_SUBMISSION_DIR/runs/77/exit/task1"
+    exit_records'
+  assert_success
+  assert_equal "$(cat "$HPC_SUBMISSION_DIR/runs/77/exit/task2")" "7 node2"
+  assert_output "7 node2 task2
+0 node1 task0
+143 ? task1"
+}
+
+@test "exit_records: nothing without exit files; a file cut short is left out" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub" SLURM_JOB_ID=78
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  in_lib 'exit_records'
+  assert_success
+  assert_output ""
+  mkdir -p "$HPC_SUBMISSION_DIR/runs/78/exit"
+  : >"$HPC_SUBMISSION_DIR/runs/78/exit/task0"
+  printf '1' >"$HPC_SUBMISSION_DIR/runs/78/exit/task1"
+  in_lib 'exit_records'
+  assert_success
+  assert_output "1 ? task1"
+}
+
+@test "hpc_log on stdout, hpc_error on stderr, each with its prefix" {
+  in_lib 'hpc_log "staged x"; hpc_error "it broke"'
+  assert_success
+  assert_equal "$output" "hpc: staged x"
+  assert_equal "$stderr" "hpc: error: it broke"
+}
+
+@test "job_key and trial_index: 'A_K' and K for an array task, the job id and 0 for a plain job" {
+  SLURM_JOB_ID=501 SLURM_ARRAY_JOB_ID=500 SLURM_ARRAY_TASK_ID=3 in_lib 'printf "%s %s" "$(job_key)" "$(trial_index)"'
+  assert_output "500_3 3"
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  SLURM_JOB_ID=77 in_lib 'printf "%s %s" "$(job_key)" "$(trial_index)"'
+  assert_output "77 0"
+}
+
+@test "mimic_tmpdir: <base>/<user>/<job key>/<node>; uses_mimic_tmpdir follows HPC_TMPDIR_MIMIC" {
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  HPC_TMPDIR_BASE="$base" USER=alice SLURM_JOB_ID=77 SLURMD_NODENAME=nodeA in_lib 'mimic_tmpdir; echo; mimic_tmpdir nodeB'
+  assert_output "$base/alice/77/nodeA
+$base/alice/77/nodeB"
+  HPC_TMPDIR_MIMIC=1 in_lib 'uses_mimic_tmpdir'
+  assert_success
+  HPC_TMPDIR_MIMIC=0 in_lib 'uses_mimic_tmpdir'
+  assert_failure
+}
+
+@test "first_node: the first host of the node list (scontrol show hostnames), else this node" {
+  local bin="$BATS_TEST_TMPDIR/bin"
+  mkdir -p "$bin"
+  printf '#!/usr/bin/env bash\n[[ "$1 $2 $3" == "show hostnames node[3-4]" ]] || exit 1\nprintf "node3\\nnode4\\n"\n' >"$bin/scontrol"
+  chmod +x "$bin/scontrol"
+  PATH="$bin:$PATH" SLURM_JOB_NODELIST='node[3-4]' in_lib 'first_node'
+  assert_output node3
+  PATH="$bin:$PATH" SLURM_JOB_NODELIST='other[1-2]' SLURMD_NODENAME=here in_lib 'first_node'
+  assert_output here
+}
+
+@test "trial_command_line: line K+1 of commands.txt for array task K; a missing line fails, naming the trial" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$HPC_SUBMISSION_DIR"
+  printf '%s\n' "python a.py --lr 1" "python a.py --lr 2" >"$HPC_SUBMISSION_DIR/commands.txt"
+  SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=1 SLURM_JOB_ID=6 in_lib 'trial_command_line'
+  assert_output "python a.py --lr 2"
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  SLURM_JOB_ID=6 in_lib 'trial_command_line'
+  assert_output "python a.py --lr 1"
+  SLURM_ARRAY_JOB_ID=5 SLURM_ARRAY_TASK_ID=7 SLURM_JOB_ID=6 in_lib 'trial_command_line'
+  assert_failure
+  assert_equal "$stderr" "hpc: error: commands.txt has no line for trial 7"
+}
+
+@test "load_runtime: sources the submission's runtime_<HPC_RUNTIME>.sh (venv by default)" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$HPC_SUBMISSION_DIR/node"
+  printf 'runtime_exec() { echo "venv: $*"; }\n' >"$HPC_SUBMISSION_DIR/node/runtime_venv.sh"
+  printf 'runtime_exec() { echo "container: $*"; }\n' >"$HPC_SUBMISSION_DIR/node/runtime_singularity.sh"
+  unset HPC_RUNTIME
+  in_lib 'load_runtime; runtime_exec a b'
+  assert_output "venv: a b"
+  HPC_RUNTIME=singularity in_lib 'load_runtime; runtime_exec a b'
+  assert_output "container: a b"
+}

@@ -2,7 +2,8 @@
 the fake backend: signals are forwarded to the run and waited for, and a run that checkpointed
 at the signal makes the wrapper exit 42 (the requeue protocol), not die with 138.
 
-Slow (a real agent: ~10 s each). Run with: .venv/bin/python -m pytest tests/wandb_fake -q
+Slow (a real agent: ~10 s each).
+Run with: .venv/bin/python -m pytest tests/python/test_wandb_wrapper.py -q
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The real ``wandb agent`` CLI against the fake backend in fake_wandb.py.
 
 Slow (the agent polls every 5 s: ~11 s per agent; agents here run side by side).
-Run with: .venv/bin/python -m pytest tests/wandb_fake -q
+Run with: .venv/bin/python -m pytest tests/python/test_wandb_agent.py -q
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ environment, so WANDB_MODE=offline keeps their own wandb.init() off the network)
     WANDB_BASE_URL=http://127.0.0.1:PORT WANDB_API_KEY=$(printf 'k%.0s' {1..40}) \\
     WANDB_MODE=offline wandb agent --count 1 fake/proj/SWEEP_ID
 
-By hand: ``python tests/wandb_fake/fake_wandb.py --sweep sweeper.yml`` prints the URL
+By hand: ``python tests/python/fake_wandb.py --sweep sweeper.yml`` prints the URL
 and the sweep path, then serves until --lifetime runs out (default 600 s).
 """
 

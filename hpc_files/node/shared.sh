@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# Facts that the login node (job_submitter.sh, plai_cleanups/) and the
+# compute nodes (batch.sh, keeper.sh) both read, each read in one place:
+# SLURM's record of a job, and the .meta file beside a data tarball.
+# It lives in node/ because a submission folder gets a copy of node/*.sh and
+# nothing else of hpc_files/. Sourced by node/lib.sh (the node scripts),
+# lib/common.sh (the submitter and the cleanup) and tests/bats/test_helper.bash.
+# Sourced; defines functions only.
+
+# job_records JOB: 'scontrol show job -o JOB', one line per job or array task
+# (a pending range of tasks is one line); nothing once slurmctld forgot JOB.
+job_records() {
+  scontrol show job -o "$1" 2>/dev/null
+}
+
+# job_record JOB: the first line of job_records JOB (the whole record of a
+# plain job or of one array task 'A_K'); '' once slurmctld forgot JOB.
+job_record() {
+  local records
+  records=$(job_records "$1") || records=""
+  printf '%s' "${records%%$'\n'*}"
+}
+
+# record_field RECORD FIELD VAR: the value of FIELD (JobState, ExitCode,
+# Restarts, ...) in RECORD, one line of job_records, stored in VAR; '' and
+# status 1 when RECORD has no such field. Values are read up to the next
+# space, as scontrol -o separates fields. No process: the submitter's --wait
+# reads every task of an array this way every 2 s. VAR must not be 'pattern'.
+record_field() {
+  local pattern=" $2=([^ ]*) "
+  if [[ " $1 " =~ $pattern ]]; then
+    printf -v "$3" '%s' "${BASH_REMATCH[1]}"
+  else
+    printf -v "$3" '%s' ""
+    return 1
+  fi
+}
+
+# job_state JOB: JOB's JobState (its first record: for an array job id, the
+# first task line scontrol prints); '' once slurmctld forgot JOB.
+job_state() {
+  local state
+  record_field "$(job_record "$1")" JobState state || true
+  printf '%s' "$state"
+}
+
+# is_final_state STATE: a job in STATE will not run again by itself. Held
+# jobs count (SPECIAL_EXIT and REQUEUE_HOLD wait for 'scontrol release'), so
+# nothing that waits for a job's end waits for ever on one.
+is_final_state() {
+  case "$1" in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) return 0 ;;
+    SPECIAL_EXIT | REQUEUE_HOLD) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# meta_value META KEY: the value on the line KEY=VALUE of a data tarball's
+# .meta file ('' when it has none; the first such line). The submitter
+# (lib/data.sh stage_data_tarball) writes it with two keys: tarball_bytes
+# (the tarball's size) and content_bytes (what it holds once extracted).
+# Fails when META cannot be read.
+meta_value() {
+  local line
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    if [[ "$line" == "$2="* ]]; then
+      printf '%s' "${line#"$2"=}"
+      return 0
+    fi
+  done <"$1"
+}

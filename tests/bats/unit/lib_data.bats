@@ -1,0 +1,169 @@
+#!/usr/bin/env bats
+# hpc_files/lib/data.sh: -d paths checked against $scratch_dir, the tarball's
+# name, its manifest, when the cache is trusted, building and pruning. Called
+# directly on a scratch folder with a space in its path.
+
+load '../test_helper'
+
+HPC_FILES_DIR="$REPO_ROOT/hpc_files"
+HPC_PROG=job_submitter.sh
+# shellcheck source=../../../hpc_files/lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+# shellcheck source=../../../hpc_files/lib/data.sh
+source "$HPC_FILES_DIR/lib/data.sh"
+
+setup() {
+  project_name=proj
+  scratch_dir="$BATS_TEST_TMPDIR/scratch space/proj"
+  mkdir -p "$scratch_dir/ds one/sub" "$scratch_dir/labels"
+  printf 'a\n' >"$scratch_dir/ds one/a.txt"
+  printf 'bb\n' >"$scratch_dir/ds one/sub/b.txt"
+  printf 'l\n' >"$scratch_dir/labels/l.csv"
+  opt_data=()
+  opt_compress=none
+}
+
+# planned PATH...: validate_data_paths and plan_data for these -d paths.
+planned() {
+  opt_data=("$@")
+  validate_data_paths
+  plan_data
+}
+
+@test "validate_data_paths: sorted, unique, without './' or a trailing '/'" {
+  opt_data=(labels/ './ds one' labels)
+  validate_data_paths
+  assert_equal "${#plan_data_paths[@]}" 2
+  assert_equal "${plan_data_paths[0]}" "ds one"
+  assert_equal "${plan_data_paths[1]}" labels
+  opt_data=()
+  validate_data_paths
+  assert_equal "${#plan_data_paths[@]}" 0
+}
+
+@test "validate_data_paths: a bad path exits 2 with one line naming it" {
+  run --separate-stderr validate_data_paths_for /abs
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: --data paths are relative to \$SCRATCH/proj, got the absolute path '/abs'"
+  run --separate-stderr validate_data_paths_for labels nosuch
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: --data path 'nosuch' does not exist in $scratch_dir"
+}
+
+# validate_data_paths_for PATH...: validate_data_paths with these -d paths.
+validate_data_paths_for() {
+  opt_data=("$@")
+  validate_data_paths
+}
+
+@test "validate_data_paths: a symlink that leads outside \$scratch_dir is refused; one inside is fine" {
+  mkdir -p "$BATS_TEST_TMPDIR/outside"
+  ln -s "$BATS_TEST_TMPDIR/outside" "$scratch_dir/escape"
+  ln -s "$scratch_dir/labels" "$scratch_dir/inside"
+  run --separate-stderr validate_data_paths_for labels escape
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: --data path 'escape' resolves outside $scratch_dir (symlink to '$BATS_TEST_TMPDIR/outside')"
+  run --separate-stderr validate_data_paths_for inside
+  assert_success
+}
+
+@test "validate_data_paths: the first path with a problem, in order, is the one named" {
+  run --separate-stderr validate_data_paths_for labels '../up' nosuch
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: --data path '../up' must not contain '..'"
+}
+
+@test "data_path_problem: each problem in words, '' for a good path" {
+  local problem
+  data_path_problem "ds one" problem
+  assert_equal "$problem" ""
+  data_path_problem "" problem
+  assert_equal "$problem" "--data expects a path, got ''"
+  data_path_problem $'a\nb' problem
+  assert_equal "$problem" "--data paths must not contain newlines or tabs"
+  data_path_problem "labels/../../x" problem
+  assert_equal "$problem" "--data path 'labels/../../x' must not contain '..'"
+  data_path_problem "-rf" problem
+  assert_equal "$problem" "--data path '-rf' must not start with '-'"
+}
+
+@test "plan_data: the name is a digest of the path list, with the compression's suffix; no paths, no tarball" {
+  local first
+  planned 'ds one' labels
+  assert_regex "$plan_data_tarball" "^$scratch_dir/\.hpc_data_cache/data-[0-9a-f]{16}\.tar$"
+  assert_equal "$plan_data_cache" "$scratch_dir/.hpc_data_cache"
+  first=$plan_data_tarball
+  planned labels 'ds one'
+  assert_equal "$plan_data_tarball" "$first"
+  planned labels
+  [[ "$plan_data_tarball" != "$first" ]] || fail "another path list, the same name"
+  opt_compress=zstd
+  planned 'ds one' labels
+  assert_equal "$plan_data_tarball" "$first.zst"
+  opt_compress=pigz
+  planned 'ds one' labels
+  assert_equal "$plan_data_tarball" "$first.gz"
+  planned
+  assert_equal "$plan_data_tarball" ""
+}
+
+@test "data_manifest: one sorted line per file and folder: path, size, mtime, type" {
+  planned labels
+  touch -d '2020-01-02 03:04:05 UTC' "$scratch_dir/labels/l.csv"
+  run data_manifest
+  assert_success
+  assert_equal "${#lines[@]}" 2
+  assert_regex "${lines[0]}" $'^labels\t[0-9]+\t[0-9.]+\td$'
+  assert_equal "${lines[1]}" $'labels/l.csv\t2\t1577934245.0000000000\tf'
+}
+
+@test "stage_data_tarball: builds the tarball, its manifest and its .meta (sizes), then reuses it" {
+  planned 'ds one' labels
+  run --separate-stderr stage_data_tarball
+  assert_success
+  assert_regex "$stderr" "data: building ${plan_data_tarball##*/} from 2 path\(s\) \.\.\."
+  assert_equal "$(meta_value "$plan_data_tarball.meta" tarball_bytes)" "$(stat -c %s "$plan_data_tarball")"
+  assert_equal "$(meta_value "$plan_data_tarball.meta" content_bytes)" \
+    "$(data_manifest | awk -F '\t' '{ total += $2 } END { print total }')"
+  assert_equal "$(cat "$plan_data_tarball.manifest")" "$(data_manifest)"
+  assert_equal "$(tar -xOf "$plan_data_tarball" 'ds one/sub/b.txt')" bb
+  run --separate-stderr stage_data_tarball
+  assert_equal "$stderr" "job_submitter.sh: data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
+}
+
+@test "data_cache_matches: only a tarball whose manifest and .meta size both match" {
+  planned 'ds one' labels
+  stage_data_tarball 2>/dev/null
+  data_manifest | data_cache_matches || fail "a fresh tarball did not match"
+  # A changed file: another manifest.
+  printf 'x' >>"$scratch_dir/labels/l.csv"
+  ! data_manifest | data_cache_matches || fail "a changed manifest matched"
+  stage_data_tarball 2>/dev/null
+  # A truncated tarball: its size is not the .meta's.
+  truncate -s -1 "$plan_data_tarball"
+  ! data_manifest | data_cache_matches || fail "a truncated tarball matched"
+  stage_data_tarball 2>/dev/null
+  data_manifest | data_cache_matches || fail "the rebuilt tarball did not match"
+  # No .meta: never completed.
+  rm "$plan_data_tarball.meta"
+  ! data_manifest | data_cache_matches || fail "a tarball without .meta matched"
+}
+
+@test "prune_data_cache: removes tarballs no job.sbatch names, keeps named and locked ones" {
+  local cache="$scratch_dir/.hpc_data_cache" named="data-00000000000000aa.tar"
+  mkdir -p "$cache" "$scratch_dir/exp/20260101-000000-abcd"
+  printf 'export HPC_DATA_TARBALL=%s\n' "'$cache/$named'" >"$scratch_dir/exp/20260101-000000-abcd/job.sbatch"
+  for name in "$named" data-00000000000000bb.tar.zst data-00000000000000cc.tar; do
+    printf 'x' >"$cache/$name"
+    printf 'tarball_bytes=1\n' >"$cache/$name.meta"
+    : >"$cache/$name.manifest"
+  done
+  exec {lock}>"$cache/data-00000000000000cc.tar.lock"
+  flock "$lock"
+  run --separate-stderr prune_data_cache
+  exec {lock}>&-
+  assert_success
+  assert_equal "$(cd "$cache" && ls | LC_ALL=C sort | tr '\n' ' ')" \
+    "$named $named.manifest $named.meta data-00000000000000cc.tar data-00000000000000cc.tar.lock data-00000000000000cc.tar.manifest data-00000000000000cc.tar.meta "
+  assert_equal "${stderr_lines[-1]}" "job_submitter.sh: data cache: removed 1 tarball(s), 0 MiB; kept 2 named by a submission folder or in use"
+}
