@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# hpc_files/lib/data.sh: -d paths checked against $scratch_dir, the tarball's
+# hpc_files/lib/data.sh: -d paths checked against $plan_scratch_dir, the tarball's
 # name, its manifest, when the cache is trusted, building and pruning. Called
 # directly on a scratch folder with a space in its path.
 
@@ -9,16 +9,19 @@ HPC_FILES_DIR="$REPO_ROOT/hpc_files"
 HPC_PROG=job_submitter.sh
 # shellcheck source=../../../hpc_files/lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
+# shellcheck source=../../../hpc_files/lib/plan.sh
+source "$HPC_FILES_DIR/lib/plan.sh"
 # shellcheck source=../../../hpc_files/lib/data.sh
 source "$HPC_FILES_DIR/lib/data.sh"
 
 setup() {
   project_name=proj
-  scratch_dir="$BATS_TEST_TMPDIR/scratch space/proj"
-  mkdir -p "$scratch_dir/ds one/sub" "$scratch_dir/labels"
-  printf 'a\n' >"$scratch_dir/ds one/a.txt"
-  printf 'bb\n' >"$scratch_dir/ds one/sub/b.txt"
-  printf 'l\n' >"$scratch_dir/labels/l.csv"
+  plan_scratch_dir="$BATS_TEST_TMPDIR/scratch space/proj"
+  plan_data_cache="$plan_scratch_dir/.hpc_data_cache"
+  mkdir -p "$plan_scratch_dir/ds one/sub" "$plan_scratch_dir/labels"
+  printf 'a\n' >"$plan_scratch_dir/ds one/a.txt"
+  printf 'bb\n' >"$plan_scratch_dir/ds one/sub/b.txt"
+  printf 'l\n' >"$plan_scratch_dir/labels/l.csv"
   opt_data=()
   opt_compress=none
 }
@@ -30,14 +33,12 @@ planned() {
   plan_data
 }
 
-@test "validate_data_paths: sorted, unique, without './' or a trailing '/'" {
-  opt_data=(labels/ './ds one' labels)
-  validate_data_paths
+@test "plan_data after validate_data_paths: sorted, unique, without './' or a trailing '/'" {
+  planned labels/ './ds one' labels
   assert_equal "${#plan_data_paths[@]}" 2
   assert_equal "${plan_data_paths[0]}" "ds one"
   assert_equal "${plan_data_paths[1]}" labels
-  opt_data=()
-  validate_data_paths
+  planned
   assert_equal "${#plan_data_paths[@]}" 0
 }
 
@@ -47,7 +48,7 @@ planned() {
   assert_equal "$stderr" "job_submitter.sh: error: --data paths are relative to \$SCRATCH/proj, got the absolute path '/abs'"
   run --separate-stderr validate_data_paths_for labels nosuch
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: --data path 'nosuch' does not exist in $scratch_dir"
+  assert_equal "$stderr" "job_submitter.sh: error: --data path 'nosuch' does not exist in $plan_scratch_dir"
 }
 
 # validate_data_paths_for PATH...: validate_data_paths with these -d paths.
@@ -56,13 +57,13 @@ validate_data_paths_for() {
   validate_data_paths
 }
 
-@test "validate_data_paths: a symlink that leads outside \$scratch_dir is refused; one inside is fine" {
+@test "validate_data_paths: a symlink that leads outside \$plan_scratch_dir is refused; one inside is fine" {
   mkdir -p "$BATS_TEST_TMPDIR/outside"
-  ln -s "$BATS_TEST_TMPDIR/outside" "$scratch_dir/escape"
-  ln -s "$scratch_dir/labels" "$scratch_dir/inside"
+  ln -s "$BATS_TEST_TMPDIR/outside" "$plan_scratch_dir/escape"
+  ln -s "$plan_scratch_dir/labels" "$plan_scratch_dir/inside"
   run --separate-stderr validate_data_paths_for labels escape
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: --data path 'escape' resolves outside $scratch_dir (symlink to '$BATS_TEST_TMPDIR/outside')"
+  assert_equal "$stderr" "job_submitter.sh: error: --data path 'escape' resolves outside $plan_scratch_dir (symlink to '$BATS_TEST_TMPDIR/outside')"
   run --separate-stderr validate_data_paths_for inside
   assert_success
 }
@@ -90,8 +91,8 @@ validate_data_paths_for() {
 @test "plan_data: the name is a digest of the path list, with the compression's suffix; no paths, no tarball" {
   local first
   planned 'ds one' labels
-  assert_regex "$plan_data_tarball" "^$scratch_dir/\.hpc_data_cache/data-[0-9a-f]{16}\.tar$"
-  assert_equal "$plan_data_cache" "$scratch_dir/.hpc_data_cache"
+  assert_regex "$plan_data_tarball" "^$plan_scratch_dir/\.hpc_data_cache/data-[0-9a-f]{16}\.tar$"
+  assert_equal "$plan_data_cache" "$plan_scratch_dir/.hpc_data_cache"
   first=$plan_data_tarball
   planned labels 'ds one'
   assert_equal "$plan_data_tarball" "$first"
@@ -109,7 +110,7 @@ validate_data_paths_for() {
 
 @test "data_manifest: one sorted line per file and folder: path, size, mtime, type" {
   planned labels
-  touch -d '2020-01-02 03:04:05 UTC' "$scratch_dir/labels/l.csv"
+  touch -d '2020-01-02 03:04:05 UTC' "$plan_scratch_dir/labels/l.csv"
   run data_manifest
   assert_success
   assert_equal "${#lines[@]}" 2
@@ -136,7 +137,7 @@ validate_data_paths_for() {
   stage_data_tarball 2>/dev/null
   data_manifest | data_cache_matches || fail "a fresh tarball did not match"
   # A changed file: another manifest.
-  printf 'x' >>"$scratch_dir/labels/l.csv"
+  printf 'x' >>"$plan_scratch_dir/labels/l.csv"
   ! data_manifest | data_cache_matches || fail "a changed manifest matched"
   stage_data_tarball 2>/dev/null
   # A truncated tarball: its size is not the .meta's.
@@ -150,9 +151,9 @@ validate_data_paths_for() {
 }
 
 @test "prune_data_cache: removes tarballs no job.sbatch names, keeps named and locked ones" {
-  local cache="$scratch_dir/.hpc_data_cache" named="data-00000000000000aa.tar"
-  mkdir -p "$cache" "$scratch_dir/exp/20260101-000000-abcd"
-  printf 'export HPC_DATA_TARBALL=%s\n' "'$cache/$named'" >"$scratch_dir/exp/20260101-000000-abcd/job.sbatch"
+  local cache="$plan_scratch_dir/.hpc_data_cache" named="data-00000000000000aa.tar"
+  mkdir -p "$cache" "$plan_scratch_dir/exp/20260101-000000-abcd"
+  printf 'export HPC_DATA_TARBALL=%s\n' "'$cache/$named'" >"$plan_scratch_dir/exp/20260101-000000-abcd/job.sbatch"
   for name in "$named" data-00000000000000bb.tar.zst data-00000000000000cc.tar; do
     printf 'x' >"$cache/$name"
     printf 'tarball_bytes=1\n' >"$cache/$name.meta"

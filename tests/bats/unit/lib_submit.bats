@@ -131,7 +131,7 @@ REQUEUE_HOLD 0:15'
 
 @test "report_unsubmitted: says nothing was queued; the last line submits the folder from anywhere" {
   submission_dir="$BATS_TEST_TMPDIR/sub mission"
-  plan_trial_count=3 plan_nodes=2 opt_gpus=4 opt_kind=torchrun
+  plan_trial_count=3 plan_nodes=2 plan_gpus_per_node=4 plan_kind=torchrun
   run report_unsubmitted
   assert_line --index 0 "Wrote $submission_dir (3 trial(s), 2 node(s) x 4 GPU(s), -W torchrun); nothing was queued."
   assert_equal "${lines[-1]}" "sbatch '$submission_dir/job.sbatch'"
@@ -142,7 +142,7 @@ REQUEUE_HOLD 0:15'
   submission_dir="$BATS_TEST_TMPDIR/sub"
   mkdir -p "$submission_dir"
   plan_requeue_args=(--requeue --signal=B:USR1@90)
-  opt_time=01:00:00 opt_dependency="" setup_job_id=""
+  plan_time=01:00:00 plan_dependency="" setup_job_id=""
   submit_job
   assert_equal "$job_id" 4242
   assert_equal "$(cat "$submission_dir/job_id")" 4242
