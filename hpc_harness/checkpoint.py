@@ -215,6 +215,7 @@ RESUME_FREE_KEYS = frozenset(
         # hardware and distribution: world size, GPUs, strategy, precision
         "gpus",
         "strategy",
+        "fsdp_wrap",
         "precision",
         # paths (a requeued job stages its data elsewhere)
         "ckpt_dir",
@@ -253,8 +254,13 @@ class RunMismatch(ValueError):
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
     (values JSON cannot hold are compared by their ``repr``)."""
-    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
-    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
+    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as plain JSON types (what JSON cannot hold becomes its ``repr``: a class of
+    ``fsdp_wrap``), so it loads with ``weights_only=True``."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
 
 
 def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

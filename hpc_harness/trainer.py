@@ -98,6 +98,7 @@ class TrainConfig:
     fresh: bool = False  # move an earlier run's folder aside (checkpoint.move_aside) and start over
     # distribution and precision
     strategy: str = "ddp"
+    fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
     precision: str = "32"
     replace_sampler: bool = True
     grad_clip: float | None = None
@@ -145,7 +146,7 @@ class Trainer:
         self.device = ctx.device
         self.loss_fn = loss_fn
         self.eval_data = eval_data
-        self.strategy = Strategy(config.strategy, ctx)
+        self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
         self.model = self.strategy.wrap(model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
@@ -393,13 +394,7 @@ class Trainer:
     def _state(self) -> dict[str, Any] | None:
         """Checkpoint dict on rank 0 (None elsewhere). Collective: call on every rank."""
         rng = self._gather_rng()
-        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
-        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
-        optim = (
-            self.strategy.optimizer_state(self.model, self.optimizer)
-            if (self.is_main or fsdp)
-            else None
-        )
+        model, optim = self.strategy.state(self.model, self.optimizer)
         if not self.is_main:
             return None
         return {
@@ -421,7 +416,7 @@ class Trainer:
             "world_size": self.world_size,
             "strategy": self.strategy.name,
             "precision": self.precision.name,
-            "config": asdict(self.cfg),
+            "config": ckpt.plain(asdict(self.cfg)),
             "fingerprint": self.fingerprint,
             "metrics": dict(self.metrics),
         }
@@ -529,8 +524,7 @@ class Trainer:
 
     def _save_final(self) -> str | None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
-        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
-        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
+        model = self.strategy.state(self.model, self.optimizer)[0]
         path = os.path.join(self.cfg.ckpt_dir, "last.pt")
         if self.is_main:
             payload = {

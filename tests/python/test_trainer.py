@@ -191,8 +191,8 @@ def test_reduce_lr_on_plateau_is_stepped_with_the_test_loss(tmp_path) -> None:
     trainer = _regression_trainer(
         str(tmp_path / "ck"),
         epochs=3,
-        # the optimizer holds a parameter outside the model: the test loss cannot improve
-        make_optimizer=lambda p: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+        # gradient ascent: the test loss cannot improve
+        make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, maximize=True),
         make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
             opt, patience=0, factor=0.5
         ),
