@@ -172,36 +172,27 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     return None, None
 
 
-def load_latest_shared(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_latest` for every rank of a process group: rank 0 chooses the checkpoint
-    (the newest one that loads in its view of ``ckpt_dir``) and broadcasts its path; every
-    other rank loads that same file, so all ranks resume the same step even when their
-    listings differ (a stale NFS listing). Collective when a process group exists: call it on
-    every rank. A rank that cannot read the chosen file makes every rank raise RuntimeError.
+def load_latest_shared(
+    ckpt_dir: str, log: Any = print, rank0_only: tuple[str, ...] = ()
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_latest` for every rank of a process group: rank 0 alone chooses and reads
+    the newest checkpoint that loads (in its view of ``ckpt_dir``: a stale NFS listing
+    elsewhere does not matter) and broadcasts it, so the file is read once, not once per rank.
+    The keys in ``rank0_only`` (the model and optimizer, which
+    ``Strategy.load`` broadcasts tensor by tensor) are None on the other ranks. Collective when
+    a process group exists: call it on every rank.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return load_latest(ckpt_dir, log)
-    rank = dist.get_rank()
-    state, path = load_latest(ckpt_dir, log) if rank == 0 else (None, None)
-    box: list[Any] = [path]
+    state, path = load_latest(ckpt_dir, log) if dist.get_rank() == 0 else (None, None)
+    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
+    box: list[Any] = [path, rest]
     dist.broadcast_object_list(box, src=0)
-    path = box[0]
-    if path is None:
-        return None, None
-    error = ""
-    if rank != 0:
-        try:
-            state = load_file(path)
-        except Exception as exc:
-            error = f"rank {rank} cannot read {path}: {exc!r:.200}"
-    errors: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    errors = [e for e in errors if e]
-    if errors:
-        raise RuntimeError(f"checkpoint chosen by rank 0 is not readable everywhere: {errors[0]}")
-    return state, path
+    if dist.get_rank() != 0 and box[1] is not None:
+        state = {**box[1], **dict.fromkeys(rank0_only)}
+    return state, box[0]
 
 
 # --------------------------------------------------------------------------- run identity

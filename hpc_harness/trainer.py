@@ -441,7 +441,9 @@ class Trainer:
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
-        state, path = ckpt.load_latest_shared(self.cfg.ckpt_dir, log=self._print)
+        state, path = ckpt.load_latest_shared(
+            self.cfg.ckpt_dir, self._print, rank0_only=("model", "optimizer")
+        )
         saved = state.get("fingerprint") if state is not None else None
         error = None
         if self.is_main:

@@ -116,3 +116,25 @@ def _check_fsdp_wrap(rank: int, world_size: int, tmp: str) -> None:
 
 def test_fsdp_wraps_the_policy_classes_and_keeps_tied_weights(tmp_path) -> None:
     spawn_gloo(_check_fsdp_wrap, 2, str(tmp_path))
+
+
+def _resume_counting_reads(rank: int, world_size: int, tmp: str) -> tuple[int, bool]:
+    ctx = gloo_context(rank, world_size)
+    part = _trainer(ctx, tmp, "fsdp", max_steps=5)
+    assert part.train() == "max_steps"
+    saved = part.strategy.state(part.model, part.optimizer)[0]
+    opened = []
+    real_load = torch.load
+    torch.load = lambda f, *a, **kw: opened.append(f) or real_load(f, *a, **kw)
+    try:
+        rest = _trainer(ctx, tmp, "fsdp")
+        assert rest._resume() and rest.global_step == 5
+    finally:
+        torch.load = real_load
+    loaded = rest.strategy.state(rest.model, rest.optimizer)[0]
+    files = [f for f in opened if isinstance(f, str)]  # (broadcasts unpickle from buffers)
+    return len(files), rank != 0 or bitwise_equal(saved, loaded)
+
+
+def test_only_rank_0_reads_the_checkpoint_file(tmp_path) -> None:
+    assert spawn_gloo(_resume_counting_reads, 2, str(tmp_path)) == [(1, True), (0, True)]
