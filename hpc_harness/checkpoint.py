@@ -25,18 +25,20 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 FORMAT_VERSION = 1
-_NAME_RE = re.compile(r"^ckpt_step(\d+)\.pt$")
-_TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.pt\.tmp\.\d+$")
+_NAME_RE = re.compile(r"^ckpt_step(\d+)\.(pt|dcp)$")
+_TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.(pt|dcp)\.tmp\.\d+$")
 
 
-def checkpoint_path(ckpt_dir: str, global_step: int) -> str:
-    return os.path.join(ckpt_dir, f"ckpt_step{global_step:08d}.pt")
+def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> str:
+    """``ckpt_step<step>.pt``, or the folder ``ckpt_step<step>.dcp`` (:func:`save_sharded`)."""
+    return os.path.join(ckpt_dir, f"ckpt_step{global_step:08d}.{'dcp' if sharded else 'pt'}")
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
@@ -100,6 +102,30 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
     atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename)
 
 
+def save_sharded(state: dict[str, Any], path: str) -> None:
+    """Collective: every rank's ``state["model"]`` and ``state["optimizer"]`` (sharded state
+    dicts, ``Strategy.state(..., sharded=True)``) go through ``torch.distributed.checkpoint``
+    into the folder ``path``, each rank writing its own part; rank 0 writes the rest of its
+    ``state`` to ``path/meta.pt``. Atomic like :func:`atomic_save`: everything is written into
+    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp.0")
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    dcp.save({k: state.pop(k) for k in ("model", "optimizer")}, checkpoint_id=tmp)
+    if main:  # dcp.save returned: every rank's part is written
+        atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:
     """Delete all but the newest ``keep_last`` checkpoints (0 or less keeps all), and the
     temporary files of interrupted saves of steps up to the newest complete checkpoint.
@@ -115,16 +141,16 @@ def prune(ckpt_dir: str, keep_last: int) -> list[str]:
         if m and int(m.group(1)) <= newest:
             old.append(tmp)
     for p in old:
-        try:
+        if os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.exists(p):
             os.unlink(p)
-        except FileNotFoundError:
-            pass
     return old
 
 
 def stale_temp_files(ckpt_dir: str) -> list[str]:
     """Temporary files left by a save that never finished (process killed mid-save)."""
-    return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.pt.tmp.*")))
+    return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.tmp.*")))
 
 
 def _numpy_globals() -> list[Any]:
@@ -142,8 +168,13 @@ def _numpy_globals() -> list[Any]:
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint."""
+    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint.
+    Of a sharded one (a folder) only the small part: ``model`` and ``optimizer`` are None and
+    ``sharded`` is the folder, for ``Strategy.load``."""
     import torch
+
+    if os.path.isdir(path):
+        return {**load_file(os.path.join(path, "meta.pt")), "sharded": path}
 
     # weights_only: tensors and plain python types only, so a file on shared scratch cannot
     # run code when unpickled; numpy's RNG state (an array) is allow-listed by name.
@@ -207,6 +238,7 @@ RESUME_FREE_KEYS = frozenset(
         "gpus",
         "strategy",
         "fsdp_wrap",
+        "sharded_checkpoint",
         "precision",
         # paths (a requeued job stages its data elsewhere)
         "ckpt_dir",

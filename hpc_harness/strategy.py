@@ -138,31 +138,42 @@ class Strategy:
 
     # -- state (collective: call on every rank) --------------------------------
 
-    def state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """Full model and optimizer state dicts, keyed by parameter name, on rank 0's CPU
-        (empty dicts on the other ranks when distributed)."""
+    def state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool = False
+    ) -> tuple[Any, Any]:
+        """Model and optimizer state dicts keyed by parameter name: full tensors on rank 0's CPU
+        (empty dicts on the other ranks), or with ``sharded`` every rank's own part (fsdp's
+        DTensor shards) for ``checkpoint.save_sharded``."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        opts = StateDictOptions(full_state_dict=not sharded, cpu_offload=not sharded)
         return get_state_dict(self._stateful(model), optimizer, options=opts)
 
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
         """Load ``state["model"]`` and ``state["optimizer"]`` (as :meth:`state` returns them);
-        when distributed only rank 0's are read and broadcast (the others may hold None)."""
+        when distributed only rank 0's are read and broadcast (the others may hold None). With
+        ``state["sharded"]`` (a folder of ``checkpoint.save_sharded``) every rank reads its
+        part, resharded by torch.distributed.checkpoint for this world size and strategy."""
         from torch.distributed.checkpoint import state_dict as dsd
 
+        model = self._stateful(model)
         # Two calls: set_state_dict treats a rank with an empty model dict as "optimizer only"
         # (torch 2.13), so ranks other than 0 would skip the model's broadcast.
         opts = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed)
-        model = self._stateful(model)
-        dsd.set_model_state_dict(model, state["model"] or {}, options=opts)
+        msd, optim = state["model"] or {}, state["optimizer"] or {}
+        if state.get("sharded"):
+            import torch.distributed.checkpoint as dcp
+
+            msd, optim = self.state(model, optimizer, sharded=True)
+            dcp.load({"model": msd, "optimizer": optim}, checkpoint_id=state["sharded"])
+            opts = dsd.StateDictOptions()
+        dsd.set_model_state_dict(model, msd, options=opts)
         # An optimizer state without tensors (plain SGD) cannot go the full-state way ("Expected
         # device to be set", torch 2.13); it is small: rank 0 sends it whole.
-        optim = state["optimizer"] or {}
-        small = [None if _has_tensors(optim) else optim]
-        if self.distributed:
+        small = [None if _has_tensors(optim) or not opts.full_state_dict else optim]
+        if self.distributed and opts.full_state_dict:
             dist.broadcast_object_list(small, src=0)
         if small[0] is not None:
             optim, opts = small[0], dsd.StateDictOptions()

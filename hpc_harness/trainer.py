@@ -101,6 +101,7 @@ class TrainConfig:
     fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
     precision: str = "32"
     replace_sampler: bool = True
+    sharded_checkpoint: bool = False  # each rank writes its shard (checkpoint.save_sharded)
     grad_clip: float | None = None
     # logging
     run_dir: str | None = None  # metrics.csv, wandb; default: ckpt_dir
@@ -394,8 +395,9 @@ class Trainer:
     def _state(self) -> dict[str, Any] | None:
         """Checkpoint dict on rank 0 (None elsewhere). Collective: call on every rank."""
         rng = self._gather_rng()
-        model, optim = self.strategy.state(self.model, self.optimizer)
-        if not self.is_main:
+        sharded = self.cfg.sharded_checkpoint
+        model, optim = self.strategy.state(self.model, self.optimizer, sharded)
+        if not (self.is_main or sharded):
             return None
         return {
             "format_version": ckpt.FORMAT_VERSION,
@@ -423,11 +425,16 @@ class Trainer:
 
     def _save_checkpoint(self) -> str:
         """Save (atomically) and prune; every rank calls it; returns the path."""
-        path = ckpt.checkpoint_path(self.cfg.ckpt_dir, self.global_step)
+        path = ckpt.checkpoint_path(
+            self.cfg.ckpt_dir, self.global_step, self.cfg.sharded_checkpoint
+        )
         self.agreement.drain()
         state = self._state()
-        if self.is_main:
+        if self.cfg.sharded_checkpoint:
+            ckpt.save_sharded(state, path)
+        elif self.is_main:
             self._write(state, path)
+        if self.is_main:
             ckpt.prune(self.cfg.ckpt_dir, self.cfg.keep_last)
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()

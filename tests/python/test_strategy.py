@@ -70,15 +70,17 @@ def _trainer(ctx, ck: str, strategy: str, max_steps: int | None = None, **kw) ->
     )
 
 
-def _switch_run(rank: int, world_size: int, tmp: str, first: str, then: str) -> None:
+def _switch_run(
+    rank: int, world_size: int, tmp: str, first: str, then: str, sharded: bool = False
+) -> None:
     """Uninterrupted run under ``first``; another run under ``first`` stopped at step 5 (of 8)
     and finished under ``then``. Rank 0 compares the switch-point states and the final models."""
     ctx = gloo_context(rank, world_size)
     assert _trainer(ctx, f"{tmp}/ref", first).train() == "finished"
-    part = _trainer(ctx, f"{tmp}/switch", first, max_steps=5)
+    part = _trainer(ctx, f"{tmp}/switch", first, max_steps=5, sharded_checkpoint=sharded)
     assert part.train() == "max_steps"
     saved_model, saved_optim = part.strategy.state(part.model, part.optimizer)
-    rest = _trainer(ctx, f"{tmp}/switch", then)
+    rest = _trainer(ctx, f"{tmp}/switch", then, sharded_checkpoint=sharded)
     assert rest._resume() and rest.global_step == 5
     loaded_model, loaded_optim = rest.strategy.state(rest.model, rest.optimizer)
     if rank == 0:  # (on CPU these tensors are the live parameters: compare before training)
@@ -100,6 +102,19 @@ def test_fsdp_checkpoint_resumes_under_ddp_bitwise(tmp_path) -> None:
 
 def test_ddp_checkpoint_resumes_under_fsdp_bitwise(tmp_path) -> None:
     spawn_gloo(_switch_run, 2, str(tmp_path), "ddp", "fsdp")
+
+
+def test_sharded_checkpoint_resumes_under_fsdp_and_ddp_bitwise(tmp_path) -> None:
+    for then in ("fsdp", "ddp"):
+        tmp = tmp_path / then
+        spawn_gloo(_switch_run, 2, str(tmp), "fsdp", then, True)
+        folder = tmp / "switch" / "ckpt_step00000005.dcp"  # every rank wrote its shard there
+        assert sorted(os.listdir(folder)) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+            "meta.pt",
+        ]
 
 
 def _check_fsdp_wrap(rank: int, world_size: int, tmp: str) -> None:
