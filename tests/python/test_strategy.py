@@ -153,3 +153,42 @@ def _resume_counting_reads(rank: int, world_size: int, tmp: str) -> tuple[int, b
 
 def test_only_rank_0_reads_the_checkpoint_file(tmp_path) -> None:
     assert spawn_gloo(_resume_counting_reads, 2, str(tmp_path)) == [(1, True), (0, True)]
+
+
+def _one_step(rank: int, world_size: int, name: str) -> tuple[bool, bool]:
+    """One SGD step on rank-different data; returns (parameters identical on every rank,
+    parameters are DTensors)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from hpc_harness.strategy import Strategy
+
+    strategy = Strategy(name, gloo_context(rank, world_size))
+    # ddp and ddp2 promise to start every rank from rank 0's weights: rank-different inits
+    # test that; fsdp shards what every rank holds, so it starts from the same init
+    torch.manual_seed(0 if name == "fsdp" else rank)
+    model = strategy.wrap(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(100 + rank))
+    model(x).pow(2).mean().backward()
+    if strategy.needs_grad_sync:
+        strategy.sync_gradients(model)
+    opt.step()
+    params = list(model.parameters())
+    dtensors = all(isinstance(p, DTensor) for p in params)
+    mine = torch.cat(
+        [(p.full_tensor() if isinstance(p, DTensor) else p).reshape(-1) for p in params]
+    )
+    every: list = [None] * world_size
+    dist.all_gather_object(every, mine.detach())
+    return all(torch.equal(every[0], t) for t in every), dtensors
+
+
+def test_ddp_and_ddp2_keep_every_rank_identical_after_a_step() -> None:
+    # a no-op wrap() fails both: the ranks start from different weights and see other data
+    assert spawn_gloo(_one_step, 2, "ddp") == [(True, False)] * 2
+    assert spawn_gloo(_one_step, 2, "ddp2") == [(True, False)] * 2
+
+
+def test_fsdp_shards_parameters_and_keeps_ranks_identical_after_a_step() -> None:
+    assert spawn_gloo(_one_step, 2, "fsdp") == [(True, True)] * 2
