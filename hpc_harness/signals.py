@@ -26,6 +26,8 @@ import signal
 import time
 from typing import Any
 
+from hpc_harness.checkpoint import atomic_write
+
 REQUEUE_EXIT_CODE = 42
 MARKER_ENV = "HPC_REQUEUE_MARKER"
 
@@ -175,18 +177,6 @@ class StopAgreement:
             self._unread = True
 
 
-def write_json_atomic(path: str, payload: dict[str, Any]) -> None:
-    """Write one line of JSON to ``path`` via a temp file in the same folder and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(payload, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_requeue_marker(
     step: int, epoch: int, checkpoint: str, signal_name: str = ""
 ) -> str | None:
@@ -194,9 +184,11 @@ def write_requeue_marker(
     path = os.environ.get(MARKER_ENV)
     if not path:
         return None
-    write_json_atomic(
-        path, {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
+    line = json.dumps(
+        {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name},
+        sort_keys=True,
     )
+    atomic_write(path, lambda f: f.write(line.encode() + b"\n"))
     return path
 
 
