@@ -56,14 +56,12 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
 def _fsync_dir(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def atomic_write(
@@ -75,8 +73,6 @@ def atomic_write(
     ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
     before the rename, so a test can kill the process mid-save at a known moment.
     """
-    import time
-
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
@@ -233,40 +229,17 @@ RUN_FILE = "run.json"
 # Arguments that may change across a resume without making it another run (README "Resuming,
 # and starting fresh"). The world size is not an argument; it may change too.
 RESUME_FREE_KEYS = frozenset(
-    {
-        # hardware and distribution: world size, GPUs, strategy, precision
-        "gpus",
-        "strategy",
-        "fsdp_wrap",
-        "sharded_checkpoint",
-        "precision",
-        # paths (a requeued job stages its data elsewhere)
-        "ckpt_dir",
-        "data_dir",
-        "run_dir",
-        # where this piece of the run stops (a run may be continued in pieces)
-        "max_steps",
-        # logging
-        "log_every",
-        "wandb",
-        "wandb_project",
-        # checkpoint cadence and resume switches
-        "checkpoint_every",
-        "checkpoint_every_s",
-        "keep_last",
-        "resume",
-        "no_resume",
-        "fresh",
-        # the requeue protocol's signal-check knobs
-        "signal_check_every",
-        "signal_check_s",
-        "signal_check_seconds",
-        # testing aids
-        "fail_at_step",
-        "fail_rank",
-        "step_sleep",
-        "pause_in_save_at_step",
-    }
+    " ".join(
+        [
+            "gpus strategy fsdp_wrap sharded_checkpoint precision",  # hardware, distribution
+            "ckpt_dir data_dir run_dir",  # paths (a requeued job stages its data elsewhere)
+            "max_steps",  # where this piece of the run stops (a run may go on in pieces)
+            "log_every wandb wandb_project",  # logging
+            "checkpoint_every checkpoint_every_s keep_last resume no_resume fresh",
+            "signal_check_every signal_check_s signal_check_seconds",  # requeue protocol
+            "fail_at_step fail_rank step_sleep pause_in_save_at_step",  # testing aids
+        ]
+    ).split()
 )
 
 
