@@ -21,6 +21,11 @@ and fsdp's reduce-scatter alike, so a run that switches strategy at a resume sta
 equal to an uninterrupted one (tests/python/test_strategy.py); with more ranks the two may sum
 in different orders and a switch is then equal up to rounding.
 On load rank 0 alone holds the state; ``broadcast_from_rank0`` hands every rank its part.
+The optimizer must hold the model's parameters only (each is saved under its name). With
+``sharded=True`` (``TrainConfig.sharded_checkpoint``) every rank keeps its own part instead,
+for ``checkpoint.save_sharded``.
+(Those helpers, broadcast_from_rank0 (torch 2.4) and dcp.save(checkpoint_id=) (2.3) are older
+than MIN_TORCH: only ``fully_shard`` needs a check.)
 
 With a world size of 1, ddp, ddp2 and fsdp all run the plain model.
 """
