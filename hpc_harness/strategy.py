@@ -175,17 +175,26 @@ class Strategy:
             dcp.load({"model": msd, "optimizer": optim}, checkpoint_id=state["sharded"])
             opts = dsd.StateDictOptions()
         dsd.set_model_state_dict(model, msd, options=opts)
-        # An optimizer state without tensors (plain SGD) cannot go the full-state way ("Expected
-        # device to be set", torch 2.13); it is small: rank 0 sends it whole.
-        small = [None if _has_tensors(optim) or not opts.full_state_dict else optim]
-        if self.distributed and opts.full_state_dict:
-            dist.broadcast_object_list(small, src=0)
-        if small[0] is not None:
-            optim, opts = small[0], dsd.StateDictOptions()
+        if opts.full_state_dict:
+            # Rank 0 sends these optimizer states whole: one without tensors (plain SGD; the
+            # full-state way fails: "Expected device to be set", torch 2.13), and one keyed by
+            # position (optimizer.state_dict(), checkpoints of earlier versions) to load as is.
+            whole = [optim if _by_position(optim) or not _has_tensors(optim) else None]
+            if self.distributed:
+                dist.broadcast_object_list(whole, src=0)
+            if whole[0] is not None and _by_position(whole[0]):
+                optimizer.load_state_dict(whole[0])
+                return
+            if whole[0] is not None:
+                optim, opts = whole[0], dsd.StateDictOptions()
         dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
 
     def _stateful(self, model: nn.Module) -> nn.Module:
         return model if self.name == "fsdp" else self.unwrap(model)
+
+
+def _by_position(optim_state: dict[str, Any]) -> bool:
+    return any(isinstance(p, int) for g in optim_state.get("param_groups", ()) for p in g["params"])
 
 
 def _has_tensors(optim_state: dict[str, Any]) -> bool:

@@ -192,3 +192,21 @@ def test_ddp_and_ddp2_keep_every_rank_identical_after_a_step() -> None:
 
 def test_fsdp_shards_parameters_and_keeps_ranks_identical_after_a_step() -> None:
     assert spawn_gloo(_one_step, 2, "fsdp") == [(True, True)] * 2
+
+
+def test_a_checkpoint_with_the_optimizer_keyed_by_position_still_resumes(tmp_path) -> None:
+    """Checkpoints of earlier versions hold optimizer.state_dict() (keyed by position)."""
+    from hpc_harness import dist as hdist
+
+    ctx = hdist.setup(verbose=False)
+    assert _trainer(ctx, str(tmp_path / "ref"), "ddp").train() == "finished"
+    part = _trainer(ctx, str(tmp_path / "old"), "ddp", max_steps=5)
+    assert part.train() == "max_steps"
+    path = tmp_path / "old" / "ckpt_step00000005.pt"
+    state = torch.load(path, weights_only=False)
+    state["optimizer"] = part.optimizer.state_dict()
+    torch.save(state, path)
+    assert _trainer(ctx, str(tmp_path / "old"), "ddp").train() == "finished"
+    assert bitwise_equal(
+        load_model(f"{tmp_path}/old/last.pt"), load_model(f"{tmp_path}/ref/last.pt")
+    )
