@@ -210,3 +210,27 @@ def test_a_checkpoint_with_the_optimizer_keyed_by_position_still_resumes(tmp_pat
     assert bitwise_equal(
         load_model(f"{tmp_path}/old/last.pt"), load_model(f"{tmp_path}/ref/last.pt")
     )
+
+
+def _fsdp_five_steps(rank: int, world_size: int, tmp: str) -> None:
+    for sharded in (False, True):
+        ck = f"{tmp}/{'sharded' if sharded else 'full'}"
+        trainer = _trainer(
+            gloo_context(rank, world_size), ck, "fsdp", 5, sharded_checkpoint=sharded
+        )
+        assert trainer.train() == "max_steps"
+
+
+def test_fsdp_checkpoints_of_world_size_2_resume_at_world_size_1(tmp_path) -> None:
+    from hpc_harness import dist as hdist
+
+    spawn_gloo(_fsdp_five_steps, 2, str(tmp_path))
+    saved = torch.load(tmp_path / "full" / "ckpt_step00000005.pt", weights_only=False)
+    ctx = hdist.setup(verbose=False)
+    for form in ("full", "sharded"):
+        trainer = _trainer(ctx, str(tmp_path / form), "fsdp")
+        assert trainer._resume() and trainer.global_step == 5
+        model, optim = trainer.strategy.state(trainer.model, trainer.optimizer)
+        assert bitwise_equal(model, saved["model"]), form
+        for name, entry in saved["optimizer"]["state"].items():
+            assert bitwise_equal(optim["state"][name], entry), (form, name)
