@@ -25,18 +25,20 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 FORMAT_VERSION = 1
-_NAME_RE = re.compile(r"^ckpt_step(\d+)\.pt$")
-_TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.pt\.tmp\.\d+$")
+_NAME_RE = re.compile(r"^ckpt_step(\d+)\.(pt|dcp)$")
+_TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.(pt|dcp)\.tmp\.\d+$")
 
 
-def checkpoint_path(ckpt_dir: str, global_step: int) -> str:
-    return os.path.join(ckpt_dir, f"ckpt_step{global_step:08d}.pt")
+def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> str:
+    """``ckpt_step<step>.pt``, or the folder ``ckpt_step<step>.dcp`` (:func:`save_sharded`)."""
+    return os.path.join(ckpt_dir, f"ckpt_step{global_step:08d}.{'dcp' if sharded else 'pt'}")
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
@@ -54,14 +56,12 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
 def _fsync_dir(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def atomic_write(
@@ -73,8 +73,6 @@ def atomic_write(
     ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
     before the rename, so a test can kill the process mid-save at a known moment.
     """
-    import time
-
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
@@ -100,6 +98,30 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
     atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename)
 
 
+def save_sharded(state: dict[str, Any], path: str) -> None:
+    """Collective: every rank's ``state["model"]`` and ``state["optimizer"]`` (sharded state
+    dicts, ``Strategy.state(..., sharded=True)``) go through ``torch.distributed.checkpoint``
+    into the folder ``path``, each rank writing its own part; rank 0 writes the rest of its
+    ``state`` to ``path/meta.pt``. Atomic like :func:`atomic_save`: everything is written into
+    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp.0")
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    dcp.save({k: state.pop(k) for k in ("model", "optimizer")}, checkpoint_id=tmp)
+    if main:  # dcp.save returned: every rank's part is written
+        atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:
     """Delete all but the newest ``keep_last`` checkpoints (0 or less keeps all), and the
     temporary files of interrupted saves of steps up to the newest complete checkpoint.
@@ -115,16 +137,16 @@ def prune(ckpt_dir: str, keep_last: int) -> list[str]:
         if m and int(m.group(1)) <= newest:
             old.append(tmp)
     for p in old:
-        try:
+        if os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif os.path.exists(p):
             os.unlink(p)
-        except FileNotFoundError:
-            pass
     return old
 
 
 def stale_temp_files(ckpt_dir: str) -> list[str]:
     """Temporary files left by a save that never finished (process killed mid-save)."""
-    return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.pt.tmp.*")))
+    return sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), ".ckpt_step*.tmp.*")))
 
 
 def _numpy_globals() -> list[Any]:
@@ -142,8 +164,13 @@ def _numpy_globals() -> list[Any]:
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint."""
+    """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint.
+    Of a sharded one (a folder) only the small part: ``model`` and ``optimizer`` are None and
+    ``sharded`` is the folder, for ``Strategy.load``."""
     import torch
+
+    if os.path.isdir(path):
+        return {**load_file(os.path.join(path, "meta.pt")), "sharded": path}
 
     # weights_only: tensors and plain python types only, so a file on shared scratch cannot
     # run code when unpickled; numpy's RNG state (an array) is allow-listed by name.
@@ -172,36 +199,27 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     return None, None
 
 
-def load_latest_shared(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_latest` for every rank of a process group: rank 0 chooses the checkpoint
-    (the newest one that loads in its view of ``ckpt_dir``) and broadcasts its path; every
-    other rank loads that same file, so all ranks resume the same step even when their
-    listings differ (a stale NFS listing). Collective when a process group exists: call it on
-    every rank. A rank that cannot read the chosen file makes every rank raise RuntimeError.
+def load_latest_shared(
+    ckpt_dir: str, log: Any = print, rank0_only: tuple[str, ...] = ()
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`load_latest` for every rank of a process group: rank 0 alone chooses and reads
+    the newest checkpoint that loads (in its view of ``ckpt_dir``: a stale NFS listing
+    elsewhere does not matter) and broadcasts it, so the file is read once, not once per rank.
+    The keys in ``rank0_only`` (the model and optimizer, which
+    ``Strategy.load`` broadcasts tensor by tensor) are None on the other ranks. Collective when
+    a process group exists: call it on every rank.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return load_latest(ckpt_dir, log)
-    rank = dist.get_rank()
-    state, path = load_latest(ckpt_dir, log) if rank == 0 else (None, None)
-    box: list[Any] = [path]
+    state, path = load_latest(ckpt_dir, log) if dist.get_rank() == 0 else (None, None)
+    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
+    box: list[Any] = [path, rest]
     dist.broadcast_object_list(box, src=0)
-    path = box[0]
-    if path is None:
-        return None, None
-    error = ""
-    if rank != 0:
-        try:
-            state = load_file(path)
-        except Exception as exc:
-            error = f"rank {rank} cannot read {path}: {exc!r:.200}"
-    errors: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    errors = [e for e in errors if e]
-    if errors:
-        raise RuntimeError(f"checkpoint chosen by rank 0 is not readable everywhere: {errors[0]}")
-    return state, path
+    if dist.get_rank() != 0 and box[1] is not None:
+        state = {**box[1], **dict.fromkeys(rank0_only)}
+    return state, box[0]
 
 
 # --------------------------------------------------------------------------- run identity
@@ -211,38 +229,17 @@ RUN_FILE = "run.json"
 # Arguments that may change across a resume without making it another run (README "Resuming,
 # and starting fresh"). The world size is not an argument; it may change too.
 RESUME_FREE_KEYS = frozenset(
-    {
-        # hardware and distribution: world size, GPUs, strategy, precision
-        "gpus",
-        "strategy",
-        "precision",
-        # paths (a requeued job stages its data elsewhere)
-        "ckpt_dir",
-        "data_dir",
-        "run_dir",
-        # where this piece of the run stops (a run may be continued in pieces)
-        "max_steps",
-        # logging
-        "log_every",
-        "wandb",
-        "wandb_project",
-        # checkpoint cadence and resume switches
-        "checkpoint_every",
-        "checkpoint_every_s",
-        "keep_last",
-        "resume",
-        "no_resume",
-        "fresh",
-        # the requeue protocol's signal-check knobs
-        "signal_check_every",
-        "signal_check_s",
-        "signal_check_seconds",
-        # testing aids
-        "fail_at_step",
-        "fail_rank",
-        "step_sleep",
-        "pause_in_save_at_step",
-    }
+    " ".join(
+        [
+            "gpus strategy fsdp_wrap sharded_checkpoint precision",  # hardware, distribution
+            "ckpt_dir data_dir run_dir",  # paths (a requeued job stages its data elsewhere)
+            "max_steps",  # where this piece of the run stops (a run may go on in pieces)
+            "log_every wandb wandb_project",  # logging
+            "checkpoint_every checkpoint_every_s keep_last resume no_resume fresh",
+            "signal_check_every signal_check_s signal_check_seconds",  # requeue protocol
+            "fail_at_step fail_rank step_sleep pause_in_save_at_step",  # testing aids
+        ]
+    ).split()
 )
 
 
@@ -253,8 +250,13 @@ class RunMismatch(ValueError):
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
     (values JSON cannot hold are compared by their ``repr``)."""
-    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
-    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
+    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as plain JSON types (what JSON cannot hold becomes its ``repr``: a class of
+    ``fsdp_wrap``), so it loads with ``weights_only=True``."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
 
 
 def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

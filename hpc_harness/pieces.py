@@ -101,31 +101,42 @@ def save_checkpoint(
     keep_last: int = 3,
     rng_extra: Mapping[str, Any] | None = None,
     write: Callable[[dict[str, Any], str], None] = ckpt.atomic_save,
+    sharded: bool = False,
 ) -> str:
     """Rank 0 writes ``state`` (other ranks may pass None) with every rank's RNG states
     atomically to ``<ckpt_dir>/ckpt_step<step>.pt`` and keeps the newest ``keep_last``; returns
-    the path once every rank is past the write. Collective: call on every rank at the same step.
-    """
+    the path once every rank is past the write. With ``sharded`` every rank passes its own part
+    of ``model`` and ``optimizer`` (``Strategy.state(..., sharded=True)``) and writes it into the
+    folder ``ckpt_step<step>.dcp`` (checkpoint.save_sharded). Collective: call on every rank at
+    the same step."""
     rng = gather_rng(rng_extra)
-    path = ckpt.checkpoint_path(ckpt_dir, step)
-    if _rank() == 0:
+    path = ckpt.checkpoint_path(ckpt_dir, step, sharded)
+    if sharded:
+        ckpt.save_sharded({**(state or {}), "rng": rng}, path)
+    elif _rank() == 0:
         write({**(state or {}), "rng": rng}, path)
+    if _rank() == 0:
         ckpt.prune(ckpt_dir, keep_last)
     barrier()
     return path
 
 
 def load_checkpoint(
-    ckpt_dir: str, restore_rng: bool = True, fingerprint: Mapping[str, Any] | None = None
+    ckpt_dir: str,
+    restore_rng: bool = True,
+    fingerprint: Mapping[str, Any] | None = None,
+    rank0_only: tuple[str, ...] = (),
 ) -> dict[str, Any] | None:
-    """The newest checkpoint that loads, as chosen by rank 0, on every rank (None if there is
-    none; its path is ``state["path"]``); restores this rank's RNG states when the world size is
-    the one that saved them. With ``fingerprint`` (checkpoint.fingerprint of the run's
-    arguments), a checkpoint or ``run.json`` of another run raises checkpoint.RunMismatch on
-    every rank, before anything is loaded into the model. Collective: call on every rank."""
+    """The newest checkpoint that loads, as chosen and read by rank 0 alone, on every rank
+    (None if there is none; its path is ``state["path"]``); restores this rank's RNG states when
+    the world size is the one that saved them. The keys in ``rank0_only`` are not sent (None on
+    the other ranks): ``("model", "optimizer")`` for ``Strategy.load``, which broadcasts them
+    itself. With ``fingerprint`` (checkpoint.fingerprint of the run's arguments), a checkpoint or
+    ``run.json`` of another run raises checkpoint.RunMismatch on every rank, before anything is
+    loaded into the model. Collective: call on every rank."""
     rank = _rank()
     log = say if rank == 0 else lambda _: None
-    state, path = ckpt.load_latest_shared(ckpt_dir, log=log)
+    state, path = ckpt.load_latest_shared(ckpt_dir, log=log, rank0_only=rank0_only)
     if fingerprint is not None:
         saved = state.get("fingerprint") if state is not None else None
         if state is not None and saved is None:

@@ -7,10 +7,25 @@
           gradients all-reduced across nodes after backward. On GPU more than one process per
           node is refused. On CPU there is nothing to split inside a process, so it degenerates
           to a gradient all-reduce across all processes: the same maths as ddp.
-    fsdp  torch's FSDP2 (``fully_shard``) on every child layer that has parameters and on the
-          root. Works on CPU/gloo in torch 2.13 (the older FullyShardedDataParallel class does
-          not: "FSDP needs a non-CPU accelerator device"). Checkpoints hold full (unsharded)
-          state dicts, so they load under any strategy or world size.
+    fsdp  torch's FSDP2 (``fully_shard``) on each module of the wrap policy's classes, then on
+          the root. The policy (``fsdp_wrap``) defaults to the classes found in an
+          ``nn.ModuleList`` (a transformer's blocks); a module that shares a parameter with
+          the rest of the model (GPT-2's ``lm_head.weight = wte.weight``) is left to the root,
+          so tied weights stay one parameter. Works on CPU/gloo in torch 2.13.
+
+Model and optimizer state go through ``torch.distributed.checkpoint.state_dict`` for every
+strategy: keyed by parameter name, full (unsharded) tensors, so a checkpoint written under
+one strategy and world size resumes under any other (ddp -> fsdp and back). At world size 2 a
+gradient element is the sum of two numbers (commutative) halved (exact) under ddp's all-reduce
+and fsdp's reduce-scatter alike, so a run that switches strategy at a resume stays bitwise
+equal to an uninterrupted one (tests/python/test_strategy.py); with more ranks the two may sum
+in different orders and a switch is then equal up to rounding.
+On load rank 0 alone holds the state; ``broadcast_from_rank0`` hands every rank its part.
+The optimizer must hold the model's parameters only (each is saved under its name). With
+``sharded=True`` (``TrainConfig.sharded_checkpoint``) every rank keeps its own part instead,
+for ``checkpoint.save_sharded``.
+(Those helpers, broadcast_from_rank0 (torch 2.4) and dcp.save(checkpoint_id=) (2.3) are older
+than MIN_TORCH: only ``fully_shard`` needs a check.)
 
 With a world size of 1, ddp, ddp2 and fsdp all run the plain model.
 """
@@ -73,8 +88,9 @@ def average_gradients(model: nn.Module, world_size: int) -> None:
 class Strategy:
     """Wraps the model and owns the save/load of model and optimizer state."""
 
-    def __init__(self, name: str, ctx: Any) -> None:
+    def __init__(self, name: str, ctx: Any, fsdp_wrap: tuple[type[nn.Module], ...] = ()) -> None:
         self.name = name
+        self.fsdp_wrap = fsdp_wrap
         self.ctx = ctx
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
@@ -110,11 +126,9 @@ class Strategy:
         if self.name == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            for module in model.modules():
-                if module is not model and any(True for _ in module.parameters(recurse=False)):
-                    fully_shard(module)
+            for module in reversed(shard_units(model, self.fsdp_wrap)):  # inner ones first
+                fully_shard(module)
             fully_shard(model)
-            return model
         return model
 
     @staticmethod
@@ -127,43 +141,85 @@ class Strategy:
         """ddp2 only: average gradients across processes (:func:`average_gradients`)."""
         average_gradients(model, self.world_size)
 
-    # -- state (collective for fsdp: call on every rank) -------------------------
+    # -- state (collective: call on every rank) --------------------------------
 
-    def model_state(self, model: nn.Module) -> dict[str, Any]:
-        if self.name == "fsdp" and self.distributed:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-            )
+    def state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool = False
+    ) -> tuple[Any, Any]:
+        """Model and optimizer state dicts keyed by parameter name: full tensors on rank 0's CPU
+        (empty dicts on the other ranks), or with ``sharded`` every rank's own part (fsdp's
+        DTensor shards) for ``checkpoint.save_sharded``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(model, options=opts)
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
-
-    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        if self.name == "fsdp" and self.distributed:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_optimizer_state_dict,
-            )
-
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_optimizer_state_dict(model, optimizer, options=opts)
-        return optimizer.state_dict()
+        opts = StateDictOptions(full_state_dict=not sharded, cpu_offload=not sharded)
+        return get_state_dict(self._stateful(model), optimizer, options=opts)
 
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
-        if self.name == "fsdp" and self.distributed:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_model_state_dict,
-                set_optimizer_state_dict,
-            )
+        """Load ``state["model"]`` and ``state["optimizer"]`` (as :meth:`state` returns them);
+        when distributed only rank 0's are read and broadcast (the others may hold None). With
+        ``state["sharded"]`` (a folder of ``checkpoint.save_sharded``) every rank reads its
+        part, resharded by torch.distributed.checkpoint for this world size and strategy."""
+        from torch.distributed.checkpoint import state_dict as dsd
 
-            opts = StateDictOptions(full_state_dict=True)
-            set_model_state_dict(model, state["model"], options=opts)
-            set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)
-            return
-        self.unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        model = self._stateful(model)
+        # Two calls: set_state_dict treats a rank with an empty model dict as "optimizer only"
+        # (torch 2.13), so ranks other than 0 would skip the model's broadcast.
+        opts = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed)
+        msd, optim = state["model"] or {}, state["optimizer"] or {}
+        if state.get("sharded"):
+            import torch.distributed.checkpoint as dcp
+
+            msd, optim = self.state(model, optimizer, sharded=True)
+            dcp.load({"model": msd, "optimizer": optim}, checkpoint_id=state["sharded"])
+            opts = dsd.StateDictOptions()
+        dsd.set_model_state_dict(model, msd, options=opts)
+        if opts.full_state_dict:
+            # Rank 0 sends these optimizer states whole: one without tensors (plain SGD; the
+            # full-state way fails: "Expected device to be set", torch 2.13), and one keyed by
+            # position (optimizer.state_dict(), checkpoints of earlier versions) to load as is.
+            whole = [optim if _by_position(optim) or not _has_tensors(optim) else None]
+            if self.distributed:
+                dist.broadcast_object_list(whole, src=0)
+            if whole[0] is not None and _by_position(whole[0]):
+                optimizer.load_state_dict(whole[0])
+                return
+            if whole[0] is not None:
+                optim, opts = whole[0], dsd.StateDictOptions()
+        dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
+
+    def _stateful(self, model: nn.Module) -> nn.Module:
+        return model if self.name == "fsdp" else self.unwrap(model)
+
+
+def _by_position(optim_state: dict[str, Any]) -> bool:
+    return any(isinstance(p, int) for g in optim_state.get("param_groups", ()) for p in g["params"])
+
+
+def _has_tensors(optim_state: dict[str, Any]) -> bool:
+    return any(
+        torch.is_tensor(v) and v.dim() > 0
+        for entry in optim_state.get("state", {}).values()
+        for v in entry.values()
+    )
+
+
+def shard_units(model: nn.Module, classes: tuple[type[nn.Module], ...] = ()) -> list[nn.Module]:
+    """The modules fsdp shards on their own (before the root), outer ones first: those of
+    ``classes`` (default: the classes held in an ``nn.ModuleList``, a transformer's blocks),
+    except a module sharing a parameter with the rest of the model (tied weights stay in the
+    root's group, one parameter)."""
+    if not classes:
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+        classes = tuple({type(child) for m in lists for child in m})
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(name)
+    return [
+        m
+        for prefix, m in model.named_modules()
+        if m is not model
+        and isinstance(m, classes)
+        and all(n.startswith(prefix + ".") for p in m.parameters() for n in names[id(p)])
+    ]

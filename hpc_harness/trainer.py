@@ -113,8 +113,10 @@ class TrainConfig:
     fresh: bool = False  # move an earlier run's folder aside (checkpoint.move_aside) and start over
     # distribution and precision
     strategy: str = "ddp"
+    fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
     precision: str = "32"
     replace_sampler: bool = True
+    sharded_checkpoint: bool = False  # each rank writes its shard (checkpoint.save_sharded)
     grad_clip: float | None = None
     # logging
     run_dir: str | None = None  # metrics.csv, wandb; default: ckpt_dir
@@ -157,7 +159,7 @@ class Trainer:
         self.device = ctx.device
         if config.accumulate < 1:
             raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
-        self.strategy = Strategy(config.strategy, ctx)
+        self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
         self.model = self.strategy.wrap(model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
@@ -379,9 +381,8 @@ class Trainer:
     def _save_checkpoint(self) -> str:
         """Save (atomically) and prune; every rank calls it; returns the path."""
         self.agreement.drain()
-        full = self.is_main or (self.strategy.name == "fsdp" and self.strategy.distributed)
-        model = self.strategy.model_state(self.model) if full else None
-        optim = self.strategy.optimizer_state(self.model, self.optimizer) if full else None
+        sharded = self.cfg.sharded_checkpoint
+        model, optim = self.strategy.state(self.model, self.optimizer, sharded)
         state = {
             "format_version": ckpt.FORMAT_VERSION,
             "model": model,
@@ -399,7 +400,13 @@ class Trainer:
         }
         extra = {"epoch_start_torch": self._epoch_rng} if self._epoch_rng is not None else None
         path = pieces.save_checkpoint(
-            self.cfg.ckpt_dir, state, self.global_step, self.cfg.keep_last, extra, self._write
+            self.cfg.ckpt_dir,
+            state if (self.is_main or sharded) else None,
+            self.global_step,
+            self.cfg.keep_last,
+            extra,
+            self._write,
+            sharded,
         )
         self.last_checkpoint = path
         self.agreement.saved()
@@ -411,7 +418,9 @@ class Trainer:
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
-        state = pieces.load_checkpoint(self.cfg.ckpt_dir, False, self.fingerprint)
+        state = pieces.load_checkpoint(
+            self.cfg.ckpt_dir, False, self.fingerprint, rank0_only=("model", "optimizer")
+        )
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
@@ -435,8 +444,7 @@ class Trainer:
 
     def _save_final(self) -> None:
         """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
-        fsdp = self.strategy.name == "fsdp" and self.strategy.distributed
-        model = self.strategy.model_state(self.model) if (self.is_main or fsdp) else None
+        model = self.strategy.state(self.model, self.optimizer)[0]  # collective
         if self.is_main:
             payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
             payload.update(metrics=self.metrics, hparams=self.cfg.hparams)

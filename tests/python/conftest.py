@@ -124,19 +124,25 @@ def free_port() -> int:
 def spawn_gloo(fn, world_size: int, *args) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo group
     on CPU; returns what each rank returned, in rank order (a failing rank fails the call)."""
+    import shutil
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    port = free_port()
+    # a file store, not a TCP port: a free port can be taken by another test before rank 0
+    # listens on it (EADDRINUSE on this shared machine)
+    store = os.path.join(tempfile.mkdtemp(prefix="gloo"), "store")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     procs = [
-        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, port, queue, args))
+        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, store, queue, args))
         for rank in range(world_size)
     ]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=120)
+    shutil.rmtree(os.path.dirname(store), ignore_errors=True)
     results: dict[int, object] = {}
     while not queue.empty():
         rank, ok, value = queue.get()
@@ -162,7 +168,7 @@ def gloo_context(rank: int, world_size: int):
     return DistContext(info=info, backend="gloo", device=torch.device("cpu"), devices=[])
 
 
-def _gloo_worker(fn, rank: int, world_size: int, port: int, queue, args) -> None:
+def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> None:
     import traceback
 
     import torch
@@ -175,7 +181,7 @@ def _gloo_worker(fn, rank: int, world_size: int, port: int, queue, args) -> None
             del os.environ[k]
     try:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+            "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size
         )
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
+from hpc_harness import dist as hdist
 from hpc_harness import precision
 from hpc_harness.train import main
+from hpc_harness.trainer import TrainConfig, Trainer
 
 
 @pytest.mark.parametrize(
@@ -79,3 +83,48 @@ def test_mixed_precision_training_steps(name: str, tmp_path, digits_dir: str) ->
         assert state["scaler"] is None
     weights = state["model"]
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values())
+
+
+class InfLossTrainer(Trainer):
+    """The loss of global steps 2, 3, 4 and 11 (1-based) is inf: the GradScaler skips those
+    steps and halves its scale each time, so the scale differs from a fresh scaler's."""
+
+    def _compute_loss(self, batch):
+        loss = super()._compute_loss(batch)
+        return loss * float("inf") if self.global_step + 1 in (2, 3, 4, 11) else loss
+
+
+def _fp16_run(ck: str, max_steps: int | None = None) -> Trainer:
+    data = TensorDataset(
+        torch.randn(16, 3, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+    )
+    cfg = TrainConfig(
+        epochs=2,
+        ckpt_dir=ck,
+        log_every=0,
+        checkpoint_every_s=0,
+        precision="16-mixed",
+        max_steps=max_steps,
+    )
+    torch.manual_seed(0)
+    trainer = InfLossTrainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        DataLoader(data, batch_size=2, shuffle=True),
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    trainer.train()
+    return trainer
+
+
+def test_resume_restores_a_scale_the_scaler_changed(tmp_path) -> None:
+    whole = _fp16_run(str(tmp_path / "a"))
+    _fp16_run(str(tmp_path / "b"), max_steps=6)  # after the three halvings
+    resumed = _fp16_run(str(tmp_path / "b"))
+    assert whole.precision.scaler.get_scale() == 65536.0 / 2**4  # it did change
+    assert resumed.precision.state_dict() == whole.precision.state_dict()
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values())
+    )

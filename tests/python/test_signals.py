@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+import pytest
 import torch
 from conftest import PY, clean_env, run_example
 
@@ -46,6 +47,18 @@ def test_marker_is_written_only_when_asked(tmp_path, monkeypatch) -> None:
     assert text.count("\n") == 1
     assert json.loads(text) == {"step": 3, "epoch": 1, "checkpoint": "/x.pt", "signal": "SIGTERM"}
     assert os.listdir(marker.parent) == ["requeue.json"]  # temp file renamed away
+
+
+def test_a_marker_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(tmp_path / "requeue.json"))
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        write_requeue_marker(3, 1, "/x.pt")
+    assert os.listdir(tmp_path) == []
 
 
 def test_sigterm_to_the_example_saves_marks_and_exits_42(tmp_path, digits_dir: str) -> None:

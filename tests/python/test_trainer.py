@@ -191,8 +191,8 @@ def test_reduce_lr_on_plateau_is_stepped_with_the_test_loss(tmp_path) -> None:
     trainer = _regression_trainer(
         str(tmp_path / "ck"),
         epochs=3,
-        # the optimizer holds a parameter outside the model: the test loss cannot improve
-        make_optimizer=lambda p: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+        # gradient ascent: the test loss cannot improve
+        make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, maximize=True),
         make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
             opt, patience=0, factor=0.5
         ),
@@ -263,7 +263,7 @@ def _ddp_accumulating_rank(rank: int, world_size: int, ck: str) -> tuple[int, di
 
     trainer.model.register_comm_hook(None, counting_allreduce)
     assert trainer.train() == "finished" and trainer.global_step == 2
-    state = trainer.strategy.model_state(trainer.model)
+    state = trainer.strategy.state(trainer.model, trainer.optimizer)[0]  # rank 0's is full
     return calls[0], {k: v.tolist() for k, v in state.items()}  # tensors do not cross the queue
 
 
@@ -302,14 +302,15 @@ def test_a_user_eval_step_and_a_custom_metric_are_logged(tmp_path) -> None:
     torch.manual_seed(0)
     trainer = MaeTrainer(
         nn.Linear(3, 1),
-        lambda p: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),  # no progress
+        lambda p: torch.optim.SGD(p, lr=0.1),
         DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
         hdist.setup(verbose=False),
         cfg,
         make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
             opt, patience=0, factor=0.5
         ),
-        loss_fn=torch.nn.functional.mse_loss,
+        # Zero gradients: the model does not move, so epoch 1 cannot improve the metric.
+        loss_fn=lambda out, y: torch.nn.functional.mse_loss(out, y) * 0.0,
         eval_data=DictData(11, 1),
     )
     assert trainer.train() == "finished"
