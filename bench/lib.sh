@@ -145,6 +145,19 @@ round_order() {
   fi
 }
 
+# run_rounds FUNCTION CONFIG...: 'FUNCTION CONFIG ROUND' for every round in
+# rounds (bench_options) and every CONFIG, in round_order.
+run_rounds() {
+  local fn=$1 r c
+  shift
+  for r in "${rounds[@]}"; do
+    for c in $(round_order "$r" "$@"); do
+      "$fn" "$c" "$r"
+    done
+    bench_note "round $r done"
+  done
+}
+
 # make_user_project DIR FILES: a user's project as the submitter sees it: the
 # toolkit's folders plus FILES small Python sources, in git with one commit
 # (the code snapshot of every submission archives them all).

@@ -69,12 +69,7 @@ run_one() {
 
 load_before=$(loadavg)
 configs=(bare ours_none ours_torchrun)
-for r in "${rounds[@]}"; do
-  for c in $(round_order "$r" "${configs[@]}"); do
-    run_one "$c" "$r"
-  done
-  bench_note "round $r done"
-done
+run_rounds run_one "${configs[@]}"
 cancel_submitted
 load_after=$(loadavg)
 

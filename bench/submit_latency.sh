@@ -144,12 +144,7 @@ load_before=$(loadavg)
 # Priming: builds the data tarball (the cache-hit path is what gets timed).
 submit_one ours -1
 configs=(ours submitit sbatch ours_traced ${variant_names[@]+"${variant_names[@]}"})
-for r in "${rounds[@]}"; do
-  for c in $(round_order "$r" "${configs[@]}"); do
-    submit_one "$c" "$r"
-  done
-  bench_note "round $r done"
-done
+run_rounds submit_one "${configs[@]}"
 
 # Phase table: median over reps of each phase (microseconds -> ms).
 phase_table() {
