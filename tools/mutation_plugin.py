@@ -1,0 +1,39 @@
+"""pytest plugin for the mutation run (tools/mutation.py): skip a test when it starts a process.
+
+mutmut records which tests reach which function in its own process only, and runs a mutant
+against those tests; a test that launches torchrun, a subprocess or spawned gloo ranks costs
+seconds to a minute per mutant and kills nothing mutmut can attribute to it. Such a test is
+skipped the moment it tries (``pytest.skip`` raises BaseException: no ``except Exception``
+swallows it). Loaded only by the mutation run (``-p mutation_plugin``), never by ``make test``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import subprocess
+from typing import Any
+
+import pytest
+
+_REASON = "starts a process: not a fast test for the mutation run"
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> Any:
+    pytest.skip(_REASON)
+
+
+_saved: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Patched for the whole session (module- and session-scoped fixtures start processes too)."""
+    _saved["popen"] = subprocess.Popen.__init__
+    _saved["start"] = multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__ = _refuse  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = _refuse  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _saved:
+        subprocess.Popen.__init__ = _saved.pop("popen")  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = _saved.pop("start")  # type: ignore[method-assign]
