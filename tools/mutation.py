@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from count_core_lines import CORE  # noqa: E402
 
 # mutmut's exit-code table (mutmut/stats.py), folded into the report's columns.
-KILLED = {1, 3}
+KILLED = {1, 3, -11, -9}  # a test failed, pytest errored, or the run crashed
 TIMEOUT = {36, -24, 24, 152, 255}
 SURVIVED = {0}
 NO_TESTS = {5, 33}

@@ -4,22 +4,34 @@ mutmut records which tests reach which function in its own process only, and run
 against those tests; a test that launches torchrun, a subprocess or spawned gloo ranks costs
 seconds to a minute per mutant and kills nothing mutmut can attribute to it. Such a test is
 skipped the moment it tries (``pytest.skip`` raises BaseException: no ``except Exception``
-swallows it). Loaded only by the mutation run (``-p mutation_plugin``), never by ``make test``.
+swallows it). Quick external commands the core itself calls (``scontrol show hostnames``) run
+as usual, so the code around them is tested. Loaded only by the mutation run
+(``-p mutation_plugin``), never by ``make test``.
 """
 
 from __future__ import annotations
 
 import multiprocessing.process
+import os
 import subprocess
 from typing import Any
 
 import pytest
 
 _REASON = "starts a process: not a fast test for the mutation run"
+# Commands that answer in milliseconds and that the core calls itself: allowed.
+QUICK_COMMANDS = frozenset({"scontrol"})
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> Any:
     pytest.skip(_REASON)
+
+
+def _popen_unless_quick(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+    argv0 = args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), "")
+    if os.path.basename(os.fsdecode(argv0)) not in QUICK_COMMANDS:
+        pytest.skip(_REASON)
+    _saved["popen"](self, args, *rest, **kwargs)
 
 
 _saved: dict[str, Any] = {}
@@ -29,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Patched for the whole session (module- and session-scoped fixtures start processes too)."""
     _saved["popen"] = subprocess.Popen.__init__
     _saved["start"] = multiprocessing.process.BaseProcess.start
-    subprocess.Popen.__init__ = _refuse  # type: ignore[method-assign]
+    subprocess.Popen.__init__ = _popen_unless_quick  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = _refuse  # type: ignore[method-assign]
 
 
