@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -100,20 +101,24 @@ def prepare(workdir: Path) -> None:
     (workdir / "pyproject.toml").write_text(mutmut_settings(also))
 
 
-def run_mutmut(workdir: Path, children: int, names: list[str]) -> float:
-    """``mutmut run`` in the scratch copy; returns its wall time in seconds."""
+def run_mutmut(workdir: Path, children: int, names: list[str]) -> tuple[float, float]:
+    """``mutmut run`` in the scratch copy; returns its wall time and the CPU time (user + sys)
+    of it and every process under it, in seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workdir)}
     mutmut = Path(sys.executable).parent / "mutmut"
     if not mutmut.exists():
         sys.exit("mutation.py: error: mutmut is not installed (tools/install_deps.sh mutation)")
     started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     code = subprocess.call(
         [str(mutmut), "run", "--max-children", str(children), *names], cwd=workdir, env=env
     )
     elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if code != 0:
         sys.exit(f"mutation.py: error: mutmut run exited {code} after {elapsed:.0f} s")
-    return elapsed
+    return elapsed, cpu
 
 
 # --------------------------------------------------------------------------- report
@@ -197,12 +202,17 @@ def collect(workdir: Path, equivalents: dict[tuple[str, str], str]) -> list[File
         fr = FileResult(f"hpc_harness/{name}")
         for key in sorted(codes, key=natural):
             m = Mutant(key, status_of(codes[key]))
-            if m.status not in ("killed", "timeout"):
+            if m.status not in ("killed", "timeout", "not checked"):
                 m.before, m.after = changed_line(workdir, key, fr.path)
                 m.reason = equivalents.get((m.function, m.after), "")
             fr.mutants.append(m)
         results.append(fr)
     return results
+
+
+def kill_ratio(counts: dict[str, int]) -> float:
+    tested = counts["all"] - counts["not checked"] - counts["equiv"]
+    return (counts["killed"] + counts["timeout"]) / tested if tested > 0 else 1.0
 
 
 def natural(key: str) -> tuple[str, int]:
@@ -215,24 +225,27 @@ def md_code(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def write_report(results: list[FileResult], seconds: float | None, out: Path) -> float:
-    """MUTATION.md; returns the kill ratio (killed + timeout over the non-equivalent mutants)."""
+def write_report(
+    results: list[FileResult], timing: tuple[float, float] | None, out: Path, note: str = ""
+) -> float:
+    """MUTATION.md; returns the kill ratio: killed + timeout over the checked mutants that are
+    not listed as equivalent."""
     rows = []
-    tot = {"all": 0, "killed": 0, "timeout": 0, "survived": 0, "no tests": 0, "equiv": 0}
+    keys = ("all", "killed", "timeout", "survived", "no tests", "not checked", "equiv")
+    tot = dict.fromkeys(keys, 0)
     for fr in results:
-        equiv = sum(bool(m.reason) for m in fr.mutants)
-        n = len(fr.mutants)
-        k, t = fr.count("killed"), fr.count("timeout")
-        s, nt = fr.count("survived"), fr.count("no tests")
-        for key, v in (("all", n), ("killed", k), ("timeout", t), ("survived", s)):
-            tot[key] += v
-        tot["no tests"] += nt
-        tot["equiv"] += equiv
-        ratio = (k + t) / (n - equiv) if n > equiv else 1.0
-        rows.append(f"| {fr.path} | {n} | {k} | {t} | {s} | {nt} | {equiv} | {ratio:.1%} |")
-    denom = tot["all"] - tot["equiv"]
-    ratio = (tot["killed"] + tot["timeout"]) / denom if denom else 1.0
-    raw = (tot["killed"] + tot["timeout"]) / tot["all"] if tot["all"] else 1.0
+        counts = {
+            "all": len(fr.mutants),
+            "equiv": sum(bool(m.reason) for m in fr.mutants),
+            **{k: fr.count(k) for k in keys[1:6]},
+        }
+        for key in keys:
+            tot[key] += counts[key]
+        rows.append(f"| {fr.path} | " + " | ".join(str(counts[k]) for k in keys) + " | ")
+        rows[-1] += f"{kill_ratio(counts):.1%} |"
+    ratio = kill_ratio(tot)
+    checked = tot["all"] - tot["not checked"]
+    raw = (tot["killed"] + tot["timeout"]) / checked if checked else 1.0
     import mutmut  # noqa: PLC0415 (only the report needs its version)
 
     lines = [
@@ -247,16 +260,23 @@ def write_report(results: list[FileResult], seconds: float | None, out: Path) ->
         "- mutated: the files `tools/count_core_lines.py` counts; tests: `tests/python` without "
         "the `slow` and `cluster` markers, a test that starts a process skipped "
         "(`tools/mutation_plugin.py`)",
-        "- full run wall time: "
-        + (f"{seconds / 60:.1f} min" if seconds is not None else "not measured (report only)"),
-        f"- **kill ratio: {ratio:.1%}** (killed or timed out, over the mutants not listed as "
-        f"equivalent; target {TARGET:.0%}); {raw:.1%} of all {tot['all']} mutants",
+        "- full run: "
+        + (
+            f"{timing[0] / 60:.1f} min wall, {timing[1] / 60:.1f} min CPU (all processes; "
+            f"1-min load at the end {os.getloadavg()[0]:.1f})"
+            if timing is not None
+            else "not timed by this invocation (report only, or a partial re-run)"
+        ),
+        *([f"- {note}"] if note else []),
+        f"- **kill ratio: {ratio:.1%}** (killed or timed out, over the checked mutants not "
+        f"listed as equivalent; target {TARGET:.0%}); {raw:.1%} of all {checked} checked "
+        f"mutants; {tot['not checked']} of {tot['all']} not checked",
         "",
-        "| file | mutants | killed | timeout | survived | no tests | equivalent | kill ratio |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| file | mutants | killed | timeout | survived | no tests | not checked | equivalent "
+        "| kill ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
-        f"| total | {tot['all']} | {tot['killed']} | {tot['timeout']} | {tot['survived']} | "
-        f"{tot['no tests']} | {tot['equiv']} | {ratio:.1%} |",
+        "| total | " + " | ".join(str(tot[k]) for k in keys) + f" | {ratio:.1%} |",
         "",
         "`no tests`: no fast test reaches that function in the test process (it runs only in",
         "a spawned rank or a subprocess, or not at all). Equivalent mutants are listed in",
@@ -269,7 +289,7 @@ def write_report(results: list[FileResult], seconds: float | None, out: Path) ->
     ]
     for fr in results:
         for m in fr.mutants:
-            if m.status in ("killed", "timeout"):
+            if m.status in ("killed", "timeout", "not checked"):
                 continue
             label = f"{m.name} ({m.status})"
             lines.append(
@@ -292,8 +312,9 @@ def main() -> int:
     )
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", type=Path, default=REPORT)
+    parser.add_argument("--note", default="", help="one line for the report (e.g. the load)")
     args = parser.parse_args()
-    seconds = None
+    timing = None
     if not args.report:
         if not (args.keep or args.only) or not WORK.exists():
             prepare(WORK)
@@ -302,11 +323,11 @@ def main() -> int:
                 if rel != "pyproject.toml":
                     (WORK / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(ROOT / rel, WORK / rel)
-        seconds = run_mutmut(WORK, args.children, args.only)
+        timing = run_mutmut(WORK, args.children, args.only)
         if args.only or args.keep:
-            seconds = None  # not a full run
+            timing = None  # not a full run
     results = collect(WORK, load_equivalents(EQUIVALENT))
-    ratio = write_report(results, seconds, args.out)
+    ratio = write_report(results, timing, args.out, args.note)
     print(f"mutation.py: kill ratio {ratio:.1%}; wrote {args.out}")
     unexplained = [
         m.name for fr in results for m in fr.mutants if m.status == "survived" and not m.reason

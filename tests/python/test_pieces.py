@@ -108,3 +108,36 @@ def test_requeue_exit_writes_the_marker_and_exits_42(tmp_path, monkeypatch) -> N
         "checkpoint": "/ck/ckpt_step00000012.pt",
         "signal": "SIGUSR1",
     }
+
+
+def test_requeue_exit_says_what_it_did_in_one_line(tmp_path, monkeypatch, capsys) -> None:
+    marker = tmp_path / "requeue.json"
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
+    stop = hp.StopAgreement()
+    stop.flag.signum = signal.SIGTERM
+    with pytest.raises(SystemExit):
+        hp.requeue_exit(5, 0, "/ck/a.pt", stop)
+    assert capsys.readouterr().out == (
+        "hpc_harness: SIGTERM received: checkpointed at global step 5 to /ck/a.pt; "
+        f"exiting 42 (requeue me); marker {marker}\n"
+    )
+
+
+def test_requeue_exit_without_a_signal_or_a_marker(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        hp.requeue_exit(5, 0, "/ck/a.pt", hp.StopAgreement())
+    assert exited.value.code == 42
+    assert capsys.readouterr().out == (
+        "hpc_harness: signal received: checkpointed at global step 5 to /ck/a.pt; "
+        "exiting 42 (requeue me)\n"
+    )
+
+
+def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch) -> None:
+    from hpc_harness.signals import write_requeue_marker
+
+    marker = tmp_path / "m.json"
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
+    assert write_requeue_marker(3, 1, "/x.pt") == str(marker)
+    assert json.loads(marker.read_text())["signal"] == ""
