@@ -141,3 +141,15 @@ def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch)
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
     assert write_requeue_marker(3, 1, "/x.pt") == str(marker)
     assert json.loads(marker.read_text())["signal"] == ""
+
+
+def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, capsys) -> None:
+    hp.save_checkpoint(str(tmp_path), _state(4), 4)
+    broken = ckpt.checkpoint_path(str(tmp_path), 6)
+    with open(broken, "wb") as f:
+        f.write(b"truncated")
+    state = hp.load_checkpoint(str(tmp_path))
+    assert state["global_step"] == 4
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"hpc_harness: warning: skipping unreadable checkpoint {broken}: ")
+    assert out[1].startswith("hpc_harness: resumed from ") and len(out) == 2
