@@ -65,7 +65,7 @@ pytest_add_cli_args_test_selection = ["tests/python", "-m", "not slow and not cl
 pytest_add_cli_args = ["-p", "mutation_plugin", "-p", "no:cacheprovider", "-q", "-x"]
 process_isolation = "forkserver"
 timeout_multiplier = 5.0
-timeout_constant = 2.0
+timeout_constant = 10.0  # s: the wall limit also covers a forked pytest start-up, >11 s under load
 
 [tool.pytest.ini_options]
 markers = ["cluster: needs the local SLURM cluster", "slow: takes more than a few seconds"]
@@ -323,6 +323,11 @@ def main() -> int:
                 if rel != "pyproject.toml":
                     (WORK / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(ROOT / rel, WORK / rel)
+            shutil.copy2(PLUGIN, WORK / "mutation_plugin.py")
+            settings = (WORK / "pyproject.toml").read_text()
+            also = re.search(r"^also_copy = \[(.*)\]$", settings, re.M)
+            names = [a.strip().strip('"') for a in also.group(1).split(",")] if also else []
+            (WORK / "pyproject.toml").write_text(mutmut_settings(names))
         timing = run_mutmut(WORK, args.children, args.only)
         if args.only or args.keep:
             timing = None  # not a full run
