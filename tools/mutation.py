@@ -211,8 +211,13 @@ def collect(workdir: Path, equivalents: dict[tuple[str, str], str]) -> list[File
 
 
 def kill_ratio(counts: dict[str, int]) -> float:
+    """Killed or timed out over the checked, non-equivalent mutants (NaN when none)."""
     tested = counts["all"] - counts["not checked"] - counts["equiv"]
-    return (counts["killed"] + counts["timeout"]) / tested if tested > 0 else 1.0
+    return (counts["killed"] + counts["timeout"]) / tested if tested > 0 else float("nan")
+
+
+def pct(ratio: float) -> str:
+    return "n/a" if ratio != ratio else f"{ratio:.1%}"
 
 
 def natural(key: str) -> tuple[str, int]:
@@ -242,7 +247,7 @@ def write_report(
         for key in keys:
             tot[key] += counts[key]
         rows.append(f"| {fr.path} | " + " | ".join(str(counts[k]) for k in keys) + " | ")
-        rows[-1] += f"{kill_ratio(counts):.1%} |"
+        rows[-1] += f"{pct(kill_ratio(counts))} |"
     ratio = kill_ratio(tot)
     checked = tot["all"] - tot["not checked"]
     raw = (tot["killed"] + tot["timeout"]) / checked if checked else 1.0
@@ -268,7 +273,7 @@ def write_report(
             else "not timed by this invocation (report only, or a partial re-run)"
         ),
         *([f"- {note}"] if note else []),
-        f"- **kill ratio: {ratio:.1%}** (killed or timed out, over the checked mutants not "
+        f"- **kill ratio: {pct(ratio)}** (killed or timed out, over the checked mutants not "
         f"listed as equivalent; target {TARGET:.0%}); {raw:.1%} of all {checked} checked "
         f"mutants; {tot['not checked']} of {tot['all']} not checked",
         "",
@@ -276,7 +281,7 @@ def write_report(
         "| kill ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
-        "| total | " + " | ".join(str(tot[k]) for k in keys) + f" | {ratio:.1%} |",
+        "| total | " + " | ".join(str(tot[k]) for k in keys) + f" | {pct(ratio)} |",
         "",
         "`no tests`: no fast test reaches that function in the test process (it runs only in",
         "a spawned rank or a subprocess, or not at all). Equivalent mutants are listed in",
@@ -333,7 +338,7 @@ def main() -> int:
             timing = None  # not a full run
     results = collect(WORK, load_equivalents(EQUIVALENT))
     ratio = write_report(results, timing, args.out, args.note)
-    print(f"mutation.py: kill ratio {ratio:.1%}; wrote {args.out}")
+    print(f"mutation.py: kill ratio {pct(ratio)}; wrote {args.out}")
     unexplained = [
         m.name for fr in results for m in fr.mutants if m.status == "survived" and not m.reason
     ]
