@@ -70,3 +70,8 @@ def test_shuffled_order_depends_on_seed_and_epoch_only() -> None:
     first = list(ResumableSampler(40, seed=1))
     torch.manual_seed(1)
     assert list(ResumableSampler(40, seed=1)) == first  # no global RNG involved
+
+
+def test_the_default_seed_is_distributed_samplers_0() -> None:
+    assert list(ResumableSampler(30)) == list(ResumableSampler(30, seed=0))
+    assert list(ResumableSampler(30)) == list(DistributedSampler(range(30), 1, 0))
