@@ -7,6 +7,8 @@
 #   make test-portability  the integration suite with bash 4.2 first on PATH,
 #               then on a local SLURM 24.11 cluster beside the default one
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
+#   make mutation  mutation testing of the training core (mutmut, fast
+#               tests only, under 60 min on 2 cores): rewrites MUTATION.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -19,7 +21,7 @@ BATS_JOBS ?= 1
 
 .PHONY: help deps demo test lint shellcheck ruff \
 	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
-	bench bench-smoke
+	bench bench-smoke mutation
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -98,6 +100,11 @@ bench: cluster-up
 # Seconds: checks that every benchmark script still runs; writes nothing.
 bench-smoke: cluster-up
 	@bench/run_all.sh --smoke
+
+# Mutation testing of the training core (tools/mutation.py): MUTATION.md.
+mutation: deps
+	@tools/install_deps.sh mutation
+	@$(PY) tools/mutation.py
 
 # Regenerate the golden batch scripts on purpose, then review the diff.
 golden: deps

@@ -3,9 +3,11 @@
 # there: Debian packages (SLURM, munge, bats, shellcheck) and the project
 # virtualenv at .venv (torch==2.13.0 first, so pip never pulls a CUDA build).
 #
-# Usage: tools/install_deps.sh [system|venv|all|bench]   (default: all)
+# Usage: tools/install_deps.sh [system|venv|all|bench|mutation]   (default: all)
 #   bench: what only the benchmarks use, on top of all (squashfs-tools,
 #          squashfuse, fuse3); make bench runs all first (through cluster-up)
+#   mutation: mutmut into .venv, on top of all (make mutation only; not a
+#          make test dependency, not in pyproject.toml's digest)
 # Non-interactive (CI=true, no stdin); root is needed only for apt-get.
 set -euo pipefail
 
@@ -17,6 +19,8 @@ readonly TORCH_PIN="torch==2.13.0"
 readonly APT_PACKAGES=(slurm-wlm munge bats bats-assert bats-support bats-file shellcheck iproute2 hyperfine)
 # The staging benchmark compares extraction with a mounted squashfs image.
 readonly BENCH_APT_PACKAGES=(squashfs-tools squashfuse fuse3)
+# make mutation (tools/mutation.py); pinned: the report reads mutmut's result files.
+readonly MUTMUT_PIN="mutmut==3.8.1"
 
 die() {
   echo "$PROG: error: $*" >&2
@@ -82,6 +86,19 @@ install_venv() {
   echo "$digest" >"$stamp"
 }
 
+# install_mutmut: the pinned mutmut into .venv unless it is there.
+install_mutmut() {
+  local shown
+  shown=$("$VENV/bin/python" -m pip show mutmut 2>/dev/null || true)
+  if [[ $'\n'"$shown"$'\n' == *$'\n'"Version: ${MUTMUT_PIN#*==}"$'\n'* ]]; then
+    echo "$PROG: $MUTMUT_PIN present"
+    return 0
+  fi
+  echo "$PROG: installing $MUTMUT_PIN"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$MUTMUT_PIN" </dev/null ||
+    die "pip install $MUTMUT_PIN failed"
+}
+
 main() {
   case "${1:-all}" in
     system) install_system "${APT_PACKAGES[@]}" ;;
@@ -91,8 +108,9 @@ main() {
       install_venv
       ;;
     bench) install_system "${BENCH_APT_PACKAGES[@]}" ;;
+    mutation) install_mutmut ;;
     *)
-      echo "$PROG: error: expected system, venv, all or bench; got '$1'" >&2
+      echo "$PROG: error: expected system, venv, all, bench or mutation; got '$1'" >&2
       exit 2
       ;;
   esac

@@ -1,0 +1,50 @@
+"""average_gradients (hpc_harness.pieces): one flat all-reduce, divided by the world size, copied
+back parameter by parameter; parameters without a gradient are left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpc_harness.pieces import average_gradients
+
+
+def _model_with_grads() -> tuple[torch.nn.Module, dict[str, torch.Tensor | None]]:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    for i, p in enumerate(model.parameters()):
+        p.grad = torch.arange(p.numel(), dtype=torch.float32).view_as(p) + 10 * i
+    model[1].bias.grad = None  # e.g. an unused parameter
+    return model, {
+        n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()
+    }
+
+
+def test_alone_the_gradients_are_untouched() -> None:
+    model, before = _model_with_grads()
+    average_gradients(model, 1)
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (before[name] is None)
+        if p.grad is not None:
+            assert torch.equal(p.grad, before[name])
+
+
+@pytest.fixture
+def fake_group():
+    """A process group of 2 whose all-reduce returns this rank's own values (no second process):
+    the average of two equal contributions is then the sum of one divided by 2."""
+    import torch.distributed as dist
+
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=2)
+    yield
+    dist.destroy_process_group()
+
+
+def test_with_a_group_every_gradient_is_divided_by_the_world_size(fake_group) -> None:
+    model, before = _model_with_grads()
+    average_gradients(model, 2)
+    for name, p in model.named_parameters():
+        if before[name] is None:
+            assert p.grad is None
+        else:
+            assert torch.equal(p.grad, before[name] / 2), name

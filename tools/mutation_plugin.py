@@ -1,0 +1,57 @@
+"""pytest plugin for the mutation run (tools/mutation.py): skip a test when it starts a process.
+
+mutmut records which tests reach which function in its own process only, and runs a mutant
+against those tests; a test that launches torchrun, a subprocess or spawned gloo ranks costs
+seconds to a minute per mutant and kills nothing mutmut can attribute to it. Such a test is
+skipped the moment it tries (``pytest.skip`` raises BaseException: no ``except Exception``
+swallows it). Quick external commands the core itself calls (``scontrol show hostnames``) run
+as usual, so the code around them is tested. Loaded only by the mutation run
+(``-p mutation_plugin``), never by ``make test``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+_REASON = "starts a process: not a fast test for the mutation run"
+# Commands that answer in milliseconds and that the core calls itself: allowed.
+QUICK_COMMANDS = frozenset({"scontrol"})
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> Any:
+    pytest.skip(_REASON)
+
+
+def _popen_unless_quick(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+    argv0 = args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), "")
+    name = os.fsdecode(argv0)
+    # a command that does not exist fails at once (FileNotFoundError): let it
+    if (
+        os.path.basename(name) not in QUICK_COMMANDS
+        and shutil.which(name, path=(kwargs.get("env") or os.environ).get("PATH")) is not None
+    ):
+        pytest.skip(_REASON)
+    _saved["popen"](self, args, *rest, **kwargs)
+
+
+_saved: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Patched for the whole session (module- and session-scoped fixtures start processes too)."""
+    _saved["popen"] = subprocess.Popen.__init__
+    _saved["start"] = multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__ = _popen_unless_quick  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = _refuse  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _saved:
+        subprocess.Popen.__init__ = _saved.pop("popen")  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = _saved.pop("start")  # type: ignore[method-assign]
