@@ -34,7 +34,9 @@
 # <repo>/.cluster-24.11 (the prefix's name without 'slurm-') on ports 18817
 # and 18001+, so it runs beside the default cluster without touching it.
 # Jobs inherit the submitting PATH, and a 22.05 srun first on PATH fails in a
-# 24.11 job ("Invalid Protocol Version"): `env` prints the PATH line too.
+# 24.11 job ("Invalid Protocol Version"): `env` prints the PATH line too, and
+# the TaskProlog puts the prefix's bin/ first for jobs that inherit nothing
+# (--export=NONE).
 set -euo pipefail
 
 readonly PROG="cluster.sh"
@@ -183,9 +185,14 @@ AutoDetect=off
 NodeName=node[1-$NODE_COUNT] Name=gpu File=/dev/tty[0-$((NODE_GPUS > 0 ? NODE_GPUS - 1 : 0))]
 EOF
   # Emulates a site that provides SLURM_TMPDIR: one folder per node per job.
+  # A job submitted with --export=NONE gets a login PATH, where this
+  # SLURM_PREFIX's srun is not (a real cluster's is): its tasks get it here.
+  local path_line=""
+  [[ -z "$SLURM_PREFIX" ]] || path_line="echo \"export PATH=$SLURM_PREFIX/bin:\$PATH\""
   write_file "$CLUSTER_DIR/etc/task_prolog.sh" 0755 <<EOF
 #!/bin/sh
 # TaskProlog: lines printed as 'export NAME=value' reach every task.
+$path_line
 case "\$SLURM_JOB_PARTITION" in
   tmpdir|urgent) ;;
   *) exit 0 ;;
