@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -105,13 +106,16 @@ def run_mutmut(workdir: Path, children: int, names: list[str]) -> tuple[float, f
     """``mutmut run`` in the scratch copy; returns its wall time and the CPU time (user + sys)
     of it and every process under it, in seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(workdir)}
-    mutmut = Path(sys.executable).parent / "mutmut"
-    if not mutmut.exists():
+    if importlib.util.find_spec("mutmut") is None:
         sys.exit("mutation.py: error: mutmut is not installed (tools/install_deps.sh mutation)")
     started = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     code = subprocess.call(
-        [str(mutmut), "run", "--max-children", str(children), *names], cwd=workdir, env=env
+        # python -m, not the mutmut script: a venv built elsewhere (a worktree) and moved keeps
+        # that place in its scripts' first line, and the script then fails to start
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names],
+        cwd=workdir,
+        env=env,
     )
     elapsed = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
