@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Rendering: the batch script as a pure function of the plan (plan_*, and
-# nothing else). It reads no clock and runs no command but cat (its
-# here-documents), so --dry-run is byte-stable and golden files can test it;
+# nothing else). It reads no clock and runs no command (printf only), so
+# --dry-run is byte-stable and golden files can test it;
 # what varies (job id, node names, the submission folder) is resolved on the
 # node. Sourced; functions only.
 
@@ -39,14 +39,11 @@ render_header() {
     printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'
     printf '# folder named below does not exist; --no-submit writes it with this script.\n'
   fi
-  cat <<EOF
-# Rendered by hpc_files/job_submitter.sh $HPC_VERSION; do not edit: re-run the
-# submitter (its exact command is in command.txt beside this file).
-#
-# Layout: $plan_nodes node(s) x $plan_tasks_per_node task(s) x $plan_cpus_per_task CPU(s); world size $plan_world_size.
-# Kind: $kind_text.
-# Trials: $plan_trial_count$array_note.
-EOF
+  printf '# Rendered by hpc_files/job_submitter.sh %s; do not edit: re-run the\n' "$HPC_VERSION"
+  printf '# submitter (its exact command is in command.txt beside this file).\n#\n'
+  printf '# Layout: %s node(s) x %s task(s) x %s CPU(s); world size %s.\n' \
+    "$plan_nodes" "$plan_tasks_per_node" "$plan_cpus_per_task" "$plan_world_size"
+  printf '# Kind: %s.\n# Trials: %s%s.\n' "$kind_text" "$plan_trial_count" "$array_note"
 }
 
 render_sbatch_lines() {
@@ -97,14 +94,10 @@ render_site_sbatch_lines() {
 
 render_environment() {
   local entry quoted
-  cat <<'EOF'
-
-set -uo pipefail
-# srun does not inherit --cpus-per-task since SLURM 22.05.
-export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
-
-# The project and its folders, for the node scripts and the program.
-EOF
+  # shellcheck disable=SC2016 # the job expands these variables, not the submitter
+  printf '%s\n' '' 'set -uo pipefail' '# srun does not inherit --cpus-per-task since SLURM 22.05.' \
+    'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"' '' \
+    '# The project and its folders, for the node scripts and the program.'
   export_line source_dir "$plan_code_dir"
   export_line project_name "$plan_project_name"
   export_line scratch_dir "$plan_scratch_dir"
@@ -157,17 +150,16 @@ EOF
 }
 
 render_launch() {
-  cat <<'EOF'
-
-# Stage data, launch, forward signals, requeue: node/batch.sh, copied into the
-# submission folder when it was written, so editing the project later changes
-# nothing queued. exec keeps this shell's pid, which SLURM signals.
-if [[ ! -f "$HPC_SUBMISSION_DIR/node/batch.sh" ]]; then
-  echo "hpc: error: no submission folder at $HPC_SUBMISSION_DIR (a --dry-run preview has none; job_submitter.sh --no-submit writes one)" >&2
-  exit 1
-fi
-exec bash "$HPC_SUBMISSION_DIR/node/batch.sh"
-EOF
+  # shellcheck disable=SC2016 # the job expands these variables, not the submitter
+  printf '%s\n' '' \
+    '# Stage data, launch, forward signals, requeue: node/batch.sh, copied into the' \
+    '# submission folder when it was written, so editing the project later changes' \
+    "# nothing queued. exec keeps this shell's pid, which SLURM signals." \
+    'if [[ ! -f "$HPC_SUBMISSION_DIR/node/batch.sh" ]]; then' \
+    '  echo "hpc: error: no submission folder at $HPC_SUBMISSION_DIR (a --dry-run preview has none; job_submitter.sh --no-submit writes one)" >&2' \
+    '  exit 1' \
+    'fi' \
+    'exec bash "$HPC_SUBMISSION_DIR/node/batch.sh"'
 }
 
 # render_setup_script: the venv setup job of --setup-venv (setup.sbatch): one
@@ -192,9 +184,8 @@ render_setup_script() {
   printf '\n# What to install, and the digest the venv is stamped with.\n'
   export_line HPC_REQUIREMENTS "$plan_submission_dir/requirements.txt"
   export_line HPC_REQUIREMENTS_DIGEST "$plan_requirements_digest"
-  cat <<'EOF'
-exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"
-EOF
+  # shellcheck disable=SC2016 # the job expands it, not the submitter
+  printf '%s\n' 'exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"'
 }
 
 # render_script: the whole batch script on stdout.

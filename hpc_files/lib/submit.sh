@@ -65,11 +65,10 @@ fill_submission_dir() {
   git_state_pid=$!
   [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$dir/code.tar"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
-  cp -p "$HPC_FILES_DIR"/node/*.sh "$dir/node/" || die "cannot copy the node scripts into $dir/node"
-  cp -p "$source_dir/virtual_env_hpc_files/runtime.sh" "$dir/node/runtime_venv.sh" ||
-    die "cannot copy the venv runtime into $dir/node"
-  cp -p "$source_dir/singularity_hpc_files/runtime.sh" "$dir/node/runtime_singularity.sh" ||
-    die "cannot copy the container runtime into $dir/node"
+  # The node scripts and both runtime layers (node/lib.sh load_runtime picks one).
+  cp -p "$HPC_FILES_DIR"/node/*.sh "$source_dir/virtual_env_hpc_files/runtime_venv.sh" \
+    "$source_dir/singularity_hpc_files/runtime_singularity.sh" "$dir/node/" ||
+    die "cannot copy the node scripts and runtime layers into $dir/node"
   if [[ -n "${opt_sweep:-}" ]]; then
     cp -p "$opt_sweep" "$dir/sweep.yml" || die "cannot copy $opt_sweep"
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then

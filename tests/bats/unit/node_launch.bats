@@ -13,7 +13,7 @@ setup() {
   fake_torch="$BATS_TEST_TMPDIR/fake torch"
   mkdir -p "$sub/node" "$venv/bin" "$fake_torch/torch/distributed" "$BATS_TEST_TMPDIR/src"
   cp "$REPO_ROOT"/hpc_files/node/*.sh "$sub/node/"
-  cp "$REPO_ROOT/virtual_env_hpc_files/runtime.sh" "$sub/node/runtime_venv.sh"
+  cp "$REPO_ROOT/virtual_env_hpc_files/runtime_venv.sh" "$sub/node/"
   : >"$fake_torch/torch/__init__.py"
   printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >"$venv/bin/python"
   # torchrun and any program print their argv (one word per line) and the
@@ -151,7 +151,7 @@ argv:end'
 container() {
   export HPC_RUNTIME=singularity HPC_CONTAINER="$BATS_TEST_TMPDIR/image.sif"
   : >"$HPC_CONTAINER"
-  cp "$REPO_ROOT/singularity_hpc_files/runtime.sh" "$sub/node/runtime_singularity.sh"
+  cp "$REPO_ROOT/singularity_hpc_files/runtime_singularity.sh" "$sub/node/"
   export PATH="$REPO_ROOT/tests/bats/fixtures/standin:$PATH"
   export STANDIN_ARGV_LOG="$BATS_TEST_TMPDIR/standin.log" STANDIN_IMAGE_PATH="$venv/bin:/usr/bin:/bin"
   export HPC_CONTAINER_RUNTIME=singularity
