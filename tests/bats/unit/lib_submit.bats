@@ -158,3 +158,28 @@ REQUEUE_HOLD 0:15'
   assert_failure 137
   assert_regex "$stderr" "job 5: CANCELLED x1, COMPLETED x1, FAILED x1"
 }
+
+@test "prepare_trials: a command after '--' is one trial with no temporary folder; a configs file is expanded in one" {
+  # shellcheck source=../../../hpc_files/lib/trials.sh
+  source "$HPC_FILES_DIR/lib/trials.sh"
+  HPC_PYTHON="$REPO_ROOT/.venv/bin/python"
+  [[ -x "$HPC_PYTHON" ]] || HPC_PYTHON=python3
+  source_dir=$REPO_ROOT
+  TMPDIR="$BATS_TEST_TMPDIR/tmp"
+  mkdir -p "$TMPDIR"
+  opt_seeds="" opt_sweep="" opt_wandb_sweep="" opt_configs=""
+  HPC_CLEANUP_PATHS=()
+  opt_command=(python train.py --lr 0.1)
+  trials_dir=""
+  prepare_trials
+  assert_equal "$trials_count" 1
+  assert_equal "$trials_dir" ""
+  assert_equal "$(ls -A "$TMPDIR")" ""
+  opt_command=()
+  opt_configs="$BATS_TEST_TMPDIR/configs.txt"
+  printf 'python train.py --lr 0.1\npython train.py --lr 0.2\n' >"$opt_configs"
+  prepare_trials
+  assert_equal "$trials_count" 2
+  assert_equal "$(wc -l <"$trials_dir/commands.txt")" 2
+  run_cleanup
+}
