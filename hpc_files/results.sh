@@ -17,8 +17,7 @@ HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HPC_PROG=results.sh
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
-source_dir=${HPC_FILES_DIR%/*}
-project=${source_dir##*/}
+project_paths
 
 usage() {
   cat <<USAGE
@@ -26,7 +25,7 @@ usage: results.sh EXP|JOBID [--sort METRIC[:max|min]] [--no-group] [--metrics A,
                   [--csv FILE] [--plot FILE.png] [--project NAME]
 
 One row per configuration of the newest submission of experiment EXP (or the
-submission whose job id is JOBID) under \$SCRATCH/$project/: its trials, its
+submission whose job id is JOBID) under \$SCRATCH/$project_name/: its trials, its
 parameters, n, state, and for every metric its final and best value (mean ± std
 over the seeds of the configuration; failed trials are listed but left out of
 the mean unless all failed; a configuration whose every trial failed sorts
@@ -42,7 +41,7 @@ run's run.json.
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)
   --plot FILE.png    draw the sort metric against each parameter (matplotlib)
-  --project NAME     the project folder under \$SCRATCH (default: $project,
+  --project NAME     the project folder under \$SCRATCH (default: $project_name,
                      the folder holding hpc_files/)
   -h, --help         show this help
 USAGE

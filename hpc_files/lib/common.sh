@@ -123,6 +123,14 @@ run_cleanup() {
   ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
 }
 
+# project_paths: where the project is (source_dir, project_name): the folder
+# holding hpc_files/ (HPC_FILES_DIR is absolute, as 'cd DIR && pwd' prints it).
+project_paths() {
+  source_dir=${HPC_FILES_DIR%/*}
+  : "${source_dir:=/}"
+  project_name=${source_dir##*/}
+}
+
 # login_python: the python that runs the login-node tools beside this file
 # (trials.py, bayes.py, results.py): HPC_PYTHON, else the --venv's, else the
 # project's .venv, else python3.
@@ -140,7 +148,7 @@ login_python() {
 
 # run_results_py MODE ARG...: status.sh and results.sh. Their usage (a
 # function of the caller's) for -h or --help before any '--', else
-# results.py MODE for the project in source_dir.
+# results.py MODE for the project (project_paths).
 run_results_py() {
   local mode=$1 arg python
   shift
@@ -152,5 +160,5 @@ run_results_py() {
     fi
   done
   python=$(login_python)
-  HPC_PROG=$HPC_PROG exec "$python" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "${source_dir##*/}" "$@"
+  HPC_PROG=$HPC_PROG exec "$python" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
 }

@@ -10,14 +10,6 @@
 #   G = 0      no --gres line at all; lightning and torchrun get K processes
 #              per node (--tasks-per-node, default 1), none one process
 
-# project_paths: where the project is (source_dir, project_name): the folder
-# holding hpc_files/ (HPC_FILES_DIR is absolute, as 'cd DIR && pwd' prints it).
-project_paths() {
-  source_dir=${HPC_FILES_DIR%/*}
-  : "${source_dir:=/}"
-  project_name=${source_dir##*/}
-}
-
 # plan_paths: the project's folders under $SCRATCH (validated).
 plan_paths() {
   plan_project_name=$project_name
