@@ -54,28 +54,17 @@ validate_array_size() {
 # time. Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 parse_slurm_time() {
   emit "${2:-}" ""
-  local value=$1 days=0 h=0 m=0 s=0 rest
-  if [[ "$value" =~ ^([0-9]{1,4})-(.*)$ ]]; then
-    to_decimal "${BASH_REMATCH[1]}" days
-    rest=${BASH_REMATCH[2]}
-    if [[ "$rest" =~ ^([0-9]{1,2})$ ]]; then
-      h=${BASH_REMATCH[1]}
-    elif [[ "$rest" =~ ^([0-9]{1,2}):([0-9]{1,2})$ ]]; then
-      h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]}
-    elif [[ "$rest" =~ ^([0-9]{1,2}):([0-9]{1,2}):([0-9]{1,2})$ ]]; then
-      h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
-    else
-      return 0
-    fi
-  elif [[ "$value" =~ ^([0-9]{1,6})$ ]]; then
-    m=${BASH_REMATCH[1]}
-  elif [[ "$value" =~ ^([0-9]{1,6}):([0-9]{1,2})$ ]]; then
-    m=${BASH_REMATCH[1]} s=${BASH_REMATCH[2]}
+  local value=$1 days=0 h=0 m=0 s=0
+  if [[ "$value" =~ ^([0-9]{1,4})-([0-9]{1,2})(:([0-9]{1,2}))?(:([0-9]{1,2}))?$ ]]; then
+    days=${BASH_REMATCH[1]} h=${BASH_REMATCH[2]} m=${BASH_REMATCH[4]:-0} s=${BASH_REMATCH[6]:-0}
+  elif [[ "$value" =~ ^([0-9]{1,6})(:([0-9]{1,2}))?$ ]]; then
+    m=${BASH_REMATCH[1]} s=${BASH_REMATCH[3]:-0}
   elif [[ "$value" =~ ^([0-9]{1,4}):([0-9]{1,2}):([0-9]{1,2})$ ]]; then
     h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
   else
     return 0
   fi
+  to_decimal "$days" days
   to_decimal "$h" h
   to_decimal "$m" m
   to_decimal "$s" s
