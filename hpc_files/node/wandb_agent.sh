@@ -56,11 +56,9 @@ on_signal() {
 
 # runs_folder: where each run's files go, under its run id.
 runs_folder() {
-  if [[ -n "${scratch_dir:-}" && -n "${exp_name:-}" ]]; then
-    printf '%s/%s/runs' "$scratch_dir" "$exp_name"
-  else
-    printf '%s/runs' "${HPC_TRIAL_DIR:-$PWD}"
-  fi
+  local folder=${HPC_TRIAL_DIR:-$PWD}
+  [[ -z "${scratch_dir:-}" || -z "${exp_name:-}" ]] || folder=$scratch_dir/$exp_name
+  printf '%s/runs' "$folder"
 }
 
 write_shim() {
