@@ -103,7 +103,7 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     dicts, ``Strategy.state(..., sharded=True)``) go through ``torch.distributed.checkpoint``
     into the folder ``path``, each rank writing its own part; rank 0 writes the rest of its
     ``state`` to ``path/meta.pt``. Atomic like :func:`atomic_save`: everything is written into
-    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete."""
+    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete, before any rank returns."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -114,12 +114,14 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
         os.makedirs(tmp)
     if dist.is_initialized():
         dist.barrier()
-    dcp.save({k: state.pop(k) for k in ("model", "optimizer")}, checkpoint_id=tmp)
+    dcp.save({k: state.pop(k) for k in ("model", "optimizer") if k in state}, checkpoint_id=tmp)
     if main:  # dcp.save returned: every rank's part is written
         atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if dist.is_initialized():  # every rank returns once ``path`` is complete
+        dist.barrier()
 
 
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:

@@ -37,7 +37,11 @@ What it does for you:
   ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
   checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
   code 42);
-- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
+- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict
+  (``{"model", "global_step", "epoch", "metrics", "hparams"}``); with ``sharded_checkpoint``
+  the folder ``last.dcp`` instead, every rank writing its part of the model (never gathered on
+  one rank; the rest in ``last.dcp/meta.pt``); ``python -m
+  torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
 
 The logged ``train_loss`` is the mean of the per-step losses since the previous log line
 (epoch boundaries do not reset it), averaged over all ranks: every ``log_every`` steps one
@@ -442,13 +446,23 @@ class Trainer:
         self.last_checkpoint = state["path"]
         return True
 
+    def _final_path(self) -> str:
+        return os.path.join(
+            self.cfg.ckpt_dir, "last.dcp" if self.cfg.sharded_checkpoint else "last.pt"
+        )
+
     def _save_final(self) -> None:
-        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
-        model = self.strategy.state(self.model, self.optimizer)[0]  # collective
-        if self.is_main:
-            payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
-            payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
-            ckpt.atomic_save(payload, os.path.join(self.cfg.ckpt_dir, "last.pt"))
+        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}; with
+        ``sharded_checkpoint`` every rank writes its part of the model into ``last.dcp``
+        (checkpoint.save_sharded: the rest of the payload in its meta.pt). Collective."""
+        sharded = self.cfg.sharded_checkpoint
+        model = self.strategy.state(self.model, self.optimizer, sharded)[0]
+        payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
+        payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
+        if sharded:
+            ckpt.save_sharded(payload, self._final_path())
+        elif self.is_main:
+            ckpt.atomic_save(payload, self._final_path())
 
     # ------------------------------------------------------------------ the loop
 
@@ -518,8 +532,8 @@ class Trainer:
 
     def _finish_again(self, status: str) -> str:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.
-        ``last.pt`` is written only if it is missing (the job died before writing it)."""
-        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        ``last.pt`` (``last.dcp``) is written only if it is missing (the job died before)."""
+        path = self._final_path()
         if pieces.from_rank0(not os.path.exists(path)):
             self._save_final()
         self._print(
