@@ -187,7 +187,7 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     """Load the newest checkpoint that loads; warn about and skip any that do not.
 
     Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable. One process's
-    view: in a distributed job use :func:`load_latest_shared`.
+    view: in a distributed job ``pieces.load_checkpoint`` calls it on rank 0 alone.
     """
     for tmp in stale_temp_files(ckpt_dir):
         log(f"hpc_harness: warning: ignoring incomplete checkpoint {tmp} (a save was interrupted)")
@@ -199,29 +199,6 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
             continue
         return state, path
     return None, None
-
-
-def load_latest_shared(
-    ckpt_dir: str, log: Any = print, rank0_only: tuple[str, ...] = ()
-) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_latest` for every rank of a process group: rank 0 alone chooses and reads
-    the newest checkpoint that loads (in its view of ``ckpt_dir``: a stale NFS listing
-    elsewhere does not matter) and broadcasts it, so the file is read once, not once per rank.
-    The keys in ``rank0_only`` (the model and optimizer, which
-    ``Strategy.load`` broadcasts tensor by tensor) are None on the other ranks. Collective when
-    a process group exists: call it on every rank.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return load_latest(ckpt_dir, log)
-    state, path = load_latest(ckpt_dir, log) if dist.get_rank() == 0 else (None, None)
-    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
-    box: list[Any] = [path, rest]
-    dist.broadcast_object_list(box, src=0)
-    if dist.get_rank() != 0 and box[1] is not None:
-        state = {**box[1], **dict.fromkeys(rank0_only)}
-    return state, box[0]
 
 
 # --------------------------------------------------------------------------- run identity
@@ -261,16 +238,6 @@ def plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True, default=repr))
 
 
-def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"key (saved -> current)"`` for every key whose value differs (or exists in one only)."""
-    missing = "<unset>"
-    return [
-        f"{k} ({saved.get(k, missing)!r} -> {current.get(k, missing)!r})"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k, missing) != current.get(k, missing)
-    ]
-
-
 def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
     """The folder's ``run.json``, or None when there is none (or it cannot be read)."""
     try:
@@ -298,14 +265,19 @@ def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> str:
 def identity_error(
     ckpt_dir: str, fp: Mapping[str, Any], saved: Mapping[str, Any] | None
 ) -> str | None:
-    """The one-line message when ``fp`` differs from ``saved`` (a checkpoint's fingerprint, or
-    ``run.json``'s when None); None when they agree or nothing was recorded."""
+    """The one-line message naming every key whose value differs (or exists in one only)
+    between ``saved`` (a checkpoint's fingerprint, or ``run.json``'s when None) and ``fp``;
+    None when they agree or nothing was recorded."""
     if saved is None:
-        run = read_run_file(ckpt_dir)
-        saved = run["fingerprint"] if run else None
+        saved = (read_run_file(ckpt_dir) or {}).get("fingerprint")
     if saved is None:
         return None
-    diff = fingerprint_diff(saved, fp)
+    missing = "<unset>"
+    diff = [
+        f"{k} ({saved.get(k, missing)!r} -> {fp.get(k, missing)!r})"
+        for k in sorted(set(saved) | set(fp))
+        if saved.get(k, missing) != fp.get(k, missing)
+    ]
     if not diff:
         return None
     return (

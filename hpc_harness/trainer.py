@@ -434,14 +434,8 @@ class Trainer:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         self.metrics = dict(state.get("metrics") or {})
-        rng = state.get("rng") or []
-        if len(rng) == self.world_size:
-            self._pending_rng = rng[self.rank]
-        else:
-            self._print(
-                f"hpc_harness: warning: checkpoint has RNG states for {len(rng)} ranks, world size "
-                f"is {self.world_size}: reseeding (the run will not match an uninterrupted one)"
-            )
+        self._pending_rng = state["rng"]  # restored once the epoch's iterator exists
+        if self._pending_rng is None:  # another world size (load_checkpoint warned)
             torch.manual_seed(self.cfg.seed + self.rank)
         self.last_checkpoint = state["path"]
         return True
