@@ -45,7 +45,6 @@ from typing import Any, TextIO
 from hpc_harness import MIN_TORCH
 
 DEFAULT_TIMEOUT_S = 600
-GPUS_HELP = "--gpus expects a count (2), -1, or ids (0,1)"
 
 
 class LaunchError(RuntimeError):
@@ -107,21 +106,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
         except ValueError:
             raise LaunchError(f"{name} must be a whole number, got '{env.get(name, '')}'") from None
 
-    torchrun_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    present = [k for k in torchrun_keys if k in env]
-    if present:
-        missing = [k for k in torchrun_keys if k not in env]
-        if missing:
-            raise LaunchError(
-                f"{', '.join(present)} set but {', '.join(missing)} missing: start the job "
-                "with torchrun (which sets all of them) or unset them"
-            )
-        rank, world = num("RANK"), num("WORLD_SIZE")
-        local_world = num("LOCAL_WORLD_SIZE", world)
-        launcher, local = "torchrun", num("LOCAL_RANK")
-        node = num("GROUP_RANK", rank // max(local_world, 1))
-        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), num("MASTER_PORT", 29500)
-    else:
+    torchrun = any(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if not torchrun:
         world = num("SLURM_STEP_NUM_TASKS", num("SLURM_NTASKS", 1))
         if world > 1 and "SLURM_STEP_ID" not in env:
             raise LaunchError(
@@ -131,11 +117,21 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
             )
         if world <= 1:
             return RankInfo(launcher="single")
-        for key in ("SLURM_PROCID", "SLURM_LOCALID"):
-            if key not in env:
-                raise LaunchError(f"srun launch with {world} tasks but {key} is not set")
-        launcher, rank, local = "srun", num("SLURM_PROCID"), num("SLURM_LOCALID")
-        node = num("SLURM_NODEID", 0)
+    launcher = "torchrun" if torchrun else "srun"
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK") if torchrun else ("SLURM_PROCID", "SLURM_LOCALID")
+    missing = [k for k in keys if k not in env]
+    if missing:
+        raise LaunchError(
+            f"{', '.join(missing)} missing: {launcher} sets {', '.join(keys)}; start the job "
+            f"with {launcher} or unset the launcher variables"
+        )
+    if torchrun:
+        rank, local, world = num("RANK"), num("LOCAL_RANK"), num("WORLD_SIZE")
+        local_world = num("LOCAL_WORLD_SIZE", world)
+        node = num("GROUP_RANK", rank // max(local_world, 1))
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), num("MASTER_PORT", 29500)
+    else:
+        rank, local, node = num("SLURM_PROCID"), num("SLURM_LOCALID"), num("SLURM_NODEID", 0)
         tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         local_world = tasks_on_node(tpn, node) if tpn else world
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -151,33 +147,22 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
     return RankInfo(launcher, rank, local, world, local_world, node, addr, port)
 
 
-def parse_gpus(spec: str | int | None) -> int | list[int] | None:
-    """Lightning-style ``--gpus``: ``2`` -> two GPUs, ``0,1`` or ``"0, 1"`` -> those ids,
-    ``-1`` -> all, ``0`` or empty -> none, ``None`` -> not given."""
+def parse_gpus(spec: str | int | None) -> int | None:
+    """Lightning-style ``--gpus``: ``2`` -> two GPUs, ``-1`` -> all, ``0`` or empty -> none,
+    ``None`` -> not given."""
     if spec is None or isinstance(spec, int):
         return spec
-    text = spec.strip()
-    if "," in text:
-        ids = [p.strip() for p in text.split(",") if p.strip()]
-        if not ids or not all(p.isdigit() for p in ids):
-            raise ValueError(f"{GPUS_HELP}, got '{spec}'")
-        return [int(p) for p in ids]
-    if text and (not re.fullmatch(r"-?\d+", text) or int(text) < -1):
-        raise ValueError(f"{GPUS_HELP}, got '{spec}'")
-    return int(text or 0)
+    if spec.strip() and (not re.fullmatch(r"\s*-?\d+\s*", spec) or int(spec) < -1):
+        raise ValueError(f"--gpus expects a count (2), -1 for all, or 0, got '{spec}'")
+    return int(spec.strip() or 0)
 
 
-def select_devices(spec: int | list[int] | None, available: int) -> list[int]:
+def select_devices(spec: int | None, available: int) -> list[int]:
     """Which CUDA device indices to use, given the parsed ``--gpus`` and how many are visible."""
-    if available <= 0:
-        return []
-    if spec is None or spec == -1:
-        return list(range(available))
-    if isinstance(spec, int):
-        spec = list(range(spec))
-    if spec and max(spec) >= available:
+    count = available if spec is None or spec == -1 else spec
+    if count > available > 0:
         raise ValueError(f"--gpus asks for {spec} but only {available} GPU(s) visible")
-    return spec
+    return list(range(min(count, available)))
 
 
 @dataclass

@@ -81,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--gpus",
         default=None,
-        help="count (2), ids ('0,1' or '0, 1'), -1 for all; ignored when SLURM set "
-        "CUDA_VISIBLE_DEVICES",
+        help="count (2), -1 for all, 0 for none; ignored when SLURM set CUDA_VISIBLE_DEVICES",
     )
     g = p.add_argument_group("files")
     g.add_argument("--data-dir", default=None, help=f"default: {default_data_dir()}")
