@@ -15,7 +15,6 @@ from test_torchrun import _workers
 
 from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
 from hpc_harness.pieces import REQUEUE_EXIT_CODE, StopAgreement
-from hpc_harness.signals import StopFlag
 
 ARGS = ["--steps", "60", "--log-every", "5", "--seed", "5", "--checkpoint-every-s", "0"]
 
@@ -48,7 +47,7 @@ def test_testing_flags_are_hidden(capsys) -> None:
 
 
 def test_stop_agreement_alone_reacts_at_its_fixed_interval() -> None:
-    stop = StopAgreement(check_every=3, checkpoint_every_s=1e-9, flag=StopFlag())
+    stop = StopAgreement(check_every=3, checkpoint_every_s=1e-9)
     with stop:
         assert [stop.should_stop() for _ in range(4)] == [False] * 4
         assert stop.checkpoint_due  # the check at step 3: due on one process at once

@@ -13,7 +13,7 @@ from conftest import PY, clean_env, run_example
 
 from hpc_harness.signals import (
     REQUEUE_EXIT_CODE,
-    StopFlag,
+    StopAgreement,
     exit_code,
     write_requeue_marker,
 )
@@ -28,13 +28,13 @@ def test_contract_constants() -> None:
 
 
 def test_handler_only_sets_a_flag() -> None:
-    flag = StopFlag().install()
+    stop = StopAgreement().install()
     try:
-        assert not flag.is_set
+        assert stop.signum is None
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert flag.is_set and flag.name == "SIGUSR1"
+        assert stop.signum == signal.SIGUSR1 and stop.signal_name == "SIGUSR1"
     finally:
-        flag.uninstall()
+        stop.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
