@@ -82,18 +82,11 @@ def prepare_dataloader(
         return loader, None
     shuffle = isinstance(sampler, RandomSampler)
     new = ResumableSampler(len(loader.dataset), world_size, rank, shuffle, seed, loader.drop_last)
-    workers = loader.num_workers > 0
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=new,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        generator=torch.Generator().manual_seed(seed),
-        persistent_workers=loader.persistent_workers if workers else False,
-        prefetch_factor=loader.prefetch_factor if workers else None,
-    ), new
+    # the user's settings are kept; the sampler and the generator are the harness's
+    names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout")
+    kwargs = {k: getattr(loader, k) for k in (*names, "worker_init_fn")}
+    if loader.num_workers > 0:  # DataLoader refuses these two without workers
+        kwargs.update(persistent_workers=loader.persistent_workers)
+        kwargs.update(prefetch_factor=loader.prefetch_factor)
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(loader.dataset, sampler=new, generator=generator, **kwargs), new
