@@ -85,7 +85,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_map_only
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from hpc_harness import checkpoint as ckpt
@@ -95,7 +95,7 @@ from hpc_harness.dist import say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
-from hpc_harness.strategy import Strategy
+from hpc_harness.strategy import Strategy, average_gradients
 
 
 @dataclass
@@ -192,7 +192,6 @@ class Trainer:
         self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
         self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
         self._counts: dict[str, int] = {}
-        self._log_step, self._log_time = 0, time.perf_counter()
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
@@ -213,8 +212,7 @@ class Trainer:
     def _to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
             return batch
-        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-        return tree_map(lambda x: move(x) if isinstance(x, torch.Tensor) else x, batch)
+        return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
 
     # ------------------------------------------------------------------ steps
 
@@ -248,8 +246,8 @@ class Trainer:
                     loss = self._compute_loss(self._to_device(batch))
                 self.scaler.scale(loss / len(batches) if len(batches) > 1 else loss).backward()
             self.log("train_loss", loss)
-        if self.strategy.needs_grad_sync:
-            self.strategy.sync_gradients(self.model)
+        if self.strategy.needs_grad_sync:  # ddp2
+            average_gradients(self.model, self.world_size)
         if self.cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -259,7 +257,8 @@ class Trainer:
             self.scheduler.step()
 
     def _run_epoch(self, epoch: int) -> str:
-        """Run the rest of ``epoch``; returns "continue", "requeue" or "max_steps"."""
+        """Run the rest of ``epoch``; returns "finished" (its batches are done), "requeue" or
+        "max_steps"."""
         cfg = self.cfg
         self.model.train()
         done = self.step_in_epoch * cfg.accumulate  # batches of this epoch already trained
@@ -288,7 +287,7 @@ class Trainer:
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
-        return "continue"
+        return "finished"
 
     def _user_sampler_batches(self, epoch: int, start: int) -> Any:
         """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.
@@ -497,7 +496,6 @@ class Trainer:
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:
                     self._end_epoch()
-                status = "max_steps" if status == "max_steps" else "finished"
             if self.global_step != start_step or self.last_checkpoint is None:
                 self._save_checkpoint()
             self._save_final()

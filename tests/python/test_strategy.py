@@ -180,7 +180,7 @@ def _one_step(rank: int, world_size: int, name: str) -> tuple[bool, bool]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from hpc_harness.strategy import Strategy
+    from hpc_harness.strategy import Strategy, average_gradients
 
     strategy = Strategy(name, gloo_context(rank, world_size))
     # ddp and ddp2 promise to start every rank from rank 0's weights: rank-different inits
@@ -191,7 +191,7 @@ def _one_step(rank: int, world_size: int, name: str) -> tuple[bool, bool]:
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(100 + rank))
     model(x).pow(2).mean().backward()
     if strategy.needs_grad_sync:
-        strategy.sync_gradients(model)
+        average_gradients(model, world_size)
     opt.step()
     params = list(model.parameters())
     dtensors = all(isinstance(p, DTensor) for p in params)
