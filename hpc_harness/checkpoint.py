@@ -20,6 +20,7 @@ folder to ``<folder>.old-<UTC time>`` and never deletes anything.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -43,25 +44,18 @@ def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> s
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
     """Complete checkpoints in ``ckpt_dir``, oldest first (temporary files are not listed)."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    found = []
-    for name in os.listdir(ckpt_dir):
-        m = _NAME_RE.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(ckpt_dir, name)))
-    return [p for _, p in sorted(found)]
+    names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+    found = sorted((int(m.group(1)), m.group(0)) for m in map(_NAME_RE.match, names) if m)
+    return [os.path.join(ckpt_dir, name) for _, name in found]
 
 
 def _fsync_dir(folder: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
         fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:
-        pass
 
 
 def atomic_write(
