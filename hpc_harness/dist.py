@@ -229,8 +229,7 @@ def setup(
             os.environ.setdefault(k, str(v))
         timeout = int(os.environ.get("HPC_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
         dist.init_process_group(
-            backend=backend,
-            init_method="env://",
+            backend=backend,  # init_method env:// (the default): the variables set above
             rank=info.rank,
             world_size=info.world_size,
             timeout=datetime.timedelta(seconds=timeout),

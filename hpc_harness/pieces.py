@@ -140,13 +140,13 @@ def load_checkpoint(
     state, path, error = None, None, None
     if rank == 0:
         state, path = ckpt.load_latest(ckpt_dir, log=say)
-        saved = state.get("fingerprint") if state is not None else None
-        if fingerprint is not None and state is not None and saved is None:
-            say(
-                f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
-                "wrote it): resuming without checking that it belongs to this run"
-            )
         if fingerprint is not None:
+            saved = state.get("fingerprint") if state is not None else None
+            if state is not None and saved is None:
+                say(
+                    f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
+                    "wrote it): resuming without checking that it belongs to this run"
+                )
             error = ckpt.identity_error(ckpt_dir, fingerprint, saved)
     rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
     path, rest, error = from_rank0((path, rest, error))

@@ -86,7 +86,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pieces
@@ -173,17 +173,15 @@ class Trainer:
                 f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
                 "pass eval_data"
             )
-        self.precision = make_precision(config.precision, self.device, log=self._print)
+        self.precision = make_precision(config.precision, self.device)
         # fp16's scaler, or a disabled one whose scale/step/update are the plain calls
         self.scaler = self.precision.scaler or torch.amp.GradScaler(enabled=False)
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
         self.batch_size = train_loader.batch_size or 1
-        self.collate_fn = train_loader.collate_fn or default_collate  # evaluate() uses it too
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
         self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
-        self.run_dir = config.run_dir or config.ckpt_dir
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -363,7 +361,8 @@ class Trainer:
         count = 0
         for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
             idx = mine[b : b + size]
-            batch = self.collate_fn([self.eval_data[i] for i in idx or mine[:size] or [0]])
+            samples = [self.eval_data[i] for i in idx or mine[:size] or [0]]
+            batch = self.train_loader.collate_fn(samples)
             with self.precision.autocast():
                 values = self.eval_step(self._to_device(batch))
             for k, v in values.items():
@@ -480,7 +479,7 @@ class Trainer:
             if resumed and cfg.max_steps is not None and self.global_step >= cfg.max_steps:
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
-                self.run_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
+                cfg.run_dir or cfg.ckpt_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
             )
             if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
