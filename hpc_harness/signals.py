@@ -143,26 +143,20 @@ class StopAgreement:
             self._unread = True
 
 
-def write_requeue_marker(
-    step: int, epoch: int, checkpoint: str, signal_name: str = ""
-) -> str | None:
-    """Write the requeue marker named by ``$HPC_REQUEUE_MARKER`` (rank 0 only). Returns its path."""
-    path = os.environ.get(MARKER_ENV)
-    if path:
+def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str = "") -> str | None:
+    """Rank 0, once the checkpoint is complete on every rank: the requeue marker named by
+    ``$HPC_REQUEUE_MARKER`` (when set; its path is returned) and the log line."""
+    marker = os.environ.get(MARKER_ENV) or None
+    if marker:
         info = {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
         line = json.dumps(info, sort_keys=True) + "\n"
-        atomic_write(path, lambda f: f.write(line.encode()))
-    return path or None
-
-
-def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str) -> None:
-    """Rank 0, once the checkpoint is complete on every rank: the marker and the log line."""
-    marker = write_requeue_marker(step, epoch, checkpoint, signal_name)
-    line = (
+        atomic_write(marker, lambda f: f.write(line.encode()))
+    print(
         f"hpc_harness: {signal_name or 'signal'} received: checkpointed at global step {step} "
-        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else "")
+        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else ""),
+        flush=True,
     )
-    print(line, flush=True)
+    return marker
 
 
 def exit_code(status: str) -> int:

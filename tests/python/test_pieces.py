@@ -135,11 +135,11 @@ def test_requeue_exit_without_a_signal_or_a_marker(monkeypatch, capsys) -> None:
 
 
 def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch) -> None:
-    from hpc_harness.signals import write_requeue_marker
+    from hpc_harness.signals import announce_requeue
 
     marker = tmp_path / "m.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    assert write_requeue_marker(3, 1, "/x.pt") == str(marker)
+    assert announce_requeue(3, 1, "/x.pt") == str(marker)
     assert json.loads(marker.read_text())["signal"] == ""
 
 
