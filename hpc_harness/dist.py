@@ -39,7 +39,7 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from hpc_harness import MIN_TORCH
@@ -52,8 +52,9 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the job, read from the launcher's variables."""
+class DistContext:
+    """Where this process sits in the job, read from the launcher's variables
+    (:func:`detect_launch`); :func:`setup` adds the backend and the device this rank uses."""
 
     launcher: str  # "torchrun" | "srun" | "single"
     rank: int = 0
@@ -63,6 +64,9 @@ class RankInfo:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    backend: str = "gloo"
+    device: Any = None  # torch.device, set by setup()
+    devices: list[int] = field(default_factory=list)  # CUDA ids it may use (DataParallel, ddp2)
 
     @property
     def distributed(self) -> bool:
@@ -94,7 +98,7 @@ def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
     return counts[min(node_index, len(counts) - 1)]
 
 
-def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
+def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
     """Read the launcher's variables (see the module table). Pure."""
     env = os.environ if env is None else env
 
@@ -116,7 +120,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
                 "'srun --ntasks-per-node=1 torchrun --nproc-per-node=G ...'"
             )
         if world <= 1:
-            return RankInfo(launcher="single")
+            return DistContext(launcher="single")
     launcher = "torchrun" if torchrun else "srun"
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK") if torchrun else ("SLURM_PROCID", "SLURM_LOCALID")
     missing = [k for k in keys if k not in env]
@@ -144,7 +148,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
         raise LaunchError(f"rank {rank} is outside world size {world}")
     if not 0 <= local < max(local_world, 1):
         raise LaunchError(f"local rank {local} is outside local world size {local_world}")
-    return RankInfo(launcher, rank, local, world, local_world, node, addr, port)
+    return DistContext(launcher, rank, local, world, local_world, node, addr, port)
 
 
 def parse_gpus(spec: str | int | None) -> int | None:
@@ -163,22 +167,6 @@ def select_devices(spec: int | None, available: int) -> list[int]:
     if count > available > 0:
         raise ValueError(f"--gpus asks for {spec} but only {available} GPU(s) visible")
     return list(range(min(count, available)))
-
-
-@dataclass
-class DistContext:
-    """What the trainer needs after setup: ranks, backend and the device this rank uses.
-    The :class:`RankInfo` fields read through (``ctx.rank``, ``ctx.world_size``, ...)."""
-
-    info: RankInfo
-    backend: str
-    device: Any  # torch.device
-    devices: list[int]  # CUDA ids this process may use (DataParallel / ddp2), [] on CPU
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "info":  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.info, name)
 
 
 def setup(
@@ -245,7 +233,7 @@ def setup(
             f"hpc_harness: rank {info.rank}/{info.world_size} local_rank {info.local_rank} "
             f"host {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} started"
         )
-    return DistContext(info=info, backend=backend, device=device, devices=devices)
+    return replace(info, backend=backend, device=device, devices=devices)
 
 
 def say(line: str, file: TextIO | None = None) -> None:

@@ -94,7 +94,7 @@ class Strategy:
         self.ctx = ctx
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
-        check_strategy(name, self.world_size, ctx.info.local_world_size, ctx.device.type == "cuda")
+        check_strategy(name, self.world_size, ctx.local_world_size, ctx.device.type == "cuda")
         if name == "fsdp":
             try:
                 from torch.distributed.fsdp import fully_shard  # noqa: F401

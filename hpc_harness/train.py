@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         data_dir = args.data_dir or default_data_dir()
         ckpt_dir = args.ckpt_dir or default_ckpt_dir()
-        ensure_digits(data_dir, local_rank=ctx.info.local_rank)
+        ensure_digits(data_dir, local_rank=ctx.local_rank)
         dist.barrier()
         train_set, test_set = DigitsDataset(data_dir, "train"), DigitsDataset(data_dir, "test")
         if ctx.is_main:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from hpc_harness import dist
-from hpc_harness.dist import LaunchError, RankInfo, detect_launch, first_host, parse_gpus
+from hpc_harness.dist import DistContext, LaunchError, detect_launch, first_host, parse_gpus
 
 
 def test_laptop_is_single_process() -> None:
     info = detect_launch({})
-    assert info == RankInfo(launcher="single")
+    assert info == DistContext(launcher="single")
     assert not info.distributed and info.is_main
 
 
