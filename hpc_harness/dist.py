@@ -40,7 +40,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from typing import Any
 
 from hpc_harness import MIN_TORCH
 
@@ -236,12 +236,11 @@ def setup(
     return replace(info, backend=backend, device=device, devices=devices)
 
 
-def say(line: str, file: TextIO | None = None) -> None:
+def say(line: str) -> None:
     """Print one line with one write(): with PYTHONUNBUFFERED, print() writes the text and the
     newline separately, and the lines of ranks sharing a pipe interleave mid-line."""
-    out = file or sys.stdout
-    out.write(line + "\n")
-    out.flush()
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def barrier() -> None:

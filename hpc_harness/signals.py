@@ -89,12 +89,6 @@ class StopAgreement:
             signal.signal(s, h)
         self._previous.clear()
 
-    def __enter__(self) -> StopAgreement:
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.uninstall()
-
     def saved(self) -> None:
         """A checkpoint was written: the timed interval starts again."""
         self.checkpoint_due = False

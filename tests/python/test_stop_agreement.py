@@ -87,10 +87,11 @@ def test_install_sets_the_flag_on_a_signal_and_uninstall_restores(monkeypatch) -
     seen: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
     try:
-        with StopAgreement(check_every=1) as stop:
-            os.kill(os.getpid(), signal.SIGUSR1)
-            assert stop.should_stop() and stop.signal_name == "SIGUSR1"
-            assert seen == []
+        stop = StopAgreement(check_every=1).install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.should_stop() and stop.signal_name == "SIGUSR1"
+        assert seen == []
+        stop.uninstall()
         os.kill(os.getpid(), signal.SIGUSR1)  # the user's handler is back
         assert seen == [signal.SIGUSR1]
     finally:
