@@ -222,14 +222,10 @@ class RunMismatch(ValueError):
 
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
-    (values JSON cannot hold are compared by their ``repr``)."""
-    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
-
-
-def plain(obj: Any) -> Any:
-    """``obj`` as plain JSON types (what JSON cannot hold becomes its ``repr``: a class of
-    ``fsdp_wrap``), so it loads with ``weights_only=True``."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
+    (what JSON cannot hold, a class of ``fsdp_wrap``, becomes its ``repr``), so it is compared
+    as JSON and loads with ``weights_only=True``."""
+    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
 
 
 def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
@@ -242,18 +238,15 @@ def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
 
 
-def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> str:
-    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically; returns
-    its path."""
-    path = os.path.join(ckpt_dir, RUN_FILE)
+def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> None:
+    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically."""
     record = {
         "fingerprint": dict(fp),
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
     text = json.dumps(record, indent=1, sort_keys=True)
-    atomic_write(path, lambda f: f.write(text.encode() + b"\n"))
-    return path
+    atomic_write(os.path.join(ckpt_dir, RUN_FILE), lambda f: f.write(text.encode() + b"\n"))
 
 
 def identity_error(
