@@ -305,15 +305,13 @@ def capture_rng() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    state: dict[str, Any] = {
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
-        "cuda": None,
+        "cuda": torch.cuda.get_rng_state_all() if cuda else None,
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:

@@ -69,9 +69,8 @@ def prepare_dataloader(
     sampler = loader.sampler
     if (
         not replace_sampler
-        or type(loader.batch_sampler).__name__ not in ("BatchSampler", "NoneType")
+        or loader.batch_size is None  # the user's batch_sampler (DataLoader sets None then)
         or not isinstance(sampler, (RandomSampler, SequentialSampler))
-        or loader.batch_size is None
     ):
         if world_size > 1 and rank == 0:
             print(
