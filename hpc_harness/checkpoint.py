@@ -20,6 +20,7 @@ folder to ``<folder>.old-<UTC time>`` and never deletes anything.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -43,25 +44,18 @@ def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> s
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
     """Complete checkpoints in ``ckpt_dir``, oldest first (temporary files are not listed)."""
-    if not os.path.isdir(ckpt_dir):
-        return []
-    found = []
-    for name in os.listdir(ckpt_dir):
-        m = _NAME_RE.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(ckpt_dir, name)))
-    return [p for _, p in sorted(found)]
+    names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+    found = sorted((int(m.group(1)), m.group(0)) for m in map(_NAME_RE.match, names) if m)
+    return [os.path.join(ckpt_dir, name) for _, name in found]
 
 
 def _fsync_dir(folder: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
         fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:
-        pass
 
 
 def atomic_write(
@@ -103,7 +97,7 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     dicts, ``Strategy.state(..., sharded=True)``) go through ``torch.distributed.checkpoint``
     into the folder ``path``, each rank writing its own part; rank 0 writes the rest of its
     ``state`` to ``path/meta.pt``. Atomic like :func:`atomic_save`: everything is written into
-    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete."""
+    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete, before any rank returns."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -114,12 +108,14 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
         os.makedirs(tmp)
     if dist.is_initialized():
         dist.barrier()
-    dcp.save({k: state.pop(k) for k in ("model", "optimizer")}, checkpoint_id=tmp)
+    dcp.save({k: state.pop(k) for k in ("model", "optimizer") if k in state}, checkpoint_id=tmp)
     if main:  # dcp.save returned: every rank's part is written
         atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if dist.is_initialized():  # every rank returns once ``path`` is complete
+        dist.barrier()
 
 
 def prune(ckpt_dir: str, keep_last: int) -> list[str]:
@@ -185,7 +181,7 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     """Load the newest checkpoint that loads; warn about and skip any that do not.
 
     Returns ``(state, path)`` or ``(None, None)`` when there is nothing usable. One process's
-    view: in a distributed job use :func:`load_latest_shared`.
+    view: in a distributed job ``pieces.load_checkpoint`` calls it on rank 0 alone.
     """
     for tmp in stale_temp_files(ckpt_dir):
         log(f"hpc_harness: warning: ignoring incomplete checkpoint {tmp} (a save was interrupted)")
@@ -197,29 +193,6 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
             continue
         return state, path
     return None, None
-
-
-def load_latest_shared(
-    ckpt_dir: str, log: Any = print, rank0_only: tuple[str, ...] = ()
-) -> tuple[dict[str, Any] | None, str | None]:
-    """:func:`load_latest` for every rank of a process group: rank 0 alone chooses and reads
-    the newest checkpoint that loads (in its view of ``ckpt_dir``: a stale NFS listing
-    elsewhere does not matter) and broadcasts it, so the file is read once, not once per rank.
-    The keys in ``rank0_only`` (the model and optimizer, which
-    ``Strategy.load`` broadcasts tensor by tensor) are None on the other ranks. Collective when
-    a process group exists: call it on every rank.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return load_latest(ckpt_dir, log)
-    state, path = load_latest(ckpt_dir, log) if dist.get_rank() == 0 else (None, None)
-    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
-    box: list[Any] = [path, rest]
-    dist.broadcast_object_list(box, src=0)
-    if dist.get_rank() != 0 and box[1] is not None:
-        state = {**box[1], **dict.fromkeys(rank0_only)}
-    return state, box[0]
 
 
 # --------------------------------------------------------------------------- run identity
@@ -249,24 +222,10 @@ class RunMismatch(ValueError):
 
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
-    (values JSON cannot hold are compared by their ``repr``)."""
-    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
-
-
-def plain(obj: Any) -> Any:
-    """``obj`` as plain JSON types (what JSON cannot hold becomes its ``repr``: a class of
-    ``fsdp_wrap``), so it loads with ``weights_only=True``."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
-
-
-def fingerprint_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"key (saved -> current)"`` for every key whose value differs (or exists in one only)."""
-    missing = "<unset>"
-    return [
-        f"{k} ({saved.get(k, missing)!r} -> {current.get(k, missing)!r})"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k, missing) != current.get(k, missing)
-    ]
+    (what JSON cannot hold, a class of ``fsdp_wrap``, becomes its ``repr``), so it is compared
+    as JSON and loads with ``weights_only=True``."""
+    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
 
 
 def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
@@ -279,31 +238,33 @@ def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
 
 
-def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> str:
-    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically; returns
-    its path."""
-    path = os.path.join(ckpt_dir, RUN_FILE)
+def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> None:
+    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically."""
     record = {
         "fingerprint": dict(fp),
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
     text = json.dumps(record, indent=1, sort_keys=True)
-    atomic_write(path, lambda f: f.write(text.encode() + b"\n"))
-    return path
+    atomic_write(os.path.join(ckpt_dir, RUN_FILE), lambda f: f.write(text.encode() + b"\n"))
 
 
 def identity_error(
     ckpt_dir: str, fp: Mapping[str, Any], saved: Mapping[str, Any] | None
 ) -> str | None:
-    """The one-line message when ``fp`` differs from ``saved`` (a checkpoint's fingerprint, or
-    ``run.json``'s when None); None when they agree or nothing was recorded."""
+    """The one-line message naming every key whose value differs (or exists in one only)
+    between ``saved`` (a checkpoint's fingerprint, or ``run.json``'s when None) and ``fp``;
+    None when they agree or nothing was recorded."""
     if saved is None:
-        run = read_run_file(ckpt_dir)
-        saved = run["fingerprint"] if run else None
+        saved = (read_run_file(ckpt_dir) or {}).get("fingerprint")
     if saved is None:
         return None
-    diff = fingerprint_diff(saved, fp)
+    missing = "<unset>"
+    diff = [
+        f"{k} ({saved.get(k, missing)!r} -> {fp.get(k, missing)!r})"
+        for k in sorted(set(saved) | set(fp))
+        if saved.get(k, missing) != fp.get(k, missing)
+    ]
     if not diff:
         return None
     return (
@@ -344,15 +305,13 @@ def capture_rng() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    state: dict[str, Any] = {
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
-        "cuda": None,
+        "cuda": torch.cuda.get_rng_state_all() if cuda else None,
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:

@@ -69,9 +69,8 @@ def prepare_dataloader(
     sampler = loader.sampler
     if (
         not replace_sampler
-        or type(loader.batch_sampler).__name__ not in ("BatchSampler", "NoneType")
+        or loader.batch_size is None  # the user's batch_sampler (DataLoader sets None then)
         or not isinstance(sampler, (RandomSampler, SequentialSampler))
-        or loader.batch_size is None
     ):
         if world_size > 1 and rank == 0:
             print(
@@ -82,18 +81,11 @@ def prepare_dataloader(
         return loader, None
     shuffle = isinstance(sampler, RandomSampler)
     new = ResumableSampler(len(loader.dataset), world_size, rank, shuffle, seed, loader.drop_last)
-    workers = loader.num_workers > 0
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=new,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        generator=torch.Generator().manual_seed(seed),
-        persistent_workers=loader.persistent_workers if workers else False,
-        prefetch_factor=loader.prefetch_factor if workers else None,
-    ), new
+    # the user's settings are kept; the sampler and the generator are the harness's
+    names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout")
+    kwargs = {k: getattr(loader, k) for k in (*names, "worker_init_fn")}
+    if loader.num_workers > 0:  # DataLoader refuses these two without workers
+        kwargs.update(persistent_workers=loader.persistent_workers)
+        kwargs.update(prefetch_factor=loader.prefetch_factor)
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(loader.dataset, sampler=new, generator=generator, **kwargs), new

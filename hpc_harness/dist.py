@@ -39,13 +39,12 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, TextIO
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hpc_harness import MIN_TORCH
 
 DEFAULT_TIMEOUT_S = 600
-GPUS_HELP = "--gpus expects a count (2), -1, or ids (0,1)"
 
 
 class LaunchError(RuntimeError):
@@ -53,8 +52,9 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits in the job, read from the launcher's variables."""
+class DistContext:
+    """Where this process sits in the job, read from the launcher's variables
+    (:func:`detect_launch`); :func:`setup` adds the backend and the device this rank uses."""
 
     launcher: str  # "torchrun" | "srun" | "single"
     rank: int = 0
@@ -64,6 +64,9 @@ class RankInfo:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    backend: str = "gloo"
+    device: Any = None  # torch.device, set by setup()
+    devices: list[int] = field(default_factory=list)  # CUDA ids it may use (DataParallel, ddp2)
 
     @property
     def distributed(self) -> bool:
@@ -95,7 +98,7 @@ def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
     return counts[min(node_index, len(counts) - 1)]
 
 
-def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
+def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
     """Read the launcher's variables (see the module table). Pure."""
     env = os.environ if env is None else env
 
@@ -107,21 +110,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
         except ValueError:
             raise LaunchError(f"{name} must be a whole number, got '{env.get(name, '')}'") from None
 
-    torchrun_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    present = [k for k in torchrun_keys if k in env]
-    if present:
-        missing = [k for k in torchrun_keys if k not in env]
-        if missing:
-            raise LaunchError(
-                f"{', '.join(present)} set but {', '.join(missing)} missing: start the job "
-                "with torchrun (which sets all of them) or unset them"
-            )
-        rank, world = num("RANK"), num("WORLD_SIZE")
-        local_world = num("LOCAL_WORLD_SIZE", world)
-        launcher, local = "torchrun", num("LOCAL_RANK")
-        node = num("GROUP_RANK", rank // max(local_world, 1))
-        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), num("MASTER_PORT", 29500)
-    else:
+    torchrun = any(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if not torchrun:
         world = num("SLURM_STEP_NUM_TASKS", num("SLURM_NTASKS", 1))
         if world > 1 and "SLURM_STEP_ID" not in env:
             raise LaunchError(
@@ -130,12 +120,22 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
                 "'srun --ntasks-per-node=1 torchrun --nproc-per-node=G ...'"
             )
         if world <= 1:
-            return RankInfo(launcher="single")
-        for key in ("SLURM_PROCID", "SLURM_LOCALID"):
-            if key not in env:
-                raise LaunchError(f"srun launch with {world} tasks but {key} is not set")
-        launcher, rank, local = "srun", num("SLURM_PROCID"), num("SLURM_LOCALID")
-        node = num("SLURM_NODEID", 0)
+            return DistContext(launcher="single")
+    launcher = "torchrun" if torchrun else "srun"
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK") if torchrun else ("SLURM_PROCID", "SLURM_LOCALID")
+    missing = [k for k in keys if k not in env]
+    if missing:
+        raise LaunchError(
+            f"{', '.join(missing)} missing: {launcher} sets {', '.join(keys)}; start the job "
+            f"with {launcher} or unset the launcher variables"
+        )
+    if torchrun:
+        rank, local, world = num("RANK"), num("LOCAL_RANK"), num("WORLD_SIZE")
+        local_world = num("LOCAL_WORLD_SIZE", world)
+        node = num("GROUP_RANK", rank // max(local_world, 1))
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), num("MASTER_PORT", 29500)
+    else:
+        rank, local, node = num("SLURM_PROCID"), num("SLURM_LOCALID"), num("SLURM_NODEID", 0)
         tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         local_world = tasks_on_node(tpn, node) if tpn else world
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -148,52 +148,25 @@ def detect_launch(env: Mapping[str, str] | None = None) -> RankInfo:
         raise LaunchError(f"rank {rank} is outside world size {world}")
     if not 0 <= local < max(local_world, 1):
         raise LaunchError(f"local rank {local} is outside local world size {local_world}")
-    return RankInfo(launcher, rank, local, world, local_world, node, addr, port)
+    return DistContext(launcher, rank, local, world, local_world, node, addr, port)
 
 
-def parse_gpus(spec: str | int | None) -> int | list[int] | None:
-    """Lightning-style ``--gpus``: ``2`` -> two GPUs, ``0,1`` or ``"0, 1"`` -> those ids,
-    ``-1`` -> all, ``0`` or empty -> none, ``None`` -> not given."""
+def parse_gpus(spec: str | int | None) -> int | None:
+    """Lightning-style ``--gpus``: ``2`` -> two GPUs, ``-1`` -> all, ``0`` or empty -> none,
+    ``None`` -> not given."""
     if spec is None or isinstance(spec, int):
         return spec
-    text = spec.strip()
-    if "," in text:
-        ids = [p.strip() for p in text.split(",") if p.strip()]
-        if not ids or not all(p.isdigit() for p in ids):
-            raise ValueError(f"{GPUS_HELP}, got '{spec}'")
-        return [int(p) for p in ids]
-    if text and (not re.fullmatch(r"-?\d+", text) or int(text) < -1):
-        raise ValueError(f"{GPUS_HELP}, got '{spec}'")
-    return int(text or 0)
+    if spec.strip() and (not re.fullmatch(r"\s*-?\d+\s*", spec) or int(spec) < -1):
+        raise ValueError(f"--gpus expects a count (2), -1 for all, or 0, got '{spec}'")
+    return int(spec.strip() or 0)
 
 
-def select_devices(spec: int | list[int] | None, available: int) -> list[int]:
+def select_devices(spec: int | None, available: int) -> list[int]:
     """Which CUDA device indices to use, given the parsed ``--gpus`` and how many are visible."""
-    if available <= 0:
-        return []
-    if spec is None or spec == -1:
-        return list(range(available))
-    if isinstance(spec, int):
-        spec = list(range(spec))
-    if spec and max(spec) >= available:
+    count = available if spec is None or spec == -1 else spec
+    if count > available > 0:
         raise ValueError(f"--gpus asks for {spec} but only {available} GPU(s) visible")
-    return spec
-
-
-@dataclass
-class DistContext:
-    """What the trainer needs after setup: ranks, backend and the device this rank uses.
-    The :class:`RankInfo` fields read through (``ctx.rank``, ``ctx.world_size``, ...)."""
-
-    info: RankInfo
-    backend: str
-    device: Any  # torch.device
-    devices: list[int]  # CUDA ids this process may use (DataParallel / ddp2), [] on CPU
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "info":  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.info, name)
+    return list(range(min(count, available)))
 
 
 def setup(
@@ -244,8 +217,7 @@ def setup(
             os.environ.setdefault(k, str(v))
         timeout = int(os.environ.get("HPC_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
         dist.init_process_group(
-            backend=backend,
-            init_method="env://",
+            backend=backend,  # init_method env:// (the default): the variables set above
             rank=info.rank,
             world_size=info.world_size,
             timeout=datetime.timedelta(seconds=timeout),
@@ -261,15 +233,14 @@ def setup(
             f"hpc_harness: rank {info.rank}/{info.world_size} local_rank {info.local_rank} "
             f"host {os.environ.get('SLURMD_NODENAME') or socket.gethostname()} started"
         )
-    return DistContext(info=info, backend=backend, device=device, devices=devices)
+    return replace(info, backend=backend, device=device, devices=devices)
 
 
-def say(line: str, file: TextIO | None = None) -> None:
+def say(line: str) -> None:
     """Print one line with one write(): with PYTHONUNBUFFERED, print() writes the text and the
     newline separately, and the lines of ranks sharing a pipe interleave mid-line."""
-    out = file or sys.stdout
-    out.write(line + "\n")
-    out.flush()
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def barrier() -> None:

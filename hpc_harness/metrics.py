@@ -97,7 +97,6 @@ class MetricsLogger:
         wandb_mode: str | None = "disabled",
         config: dict[str, Any] | None = None,
         project: str | None = None,
-        name: str | None = None,
     ) -> None:
         self.enabled, self.run_dir = enabled, run_dir
         self.csv_path = os.path.join(run_dir, CSV_NAME)
@@ -114,12 +113,12 @@ class MetricsLogger:
             self._file.flush()
         mode, reason = resolve_wandb_mode(wandb_mode)
         if mode != "disabled":
-            self._start_wandb(mode, reason, config or {}, project, name)
+            self._start_wandb(mode, reason, config or {}, project)
         elif wandb_mode not in (None, "disabled", "auto"):
             print(f"hpc_harness: wandb disabled ({reason})", flush=True)
 
     def _start_wandb(
-        self, mode: str, reason: str, config: dict[str, Any], project: str | None, name: str | None
+        self, mode: str, reason: str, config: dict[str, Any], project: str | None
     ) -> None:
         import wandb
 
@@ -137,7 +136,7 @@ class MetricsLogger:
             print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
         self.wandb_run = wandb.init(
             project=project or os.environ.get("project_name") or "hpc_harness",
-            name=name or os.environ.get("exp_name"),
+            name=os.environ.get("exp_name"),
             id=run_id,
             resume="allow",
             mode=mode,

@@ -127,33 +127,46 @@ def load_checkpoint(
     fingerprint: Mapping[str, Any] | None = None,
     rank0_only: tuple[str, ...] = (),
 ) -> dict[str, Any] | None:
-    """The newest checkpoint that loads, as chosen and read by rank 0 alone, on every rank
-    (None if there is none; its path is ``state["path"]``); restores this rank's RNG states when
-    the world size is the one that saved them. The keys in ``rank0_only`` are not sent (None on
-    the other ranks): ``("model", "optimizer")`` for ``Strategy.load``, which broadcasts them
-    itself. With ``fingerprint`` (checkpoint.fingerprint of the run's arguments), a checkpoint or
-    ``run.json`` of another run raises checkpoint.RunMismatch on every rank, before anything is
-    loaded into the model. Collective: call on every rank."""
-    rank = _rank()
-    log = say if rank == 0 else lambda _: None
-    state, path = ckpt.load_latest_shared(ckpt_dir, log=log, rank0_only=rank0_only)
-    if fingerprint is not None:
-        saved = state.get("fingerprint") if state is not None else None
-        if state is not None and saved is None:
-            log(
-                f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
-                "wrote it): resuming without checking that it belongs to this run"
-            )
-        error = from_rank0(ckpt.identity_error(ckpt_dir, fingerprint, saved) if rank == 0 else None)
-        if error:
-            raise ckpt.RunMismatch(error)
-    if state is None:
+    """The newest checkpoint that loads, as chosen and read by rank 0 alone (in its view of
+    ``ckpt_dir``: a stale NFS listing elsewhere does not matter), on every rank; None if there
+    is none. ``state["path"]`` is its path and ``state["rng"]`` this rank's RNG states, restored
+    (unless ``restore_rng`` is False) when the world size is the one that saved them, else None
+    with a warning. The keys in ``rank0_only`` are not sent (None on the other ranks):
+    ``("model", "optimizer")`` for ``Strategy.load``, which broadcasts them itself. With
+    ``fingerprint`` (checkpoint.fingerprint of the run's arguments), a checkpoint or ``run.json``
+    of another run raises checkpoint.RunMismatch on every rank, before anything is loaded into
+    the model. Collective: call on every rank."""
+    rank, world = _rank(), _group().get_world_size() if _group() else 1
+    state, path, error = None, None, None
+    if rank == 0:
+        state, path = ckpt.load_latest(ckpt_dir, log=say)
+        if fingerprint is not None:
+            saved = state.get("fingerprint") if state is not None else None
+            if state is not None and saved is None:
+                say(
+                    f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
+                    "wrote it): resuming without checking that it belongs to this run"
+                )
+            error = ckpt.identity_error(ckpt_dir, fingerprint, saved)
+    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
+    path, rest, error = from_rank0((path, rest, error))
+    if error:
+        raise ckpt.RunMismatch(error)
+    if rest is None:
         return None
+    state = state if rank == 0 else {**rest, **dict.fromkeys(rank0_only)}
     rng = state.get("rng") or []
-    if restore_rng and len(rng) == (_group().get_world_size() if _group() else 1):
-        ckpt.restore_rng(rng[rank])
-    log(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
-    return {**state, "path": path}
+    if len(rng) != world and rank == 0:
+        say(
+            f"hpc_harness: warning: {path} has RNG states for {len(rng)} ranks, world size is "
+            f"{world}: not restored (the run will not match an uninterrupted one)"
+        )
+    mine = rng[rank] if len(rng) == world else None
+    if restore_rng and mine is not None:
+        ckpt.restore_rng(mine)
+    if rank == 0:
+        say(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
+    return {**state, "path": path, "rng": mine}
 
 
 def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:

@@ -63,7 +63,7 @@ def _fp16_works(device_type: str) -> bool:
         return False
 
 
-def make_precision(name: str, device: Any, log: Any = print) -> Precision:
+def make_precision(name: str, device: Any) -> Precision:
     """Build the autocast/scaler pair for ``name`` on ``device`` (a torch.device)."""
     import torch
 

@@ -32,35 +32,6 @@ REQUEUE_EXIT_CODE = 42
 MARKER_ENV = "HPC_REQUEUE_MARKER"
 
 
-class StopFlag:
-    """Set by SIGUSR1/SIGTERM; read by the training loop. The handler does nothing else."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def is_set(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else ""
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.signum = signum
-
-    def install(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> StopFlag:
-        """Install the handlers (main thread only); returns self."""
-        self._previous.update({s: signal.signal(s, self._handler) for s in signals})
-        return self
-
-    def uninstall(self) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-        self._previous.clear()
-
-
 class StopAgreement:
     """Every rank stops at the same step, soon after a signal reached any of them.
 
@@ -81,13 +52,13 @@ class StopAgreement:
         check_s: float = 0.5,
         check_every: int = 0,
         checkpoint_every_s: float = 0.0,
-        flag: StopFlag | None = None,
     ) -> None:
         import torch
 
         self.world_size = ctx.world_size if ctx is not None else 1
         self.is_main = ctx.is_main if ctx is not None else True
-        self.flag = flag or StopFlag()
+        self.signum: int | None = None  # set by the handler, which does nothing else
+        self._previous: dict[int, Any] = {}  # the handlers install() replaced
         self.check_s, self.check_every = check_s, check_every
         self.checkpoint_every_s = checkpoint_every_s
         self.checkpoint_due = False
@@ -101,21 +72,22 @@ class StopAgreement:
 
     @property
     def signal_name(self) -> str:
-        return self.flag.name
+        """The signal that came (``"SIGUSR1"``), or ``""`` while none did."""
+        return signal.Signals(self.signum).name if self.signum is not None else ""
 
-    def install(self) -> StopAgreement:
-        """Install the SIGUSR1/SIGTERM handlers (main thread); returns self."""
-        self.flag.install()
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def install(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> StopAgreement:
+        """Install the handlers (main thread only); returns self."""
+        self._previous.update({s: signal.signal(s, self._handler) for s in signals})
         return self
 
     def uninstall(self) -> None:
-        self.flag.uninstall()
-
-    def __enter__(self) -> StopAgreement:
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.uninstall()
+        """Put back the handlers :meth:`install` replaced."""
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()
 
     def saved(self) -> None:
         """A checkpoint was written: the timed interval starts again."""
@@ -136,7 +108,7 @@ class StopAgreement:
         proposal = self.check_every or int(min(max(self.check_s / max(per_step, 1e-9), 1), 1000))
         every = self.checkpoint_every_s
         local = (
-            self.flag.is_set,
+            self.signum is not None,
             self.is_main and every > 0 and time.monotonic() - self._saved_time >= every,
         )
         if not (self.world_size > 1 and dist.is_initialized()):
@@ -165,26 +137,20 @@ class StopAgreement:
             self._unread = True
 
 
-def write_requeue_marker(
-    step: int, epoch: int, checkpoint: str, signal_name: str = ""
-) -> str | None:
-    """Write the requeue marker named by ``$HPC_REQUEUE_MARKER`` (rank 0 only). Returns its path."""
-    path = os.environ.get(MARKER_ENV)
-    if path:
+def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str = "") -> str | None:
+    """Rank 0, once the checkpoint is complete on every rank: the requeue marker named by
+    ``$HPC_REQUEUE_MARKER`` (when set; its path is returned) and the log line."""
+    marker = os.environ.get(MARKER_ENV) or None
+    if marker:
         info = {"step": step, "epoch": epoch, "checkpoint": checkpoint, "signal": signal_name}
         line = json.dumps(info, sort_keys=True) + "\n"
-        atomic_write(path, lambda f: f.write(line.encode()))
-    return path or None
-
-
-def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str) -> None:
-    """Rank 0, once the checkpoint is complete on every rank: the marker and the log line."""
-    marker = write_requeue_marker(step, epoch, checkpoint, signal_name)
-    line = (
+        atomic_write(marker, lambda f: f.write(line.encode()))
+    print(
         f"hpc_harness: {signal_name or 'signal'} received: checkpointed at global step {step} "
-        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else "")
+        f"to {checkpoint}; exiting 42 (requeue me)" + (f"; marker {marker}" if marker else ""),
+        flush=True,
     )
-    print(line, flush=True)
+    return marker
 
 
 def exit_code(status: str) -> int:

@@ -94,7 +94,7 @@ class Strategy:
         self.ctx = ctx
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
-        check_strategy(name, self.world_size, ctx.info.local_world_size, ctx.device.type == "cuda")
+        check_strategy(name, self.world_size, ctx.local_world_size, ctx.device.type == "cuda")
         if name == "fsdp":
             try:
                 from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -104,7 +104,7 @@ class Strategy:
                     f"{MIN_TORCH}); this torch is {torch.__version__}: upgrade torch or use "
                     "--strategy ddp"
                 ) from None
-        self.needs_grad_sync = name == "ddp2" and self.distributed
+        self.needs_grad_sync = name == "ddp2" and self.distributed  # average_gradients
 
     # -- model ----------------------------------------------------------------
 
@@ -130,16 +130,6 @@ class Strategy:
                 fully_shard(module)
             fully_shard(model)
         return model
-
-    @staticmethod
-    def unwrap(model: nn.Module) -> nn.Module:
-        while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        return model
-
-    def sync_gradients(self, model: nn.Module) -> None:
-        """ddp2 only: average gradients across processes (:func:`average_gradients`)."""
-        average_gradients(model, self.world_size)
 
     # -- state (collective: call on every rank) --------------------------------
 
@@ -190,7 +180,10 @@ class Strategy:
         dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
 
     def _stateful(self, model: nn.Module) -> nn.Module:
-        return model if self.name == "fsdp" else self.unwrap(model)
+        """The model whose state is saved: fsdp's own, else the one inside DDP/DataParallel."""
+        while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        return model
 
 
 def _by_position(optim_state: dict[str, Any]) -> bool:

@@ -81,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--gpus",
         default=None,
-        help="count (2), ids ('0,1' or '0, 1'), -1 for all; ignored when SLURM set "
-        "CUDA_VISIBLE_DEVICES",
+        help="count (2), -1 for all, 0 for none; ignored when SLURM set CUDA_VISIBLE_DEVICES",
     )
     g = p.add_argument_group("files")
     g.add_argument("--data-dir", default=None, help=f"default: {default_data_dir()}")
@@ -180,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         data_dir = args.data_dir or default_data_dir()
         ckpt_dir = args.ckpt_dir or default_ckpt_dir()
-        ensure_digits(data_dir, local_rank=ctx.info.local_rank)
+        ensure_digits(data_dir, local_rank=ctx.local_rank)
         dist.barrier()
         train_set, test_set = DigitsDataset(data_dir, "train"), DigitsDataset(data_dir, "test")
         if ctx.is_main:

@@ -37,7 +37,11 @@ What it does for you:
   ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
   checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
   code 42);
-- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict.
+- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict
+  (``{"model", "global_step", "epoch", "metrics", "hparams"}``); with ``sharded_checkpoint``
+  the folder ``last.dcp`` instead, every rank writing its part of the model (never gathered on
+  one rank; the rest in ``last.dcp/meta.pt``); ``python -m
+  torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
 
 The logged ``train_loss`` is the mean of the per-step losses since the previous log line
 (epoch boundaries do not reset it), averaged over all ranks: every ``log_every`` steps one
@@ -81,8 +85,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._pytree import tree_map
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils._pytree import tree_map_only
+from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pieces
@@ -91,7 +95,7 @@ from hpc_harness.dist import say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
-from hpc_harness.strategy import Strategy
+from hpc_harness.strategy import Strategy, average_gradients
 
 
 @dataclass
@@ -169,17 +173,15 @@ class Trainer:
                 f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
                 "pass eval_data"
             )
-        self.precision = make_precision(config.precision, self.device, log=self._print)
+        self.precision = make_precision(config.precision, self.device)
         # fp16's scaler, or a disabled one whose scale/step/update are the plain calls
         self.scaler = self.precision.scaler or torch.amp.GradScaler(enabled=False)
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
         self.batch_size = train_loader.batch_size or 1
-        self.collate_fn = train_loader.collate_fn or default_collate  # evaluate() uses it too
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
         self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
-        self.run_dir = config.run_dir or config.ckpt_dir
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -188,7 +190,6 @@ class Trainer:
         self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
         self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
         self._counts: dict[str, int] = {}
-        self._log_step, self._log_time = 0, time.perf_counter()
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
@@ -209,8 +210,7 @@ class Trainer:
     def _to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
             return batch
-        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-        return tree_map(lambda x: move(x) if isinstance(x, torch.Tensor) else x, batch)
+        return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
 
     # ------------------------------------------------------------------ steps
 
@@ -244,8 +244,8 @@ class Trainer:
                     loss = self._compute_loss(self._to_device(batch))
                 self.scaler.scale(loss / len(batches) if len(batches) > 1 else loss).backward()
             self.log("train_loss", loss)
-        if self.strategy.needs_grad_sync:
-            self.strategy.sync_gradients(self.model)
+        if self.strategy.needs_grad_sync:  # ddp2
+            average_gradients(self.model, self.world_size)
         if self.cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -255,7 +255,8 @@ class Trainer:
             self.scheduler.step()
 
     def _run_epoch(self, epoch: int) -> str:
-        """Run the rest of ``epoch``; returns "continue", "requeue" or "max_steps"."""
+        """Run the rest of ``epoch``; returns "finished" (its batches are done), "requeue" or
+        "max_steps"."""
         cfg = self.cfg
         self.model.train()
         done = self.step_in_epoch * cfg.accumulate  # batches of this epoch already trained
@@ -284,7 +285,7 @@ class Trainer:
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
-        return "continue"
+        return "finished"
 
     def _user_sampler_batches(self, epoch: int, start: int) -> Any:
         """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.
@@ -360,7 +361,8 @@ class Trainer:
         count = 0
         for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
             idx = mine[b : b + size]
-            batch = self.collate_fn([self.eval_data[i] for i in idx or mine[:size] or [0]])
+            samples = [self.eval_data[i] for i in idx or mine[:size] or [0]]
+            batch = self.train_loader.collate_fn(samples)
             with self.precision.autocast():
                 values = self.eval_step(self._to_device(batch))
             for k, v in values.items():
@@ -430,25 +432,29 @@ class Trainer:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         self.metrics = dict(state.get("metrics") or {})
-        rng = state.get("rng") or []
-        if len(rng) == self.world_size:
-            self._pending_rng = rng[self.rank]
-        else:
-            self._print(
-                f"hpc_harness: warning: checkpoint has RNG states for {len(rng)} ranks, world size "
-                f"is {self.world_size}: reseeding (the run will not match an uninterrupted one)"
-            )
+        self._pending_rng = state["rng"]  # restored once the epoch's iterator exists
+        if self._pending_rng is None:  # another world size (load_checkpoint warned)
             torch.manual_seed(self.cfg.seed + self.rank)
         self.last_checkpoint = state["path"]
         return True
 
+    def _final_path(self) -> str:
+        return os.path.join(
+            self.cfg.ckpt_dir, "last.dcp" if self.cfg.sharded_checkpoint else "last.pt"
+        )
+
     def _save_final(self) -> None:
-        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}."""
-        model = self.strategy.state(self.model, self.optimizer)[0]  # collective
-        if self.is_main:
-            payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
-            payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
-            ckpt.atomic_save(payload, os.path.join(self.cfg.ckpt_dir, "last.pt"))
+        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}; with
+        ``sharded_checkpoint`` every rank writes its part of the model into ``last.dcp``
+        (checkpoint.save_sharded: the rest of the payload in its meta.pt). Collective."""
+        sharded = self.cfg.sharded_checkpoint
+        model = self.strategy.state(self.model, self.optimizer, sharded)[0]
+        payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
+        payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
+        if sharded:
+            ckpt.save_sharded(payload, self._final_path())
+        elif self.is_main:
+            ckpt.atomic_save(payload, self._final_path())
 
     # ------------------------------------------------------------------ the loop
 
@@ -473,7 +479,7 @@ class Trainer:
             if resumed and cfg.max_steps is not None and self.global_step >= cfg.max_steps:
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
-                self.run_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
+                cfg.run_dir or cfg.ckpt_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
             )
             if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
@@ -489,7 +495,6 @@ class Trainer:
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:
                     self._end_epoch()
-                status = "max_steps" if status == "max_steps" else "finished"
             if self.global_step != start_step or self.last_checkpoint is None:
                 self._save_checkpoint()
             self._save_final()
@@ -518,8 +523,8 @@ class Trainer:
 
     def _finish_again(self, status: str) -> str:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.
-        ``last.pt`` is written only if it is missing (the job died before writing it)."""
-        path = os.path.join(self.cfg.ckpt_dir, "last.pt")
+        ``last.pt`` (``last.dcp``) is written only if it is missing (the job died before)."""
+        path = self._final_path()
         if pieces.from_rank0(not os.path.exists(path)):
             self._save_final()
         self._print(

@@ -162,8 +162,10 @@ warn_if_other_command_checkpointed() {
   # A later round of method bayes lists the earlier rounds' commands, whose
   # trials keep their own folders (trials/K, K global): nothing to warn about.
   [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
-  # Checkpoints: $HPC_TRIAL_DIR/checkpoints, of the experiment or of trials/K.
-  for checkpoint in "$plan_exp_dir"/checkpoints/*.pt "$plan_exp_dir"/trials/*/checkpoints/*.pt; do
+  # Checkpoints: $HPC_TRIAL_DIR/checkpoints, of the experiment or of trials/K;
+  # files (*.pt) or sharded folders (*.dcp, TrainConfig.sharded_checkpoint).
+  for checkpoint in "$plan_exp_dir"/checkpoints/*.pt "$plan_exp_dir"/checkpoints/*.dcp \
+    "$plan_exp_dir"/trials/*/checkpoints/*.pt "$plan_exp_dir"/trials/*/checkpoints/*.dcp; do
     [[ ! -e "$checkpoint" ]] || break
   done
   [[ -e "$checkpoint" ]] || return 0

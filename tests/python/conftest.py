@@ -160,12 +160,16 @@ def gloo_context(rank: int, world_size: int):
     """A DistContext for a process already in a gloo group (CPU)."""
     import torch
 
-    from hpc_harness.dist import DistContext, RankInfo
+    from hpc_harness.dist import DistContext
 
-    info = RankInfo(
-        "torchrun", rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size
+    return DistContext(
+        "torchrun",
+        rank=rank,
+        local_rank=rank,
+        world_size=world_size,
+        local_world_size=world_size,
+        device=torch.device("cpu"),
     )
-    return DistContext(info=info, backend="gloo", device=torch.device("cpu"), devices=[])
 
 
 def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> None:

@@ -15,7 +15,6 @@ from test_torchrun import _workers
 
 from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
 from hpc_harness.pieces import REQUEUE_EXIT_CODE, StopAgreement
-from hpc_harness.signals import StopFlag
 
 ARGS = ["--steps", "60", "--log-every", "5", "--seed", "5", "--checkpoint-every-s", "0"]
 
@@ -48,14 +47,14 @@ def test_testing_flags_are_hidden(capsys) -> None:
 
 
 def test_stop_agreement_alone_reacts_at_its_fixed_interval() -> None:
-    stop = StopAgreement(check_every=3, checkpoint_every_s=1e-9, flag=StopFlag())
-    with stop:
-        assert [stop.should_stop() for _ in range(4)] == [False] * 4
-        assert stop.checkpoint_due  # the check at step 3: due on one process at once
-        stop.saved()
-        assert not stop.checkpoint_due
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert [stop.should_stop() for _ in range(2)] == [False, True]  # steps 5, 6
+    stop = StopAgreement(check_every=3, checkpoint_every_s=1e-9).install()
+    assert [stop.should_stop() for _ in range(4)] == [False] * 4
+    assert stop.checkpoint_due  # the check at step 3: due on one process at once
+    stop.saved()
+    assert not stop.checkpoint_due
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert [stop.should_stop() for _ in range(2)] == [False, True]  # steps 5, 6
+    stop.uninstall()
     assert stop.signal_name == "SIGUSR1"
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 

@@ -129,10 +129,10 @@ def test_fingerprint_leaves_out_what_may_change_across_a_resume() -> None:
     b = {"lr": 0.1, "hidden": 8, "precision": "bf16-mixed", "strategy": "fsdp", "ckpt_dir": "b"}
     assert ckpt.fingerprint(a) == ckpt.fingerprint(b) == {"hidden": 8, "lr": 0.1}
     c = ckpt.fingerprint({**a, "lr": 0.2, "layers": 3})
-    assert ckpt.fingerprint_diff(ckpt.fingerprint(a), c) == [
-        "layers ('<unset>' -> 3)",
-        "lr (0.1 -> 0.2)",
-    ]
+    error = ckpt.identity_error("ck", c, ckpt.fingerprint(a))
+    assert error.startswith("ck holds checkpoints of another run: layers ('<unset>' -> 3), lr ")
+    assert "lr (0.1 -> 0.2) differ; " in error
+    assert ckpt.identity_error("ck", c, c) is None
 
 
 def test_fresh_moves_the_folder_aside_but_not_for_a_requeue_of_the_same_job(

@@ -98,7 +98,7 @@ def test_requeue_exit_writes_the_marker_and_exits_42(tmp_path, monkeypatch) -> N
     marker = tmp_path / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
     stop = hp.StopAgreement()
-    stop.flag.signum = signal.SIGUSR1
+    stop.signum = signal.SIGUSR1
     with pytest.raises(SystemExit) as exited:
         hp.requeue_exit(12, 3, "/ck/ckpt_step00000012.pt", stop)
     assert exited.value.code == hp.REQUEUE_EXIT_CODE == 42
@@ -114,7 +114,7 @@ def test_requeue_exit_says_what_it_did_in_one_line(tmp_path, monkeypatch, capsys
     marker = tmp_path / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
     stop = hp.StopAgreement()
-    stop.flag.signum = signal.SIGTERM
+    stop.signum = signal.SIGTERM
     with pytest.raises(SystemExit):
         hp.requeue_exit(5, 0, "/ck/a.pt", stop)
     assert capsys.readouterr().out == (
@@ -135,11 +135,11 @@ def test_requeue_exit_without_a_signal_or_a_marker(monkeypatch, capsys) -> None:
 
 
 def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch) -> None:
-    from hpc_harness.signals import write_requeue_marker
+    from hpc_harness.signals import announce_requeue
 
     marker = tmp_path / "m.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    assert write_requeue_marker(3, 1, "/x.pt") == str(marker)
+    assert announce_requeue(3, 1, "/x.pt") == str(marker)
     assert json.loads(marker.read_text())["signal"] == ""
 
 

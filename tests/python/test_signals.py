@@ -13,9 +13,9 @@ from conftest import PY, clean_env, run_example
 
 from hpc_harness.signals import (
     REQUEUE_EXIT_CODE,
-    StopFlag,
+    StopAgreement,
+    announce_requeue,
     exit_code,
-    write_requeue_marker,
 )
 from hpc_harness.testing import TestingHooks, TestingTrainer
 from hpc_harness.trainer import TrainConfig, Trainer
@@ -28,21 +28,21 @@ def test_contract_constants() -> None:
 
 
 def test_handler_only_sets_a_flag() -> None:
-    flag = StopFlag().install()
+    stop = StopAgreement().install()
     try:
-        assert not flag.is_set
+        assert stop.signum is None
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert flag.is_set and flag.name == "SIGUSR1"
+        assert stop.signum == signal.SIGUSR1 and stop.signal_name == "SIGUSR1"
     finally:
-        flag.uninstall()
+        stop.uninstall()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
 def test_marker_is_written_only_when_asked(tmp_path, monkeypatch) -> None:
-    assert write_requeue_marker(3, 1, "/x.pt") is None
+    assert announce_requeue(3, 1, "/x.pt") is None
     marker = tmp_path / "m" / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    assert write_requeue_marker(3, 1, "/x.pt", "SIGTERM") == str(marker)
+    assert announce_requeue(3, 1, "/x.pt", "SIGTERM") == str(marker)
     text = marker.read_text()
     assert text.count("\n") == 1
     assert json.loads(text) == {"step": 3, "epoch": 1, "checkpoint": "/x.pt", "signal": "SIGTERM"}
@@ -57,7 +57,7 @@ def test_a_marker_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch) ->
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
-        write_requeue_marker(3, 1, "/x.pt")
+        announce_requeue(3, 1, "/x.pt")
     assert os.listdir(tmp_path) == []
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpc_harness.signals import StopAgreement, StopFlag
+from hpc_harness.signals import StopAgreement
 
 
 def _ctx(world_size: int = 1, is_main: bool = True) -> SimpleNamespace:
@@ -28,7 +28,7 @@ def _steps_until_stop(stop: StopAgreement, limit: int = 50) -> int:
 def test_alone_a_signal_stops_at_the_next_check() -> None:
     stop = StopAgreement(_ctx(), check_every=4)
     assert [stop.should_stop() for _ in range(8)] == [False] * 8
-    stop.flag.signum = signal.SIGUSR1  # as the handler does
+    stop.signum = signal.SIGUSR1  # as the handler does
     assert _steps_until_stop(stop) == 4  # checks fall every 4 steps
     assert stop.signal_name == "SIGUSR1"
 
@@ -36,7 +36,7 @@ def test_alone_a_signal_stops_at_the_next_check() -> None:
 def test_check_every_one_reacts_at_the_same_step() -> None:
     stop = StopAgreement(check_every=1)
     assert not stop.should_stop()
-    stop.flag.signum = signal.SIGTERM
+    stop.signum = signal.SIGTERM
     assert stop.should_stop()
     assert stop.signal_name == "SIGTERM"
 
@@ -47,7 +47,7 @@ def test_the_adaptive_interval_is_about_check_s_of_steps() -> None:
         time.sleep(0.01)
         stop.should_stop()
     # 10 ms steps, a check every 50 ms: about 5 steps (sleep only lengthens a step)
-    stop.flag.signum = signal.SIGUSR1
+    stop.signum = signal.SIGUSR1
     steps = 1
     while not stop.should_stop():
         time.sleep(0.01)
@@ -58,7 +58,7 @@ def test_the_adaptive_interval_is_about_check_s_of_steps() -> None:
 def test_the_adaptive_interval_is_at_most_1000_steps() -> None:
     stop = StopAgreement(check_s=3600.0)
     stop.should_stop()  # the first check comes at once: then 1000 steps, not 3600 s of them
-    stop.flag.signum = signal.SIGUSR1
+    stop.signum = signal.SIGUSR1
     assert _steps_until_stop(stop, 2000) == 1000
 
 
@@ -87,10 +87,11 @@ def test_install_sets_the_flag_on_a_signal_and_uninstall_restores(monkeypatch) -
     seen: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
     try:
-        with StopAgreement(check_every=1) as stop:
-            os.kill(os.getpid(), signal.SIGUSR1)
-            assert stop.should_stop() and stop.signal_name == "SIGUSR1"
-            assert seen == []
+        stop = StopAgreement(check_every=1).install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.should_stop() and stop.signal_name == "SIGUSR1"
+        assert seen == []
+        stop.uninstall()
         os.kill(os.getpid(), signal.SIGUSR1)  # the user's handler is back
         assert seen == [signal.SIGUSR1]
     finally:
@@ -98,15 +99,15 @@ def test_install_sets_the_flag_on_a_signal_and_uninstall_restores(monkeypatch) -
 
 
 def test_a_flag_names_no_signal_until_one_came() -> None:
-    flag = StopFlag()
-    assert not flag.is_set and flag.name == ""
+    stop = StopAgreement()
+    assert stop.signum is None and stop.signal_name == ""
     previous = signal.getsignal(signal.SIGTERM)
-    flag.install((signal.SIGTERM,))
+    stop.install((signal.SIGTERM,))
     try:
         os.kill(os.getpid(), signal.SIGTERM)
-        assert flag.is_set and flag.name == "SIGTERM"
+        assert stop.signum == signal.SIGTERM and stop.signal_name == "SIGTERM"
     finally:
-        flag.uninstall()
+        stop.uninstall()
     assert signal.getsignal(signal.SIGTERM) == previous
 
 
@@ -127,13 +128,13 @@ def test_with_a_group_the_stop_is_read_one_check_later(fake_group) -> None:
     # training never waits for the reduction: a signal before check k stops at check k+1.
     stop = StopAgreement(_ctx(world_size=2), check_every=3)
     assert _steps_until_stop(stop, 6) == -1
-    stop.flag.signum = signal.SIGUSR1
+    stop.signum = signal.SIGUSR1
     assert _steps_until_stop(stop) == 6  # check at +3 starts the reduction, +6 reads it
 
 
 def test_with_a_group_a_drained_stop_is_not_lost(fake_group) -> None:
     stop = StopAgreement(_ctx(world_size=2), check_every=2)
-    stop.flag.signum = signal.SIGUSR1
+    stop.signum = signal.SIGUSR1
     assert _steps_until_stop(stop, 2) == -1  # reduction in flight
     stop.drain()  # e.g. at an epoch end, before another collective
     stop.drain()  # a second drain changes nothing

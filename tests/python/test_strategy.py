@@ -89,11 +89,32 @@ def _switch_run(
         for name, entry in saved_optim["state"].items():
             assert bitwise_equal(entry, loaded_optim["state"][name]), name
     assert rest.train() == "finished"  # resumes again, from the same checkpoint
+    if sharded:  # the final save is sharded too: a model that fits no rank is never gathered
+        meta = f"{tmp}/switch/last.dcp/meta.pt"
+        written = os.stat(meta).st_mtime_ns
+        again = _trainer(ctx, f"{tmp}/switch", then, sharded_checkpoint=True)
+        assert again.train() == "finished"  # already finished: last.dcp is kept as it is
+        assert os.stat(meta).st_mtime_ns == written
     if rank != 0:
         return
     ref = load_model(f"{tmp}/ref/last.pt")
     assert "lm_head.weight" in ref and torch.equal(ref["lm_head.weight"], ref["wte.weight"])
-    assert bitwise_equal(load_model(f"{tmp}/switch/last.pt"), ref)
+    assert bitwise_equal(
+        load_model(f"{tmp}/switch/last.pt")
+        if not sharded
+        else _dcp_model(f"{tmp}/switch/last.dcp"),
+        ref,
+    )
+
+
+def _dcp_model(folder: str) -> dict:
+    """The model of a sharded final save, whole (the conversion the trainer docstring names)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder, f"{folder}.pt")
+    meta = torch.load(f"{folder}/meta.pt", weights_only=True)
+    assert meta["model"] is None and meta["global_step"] == 8 and meta["epoch"] == 2, meta
+    return load_model(f"{folder}.pt")
 
 
 def test_fsdp_checkpoint_resumes_under_ddp_bitwise(tmp_path) -> None:
@@ -109,12 +130,10 @@ def test_sharded_checkpoint_resumes_under_fsdp_and_ddp_bitwise(tmp_path) -> None
         tmp = tmp_path / then
         spawn_gloo(_switch_run, 2, str(tmp), "fsdp", then, True)
         folder = tmp / "switch" / "ckpt_step00000005.dcp"  # every rank wrote its shard there
-        assert sorted(os.listdir(folder)) == [
-            ".metadata",
-            "__0_0.distcp",
-            "__1_0.distcp",
-            "meta.pt",
-        ]
+        shards = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+        assert sorted(os.listdir(folder)) == shards
+        assert sorted(os.listdir(folder.with_name("last.dcp"))) == shards
+        assert not (tmp / "switch" / "last.pt").exists()
 
 
 def _check_fsdp_wrap(rank: int, world_size: int, tmp: str) -> None:
@@ -161,7 +180,7 @@ def _one_step(rank: int, world_size: int, name: str) -> tuple[bool, bool]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from hpc_harness.strategy import Strategy
+    from hpc_harness.strategy import Strategy, average_gradients
 
     strategy = Strategy(name, gloo_context(rank, world_size))
     # ddp and ddp2 promise to start every rank from rank 0's weights: rank-different inits
@@ -172,7 +191,7 @@ def _one_step(rank: int, world_size: int, name: str) -> tuple[bool, bool]:
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(100 + rank))
     model(x).pow(2).mean().backward()
     if strategy.needs_grad_sync:
-        strategy.sync_gradients(model)
+        average_gradients(model, world_size)
     opt.step()
     params = list(model.parameters())
     dtensors = all(isinstance(p, DTensor) for p in params)

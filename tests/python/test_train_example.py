@@ -66,9 +66,9 @@ def test_plot_collapses_repeated_steps(tmp_path) -> None:
 
 def test_hyperparameters_accept_both_forms() -> None:
     p = build_parser()
-    a = p.parse_args(["--lr", "0.01", "--layers", "3", "--gpus", "0, 1"])
-    b = p.parse_args(["--lr=0.01", "--layers=3", "--gpus=0, 1"])
-    assert vars(a) == vars(b) and a.lr == 0.01 and a.gpus == "0, 1"
+    a = p.parse_args(["--lr", "0.01", "--layers", "3", "--gpus", "2"])
+    b = p.parse_args(["--lr=0.01", "--layers=3", "--gpus=2"])
+    assert vars(a) == vars(b) and a.lr == 0.01 and a.gpus == "2"
     with pytest.raises(SystemExit):
         p.parse_args(["--strategy", "horovod"])
 

@@ -251,6 +251,13 @@ def test_accumulated_steps_equal_big_batch_steps(tmp_path) -> None:
     assert not torch.equal(a["weight"], nn.Linear(3, 2).weight)  # it trained
 
 
+@pytest.mark.parametrize("accumulate", [0, -1])
+def test_accumulate_below_one_is_refused_naming_it(tmp_path, accumulate: int) -> None:
+    # without the check, 0 divides by zero (steps_per_epoch) and -1 trains no batch at all
+    with pytest.raises(ValueError, match=f"accumulate expects 1 or more batches, got {accumulate}"):
+        _sequential_trainer(hdist.setup(verbose=False), str(tmp_path), 2, accumulate)
+
+
 def _ddp_accumulating_rank(rank: int, world_size: int, ck: str) -> tuple[int, dict]:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

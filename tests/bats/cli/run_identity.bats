@@ -179,3 +179,13 @@ one_submission() {
   submit_ok -e warm -- python -m hpc_harness.train --lr 0.001
   assert_equal "$stderr" "job_submitter.sh: warning: experiment 'warm' already holds checkpoints, and its last submission ($last) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
+
+@test "a sharded checkpoint folder (ckpt_step*.dcp) counts as checkpoints for that warning" {
+  submit_ok -e sharded -- python -m hpc_harness.train --lr 0.1
+  mkdir -p "$SCRATCH/$PROJECT/sharded/checkpoints/ckpt_step00000010.dcp"
+  touch "$SCRATCH/$PROJECT/sharded/checkpoints/ckpt_step00000010.dcp/meta.pt"
+  local last
+  last=$(sed -n 's/^  submission: //p' <<<"$output")
+  submit_ok -e sharded -- python -m hpc_harness.train --lr 0.001
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'sharded' already holds checkpoints, and its last submission ($last) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+}
