@@ -81,12 +81,12 @@ def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-@pytest.fixture(params=["no group", "group of 1"])
+@pytest.fixture(params=["alone", "gloo_group_of_1"])
 def group(request):
     """save_sharded alone (no process group) and as rank 0 of a real gloo group of one."""
     import torch.distributed as dist
 
-    if request.param == "group of 1":
+    if request.param == "gloo_group_of_1":
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield request.param
     if dist.is_initialized():

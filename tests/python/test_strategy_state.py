@@ -56,13 +56,13 @@ def test_state_is_keyed_by_parameter_name_through_a_data_parallel_wrapper() -> N
     assert _same_optimizer_state(opt, other_opt)
 
 
-@pytest.mark.parametrize("kind", ["adamw by name", "sgd (no tensors)", "by position"])
+@pytest.mark.parametrize("kind", ["adamw_by_name", "sgd_no_tensors", "by_position"])
 def test_every_kind_of_optimizer_state_loads(kind: str) -> None:
     optimizer = torch.optim.SGD if kind.startswith("sgd") else torch.optim.AdamW
     strategy = Strategy("ddp", _ctx())
     model, opt = _trained(0, optimizer)
     msd, osd = strategy.state(model, opt)
-    if kind == "by position":  # checkpoints of earlier versions: optimizer.state_dict()
+    if kind == "by_position":  # checkpoints of earlier versions: optimizer.state_dict()
         osd = opt.state_dict()
     other, other_opt = _trained(1, optimizer)
     other_opt.param_groups[0]["lr"] = 0.5
