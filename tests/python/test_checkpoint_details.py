@@ -111,6 +111,9 @@ def test_a_sharded_save_is_one_folder_that_resumes_the_model_and_optimizer(tmp_p
     assert sorted(os.listdir(tmp_path / "ck dir")) == ["ckpt_step00000007.dcp"]
     assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "meta.pt"]
     assert ckpt.list_checkpoints(str(tmp_path / "ck dir")) == [path]
+    later = ckpt.checkpoint_path(str(tmp_path / "ck dir"), 8, sharded=True)
+    ckpt.save_sharded({**state, "model": msd, "optimizer": osd}, later)  # nothing to replace
+    assert sorted(os.listdir(later)) == [".metadata", "__0_0.distcp", "meta.pt"]
 
     loaded = ckpt.load_file(path)
     assert loaded == {
@@ -177,11 +180,12 @@ def test_fresh_names_the_old_folder_by_utc_time(tmp_path, tz_east_of_utc) -> Non
 def test_fresh_numbers_the_old_folder_when_that_name_is_taken(tmp_path, monkeypatch) -> None:
     frozen = time.struct_time((2026, 11, 23, 20, 5, 9, 0, 327, 0))
     monkeypatch.setattr(ckpt.time, "gmtime", lambda *_: frozen)
-    for taken in ("ck.old-20261123T200509Z", "ck.old-20261123T200509Z-2"):
-        (tmp_path / taken).mkdir()
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "ck" / "run.json").write_text("{}")
-    assert ckpt.move_aside(str(tmp_path / "ck")) == str(tmp_path / "ck.old-20261123T200509Z-3")
+    (tmp_path / "ck.old-20261123T200509Z").mkdir()
+    for number in (2, 3):
+        (tmp_path / "ck").mkdir()
+        (tmp_path / "ck" / "run.json").write_text("{}")
+        aside = ckpt.move_aside(str(tmp_path / "ck"))
+        assert aside == str(tmp_path / f"ck.old-20261123T200509Z-{number}")
 
 
 # --------------------------------------------------------------------------- RNG
