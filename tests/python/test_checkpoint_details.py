@@ -1,0 +1,223 @@
+"""Checkpoint details a user or a resume relies on, in-process: what ``load_file`` accepts and
+where it puts tensors, a sharded save at world size 1, the identity message for keys set in one
+run only, the name ``--fresh`` gives the old folder, and the CUDA RNG hand-back."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from hpc_harness import checkpoint as ckpt
+
+
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "global_step": step}
+
+
+# --------------------------------------------------------------------------- load_file
+
+
+def test_a_file_missing_model_or_global_step_is_refused_with_its_reason(tmp_path) -> None:
+    folder = str(tmp_path)
+    ckpt.atomic_save({"global_step": 3}, ckpt.checkpoint_path(folder, 3))  # no model
+    ckpt.atomic_save({"model": {}}, ckpt.checkpoint_path(folder, 2))  # no global_step
+    ckpt.atomic_save([1, 2], ckpt.checkpoint_path(folder, 1))  # not a dict
+    for step in (1, 2, 3):
+        with pytest.raises(ValueError) as err:
+            ckpt.load_file(ckpt.checkpoint_path(folder, step))
+        assert str(err.value) == "not a hpc_harness checkpoint (missing keys)"
+    said: list[str] = []
+    assert ckpt.load_latest(folder, log=said.append) == (None, None)
+    assert said[0] == (
+        f"hpc_harness: warning: skipping unreadable checkpoint {ckpt.checkpoint_path(folder, 3)}"
+        ": ValueError('not a hpc_harness checkpoint (missing keys)')"
+    )
+
+
+def test_tensors_saved_on_a_gpu_load_onto_the_cpu(tmp_path, monkeypatch) -> None:
+    """A checkpoint written by a GPU job resumes on a CPU-only node (and on a GPU node it
+    loads on the CPU first, not onto whatever GPU it was saved from)."""
+    path = ckpt.checkpoint_path(str(tmp_path), 1)
+    with monkeypatch.context() as m:  # tag the storages as torch.save does on cuda:0
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        ckpt.atomic_save(_state(1), path)
+    state = ckpt.load_file(path)
+    assert state["model"]["w"].device == torch.device("cpu")
+    assert torch.equal(state["model"]["w"], torch.ones(3))
+
+
+def test_a_user_turning_off_weights_only_loading_does_not_unpickle_code(
+    tmp_path, monkeypatch
+) -> None:
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD changes torch.load's default only: the checkpoint
+    loader passes weights_only=True itself."""
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "code-ran"), "w"))
+
+    path = ckpt.checkpoint_path(str(tmp_path), 1)
+    ckpt.atomic_save({**_state(1), "extra": Payload()}, path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        ckpt.load_file(path)
+    assert not (tmp_path / "code-ran").exists()
+
+
+# --------------------------------------------------------------------------- save_sharded
+
+
+def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+@pytest.fixture(params=["alone", "gloo_group_of_1"])
+def group(request):
+    """save_sharded alone (no process group) and as rank 0 of a real gloo group of one."""
+    import torch.distributed as dist
+
+    if request.param == "gloo_group_of_1":
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield request.param
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_sharded_save_is_one_folder_that_resumes_the_model_and_optimizer(tmp_path, group) -> None:
+    from types import SimpleNamespace
+
+    from hpc_harness.strategy import Strategy
+
+    ctx = SimpleNamespace(world_size=1, local_world_size=1, device=torch.device("cpu"), devices=[])
+    strategy = Strategy("ddp", ctx)
+    model, opt = _model_and_optimizer(0)
+    msd, osd = strategy.state(model, opt, sharded=True)
+    path = ckpt.checkpoint_path(str(tmp_path / "ck dir"), 7, sharded=True)
+    os.makedirs(path)  # an older save of the same step, and an interrupted one: replaced
+    (tmp_path / "ck dir" / "ckpt_step00000007.dcp" / "stale").write_text("old")
+    os.makedirs(tmp_path / "ck dir" / ".ckpt_step00000007.dcp.tmp.0" / "half")
+    state = {"model": msd, "optimizer": osd, "global_step": 7, "epoch": 1}
+    ckpt.save_sharded(state, path)
+    assert sorted(os.listdir(tmp_path / "ck dir")) == ["ckpt_step00000007.dcp"]
+    assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert ckpt.list_checkpoints(str(tmp_path / "ck dir")) == [path]
+    later = ckpt.checkpoint_path(str(tmp_path / "ck dir"), 8, sharded=True)
+    ckpt.save_sharded({**state, "model": msd, "optimizer": osd}, later)  # nothing to replace
+    assert sorted(os.listdir(later)) == [".metadata", "__0_0.distcp", "meta.pt"]
+
+    loaded = ckpt.load_file(path)
+    assert loaded == {
+        "model": None,
+        "optimizer": None,
+        "global_step": 7,
+        "epoch": 1,
+        "sharded": path,
+    }
+    other, other_opt = _model_and_optimizer(1)
+    strategy.load(other, other_opt, loaded)
+    for (name, p), q in zip(model.named_parameters(), other.parameters()):
+        assert torch.equal(p, q), name
+    for a, b in zip(opt.state.values(), other_opt.state.values()):
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def test_a_key_set_in_one_run_only_is_named_even_when_its_value_is_none() -> None:
+    added = ckpt.identity_error("ck", {"lr": 0.1, "seed": None}, {"lr": 0.1})
+    assert added is not None and added.startswith(
+        "ck holds checkpoints of another run: seed ('<unset>' -> None) differ; "
+    )
+    dropped = ckpt.identity_error("ck", {"lr": 0.1}, {"lr": 0.1, "seed": None})
+    assert dropped is not None and "seed (None -> '<unset>') differ; " in dropped
+    gone = ckpt.identity_error("ck", {"lr": 0.1}, {"lr": 0.1, "layers": 3})
+    assert gone is not None and "layers (3 -> '<unset>') differ; " in gone
+
+
+# --------------------------------------------------------------------------- move_aside
+
+
+def test_fresh_leaves_an_empty_folder_where_it_is(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the current folder is not empty
+    (tmp_path / "ck").mkdir()
+    assert ckpt.move_aside("ck") is None
+    assert os.path.isdir(tmp_path / "ck")
+
+
+@pytest.fixture
+def tz_east_of_utc(monkeypatch):
+    """Local time five hours ahead of UTC, so a local stamp differs from a UTC one."""
+    monkeypatch.setenv("TZ", "XXX-05:00")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_fresh_names_the_old_folder_by_utc_time(tmp_path, tz_east_of_utc) -> None:
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "run.json").write_text("{}")
+    before = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = ckpt.move_aside(str(folder))
+    after = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    assert aside is not None and re.fullmatch(r".*/ck\.old-\d{8}T\d{6}Z", aside), aside
+    assert aside[-len(before) :] in (before, after)
+    assert sorted(os.listdir(aside)) == ["run.json"]
+
+
+def test_fresh_numbers_the_old_folder_when_that_name_is_taken(tmp_path, monkeypatch) -> None:
+    frozen = time.struct_time((2026, 11, 23, 20, 5, 9, 0, 327, 0))
+    monkeypatch.setattr(ckpt.time, "gmtime", lambda *_: frozen)
+    (tmp_path / "ck.old-20261123T200509Z").mkdir()
+    for number in (2, 3):
+        (tmp_path / "ck").mkdir()
+        (tmp_path / "ck" / "run.json").write_text("{}")
+        aside = ckpt.move_aside(str(tmp_path / "ck"))
+        assert aside == str(tmp_path / f"ck.old-20261123T200509Z-{number}")
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def _restored_cuda_states(monkeypatch, cuda_state, cuda_available: bool, fail: bool = False):
+    handed: list = []
+
+    def set_rng_state_all(states) -> None:
+        if fail:
+            raise RuntimeError("2 states for 1 device")
+        handed.append(states)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_rng_state_all)
+    ckpt.restore_rng({**ckpt.capture_rng(), "cuda": cuda_state})
+    return handed
+
+
+def test_cuda_rng_states_are_restored_only_when_saved_and_cuda_is_there(
+    monkeypatch, capsys
+) -> None:
+    saved = [torch.zeros(16, dtype=torch.uint8), torch.ones(16, dtype=torch.uint8)]
+    assert _restored_cuda_states(monkeypatch, saved, cuda_available=True) == [saved]
+    assert _restored_cuda_states(monkeypatch, saved, cuda_available=False) == []
+    assert _restored_cuda_states(monkeypatch, None, cuda_available=True) == []  # CPU run
+    assert capsys.readouterr() == ("", "")
+
+
+def test_cuda_rng_that_cannot_be_restored_is_a_warning_on_stderr(monkeypatch, capsys) -> None:
+    saved = [torch.zeros(16, dtype=torch.uint8)] * 2  # e.g. requeued onto fewer GPUs
+    assert _restored_cuda_states(monkeypatch, saved, cuda_available=True, fail=True) == []
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "hpc_harness: warning: CUDA RNG not restored: 2 states for 1 device\n"

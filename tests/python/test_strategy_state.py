@@ -1,0 +1,197 @@
+"""Strategy state in-process: name-keyed state through a DataParallel wrapper, the three kinds
+of optimizer state a checkpoint may hold, fsdp's full and sharded state as rank 0 or 1 of a
+fake group of 2 (every collective returns this rank's own values), and fsdp's shard units."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from hpc_harness.strategy import Strategy, _has_tensors, shard_units
+
+
+def _ctx(world_size: int = 1, rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(
+        rank=rank,
+        world_size=world_size,
+        local_world_size=world_size,
+        device=torch.device("cpu"),
+        devices=[],
+    )
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+
+
+def _trained(seed: int, optimizer=torch.optim.AdamW) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = _net()
+    opt = optimizer(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    sa, sb = list(a.state.values()), list(b.state.values())
+    return len(sa) == len(sb) and all(
+        sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(sa, sb)
+    )
+
+
+def test_state_is_keyed_by_parameter_name_through_a_data_parallel_wrapper() -> None:
+    strategy = Strategy("dp", _ctx())
+    model, opt = _trained(0)
+    wrapped = nn.DataParallel(model)  # what dp and ddp2 hold on a GPU node
+    msd, osd = strategy.state(wrapped, opt)
+    assert sorted(msd) == ["0.bias", "0.weight", "1.bias", "1.weight"]  # no "module." prefix
+    assert sorted(osd["state"]) == sorted(msd)
+    other, other_opt = _trained(1)
+    strategy.load(nn.DataParallel(other), other_opt, {"model": msd, "optimizer": osd})
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), other.parameters()))
+    assert _same_optimizer_state(opt, other_opt)
+
+
+@pytest.mark.parametrize("kind", ["adamw_by_name", "sgd_no_tensors", "by_position"])
+def test_every_kind_of_optimizer_state_loads(kind: str) -> None:
+    optimizer = torch.optim.SGD if kind.startswith("sgd") else torch.optim.AdamW
+    strategy = Strategy("ddp", _ctx())
+    model, opt = _trained(0, optimizer)
+    msd, osd = strategy.state(model, opt)
+    if kind == "by_position":  # checkpoints of earlier versions: optimizer.state_dict()
+        osd = opt.state_dict()
+    other, other_opt = _trained(1, optimizer)
+    other_opt.param_groups[0]["lr"] = 0.5
+    strategy.load(other, other_opt, {"model": msd, "optimizer": osd})
+    assert other_opt.param_groups[0]["lr"] == 0.1
+    assert _same_optimizer_state(opt, other_opt)
+
+
+def test_optimizer_state_counts_as_tensors_only_with_non_scalar_tensors() -> None:
+    vector, scalar = torch.zeros(3), torch.tensor(2.0)
+    assert _has_tensors({"state": {"w": {"step": scalar, "exp_avg": vector}}})
+    assert _has_tensors({"state": {"b": {"exp_avg": vector}}})  # a bias: one dimension
+    assert not _has_tensors({"state": {"w": {"step": scalar}}})
+    assert not _has_tensors({"state": {"w": {"momentum_buffer": None}}})  # plain SGD
+    assert not _has_tensors({"param_groups": []})
+
+
+@pytest.fixture
+def fake_group(request):
+    """This process as rank ``request.param`` of a fake group of 2."""
+    import torch.distributed as dist
+
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=request.param, world_size=2)
+    yield request.param
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fake_group", [0], indirect=True)
+def test_fsdp_state_is_whole_or_sharded_and_loads_into_rank_0s_shards(fake_group) -> None:
+    from torch.distributed.tensor import DTensor
+
+    strategy = Strategy("fsdp", _ctx(world_size=2))
+    model = strategy.wrap(_net())
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    whole, whole_optim = strategy.state(model, opt)
+    assert sorted(whole) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    assert not any(isinstance(v, DTensor) for v in whole.values())
+    shards, _ = strategy.state(model, opt, sharded=True)
+    assert all(isinstance(v, DTensor) for v in shards.values())
+
+    source, source_opt = _trained(0)  # a full checkpoint, as rank 0 reads it from a file
+    full_model, full_optim = Strategy("ddp", _ctx()).state(source, source_opt)
+    strategy.load(model, opt, {"model": full_model, "optimizer": full_optim})
+    for (name, p), q in zip(model.named_parameters(), source.parameters()):
+        mine = p.to_local()  # rank 0 holds the first half of the rows
+        assert torch.equal(mine, q.detach()[: mine.shape[0]]), name
+        exp_avg = opt.state[p]["exp_avg"].to_local()
+        assert torch.equal(exp_avg, source_opt.state[q]["exp_avg"][: mine.shape[0]]), name
+
+
+@pytest.mark.parametrize("fake_group", [1], indirect=True)
+def test_fsdp_whole_state_is_empty_on_ranks_other_than_0(fake_group) -> None:
+    strategy = Strategy("fsdp", _ctx(world_size=2, rank=1))
+    model = strategy.wrap(_net())
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    assert strategy.state(model, opt) == ({}, {})  # rank 0 alone writes the checkpoint
+    assert len(strategy.state(model, opt, sharded=True)[0]) == 4  # its own shards
+
+
+def _load_as_rank_1(monkeypatch, sent_by_rank_0) -> tuple[list, torch.optim.Optimizer]:
+    """Strategy.load on rank 1, which holds no state (None): what it hands to torch's loaders,
+    with the broadcast of rank 0's optimizer state simulated."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict as dsd
+
+    calls: list = []
+    monkeypatch.setattr(
+        dsd, "set_model_state_dict", lambda m, sd, options: calls.append(("model", sd, options))
+    )
+    monkeypatch.setattr(
+        dsd,
+        "set_optimizer_state_dict",
+        lambda m, o, sd, options: calls.append(("optimizer", sd, options)),
+    )
+
+    def broadcast_object_list(objects: list, src: int) -> None:
+        calls.append(("broadcast from", src))
+        objects[0] = sent_by_rank_0
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast_object_list)
+    strategy = Strategy("ddp", _ctx(world_size=2, rank=1))
+    model, opt = _trained(1)
+    strategy.load(model, opt, {"model": None, "optimizer": None})
+    return calls, opt
+
+
+@pytest.mark.parametrize("fake_group", [1], indirect=True)
+def test_ranks_without_state_receive_it_from_rank_0(fake_group, monkeypatch) -> None:
+    calls, _ = _load_as_rank_1(monkeypatch, None)  # a name-keyed state with tensors
+    assert [c[:2] for c in calls] == [("model", {}), ("broadcast from", 0), ("optimizer", {})]
+    model_options, optimizer_options = calls[0][2], calls[2][2]
+    assert model_options.full_state_dict and model_options.broadcast_from_rank0
+    assert optimizer_options is model_options
+
+
+@pytest.mark.parametrize("fake_group", [1], indirect=True)
+def test_optimizer_state_rank_0_sends_whole_is_loaded_as_sent(fake_group, monkeypatch) -> None:
+    _, by_position = _trained(0)
+    calls, opt = _load_as_rank_1(monkeypatch, by_position.state_dict())
+    assert [c[0] for c in calls] == ["model", "broadcast from"]  # optimizer.load_state_dict
+    assert _same_optimizer_state(opt, by_position)
+    no_tensors = {"state": {}, "param_groups": [{"lr": 0.3, "params": ["0.weight"]}]}
+    calls, _ = _load_as_rank_1(monkeypatch, no_tensors)  # plain SGD, keyed by name
+    assert calls[2][:2] == ("optimizer", no_tensors)
+    assert not calls[2][2].full_state_dict and not calls[2][2].broadcast_from_rank0
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+
+class _TiedLM(nn.Module):
+    """A GPT-2 shape: blocks in a ModuleList, the output head tied to the token embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(5, 4)
+        self.blocks = nn.ModuleList([_Block(), _Block()])
+        self.lm_head = nn.Linear(4, 5, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+
+def test_fsdp_shards_the_module_list_classes_and_leaves_tied_modules_to_the_root() -> None:
+    model = _TiedLM()
+    assert shard_units(model) == list(model.blocks)
+    linears = shard_units(model, (nn.Linear, nn.Embedding))  # the tied pair: neither
+    assert linears == [model.blocks[0].fc, model.blocks[1].fc]
+    assert shard_units(model, (_TiedLM,)) == []  # the root is sharded last, by wrap()
+    assert shard_units(nn.Sequential(nn.Linear(2, 2))) == []  # no ModuleList: root only
