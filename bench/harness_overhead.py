@@ -20,7 +20,8 @@ launch to first step, and the per-step time distribution (where periodic work sh
 spikes).
 
     .venv/bin/python bench/harness_overhead.py [--reps 5] [--epochs 5] [--out section.md]
-    .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data
+    .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data,
+                                                              # raw, harness and lightning
 
 The ``--worker harness|lightning`` mode is what torch.distributed.run starts; not for people.
 """
@@ -39,6 +40,10 @@ import torchrun_bench as tb
 from benchstats import Series, md_table
 
 CONFIGS = ("raw", "harness", "harness_ckpt100", "harness_quiet", "lightning")
+# --smoke runs each worker once: harness_ckpt100 and harness_quiet are the harness worker with
+# other TrainConfig numbers (and in a smoke run's few steps no checkpoint falls due anyway),
+# while every launch costs seconds of startup (torch imports), whatever the run's size.
+SMOKE_CONFIGS = ("raw", "harness", "lightning")
 NEVER = 10**9  # a step interval that never comes
 
 
@@ -341,7 +346,9 @@ def driver(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    p = tb.driver_args(__doc__, CONFIGS, ("harness", "lightning"), reps=5, epochs=5)
+    p = tb.driver_args(
+        __doc__, CONFIGS, ("harness", "lightning"), reps=5, epochs=5, smoke_configs=SMOKE_CONFIGS
+    )
     p.add_argument("--json", default=None, help="write every measure here")
     # the harness worker's TrainConfig (default: TrainConfig's)
     p.add_argument("--checkpoint-every", type=int, default=None)
