@@ -20,7 +20,8 @@ launch to first step, and the per-step time distribution (where periodic work sh
 spikes).
 
     .venv/bin/python bench/harness_overhead.py [--reps 5] [--epochs 5] [--out section.md]
-    .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data
+    .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data,
+                                                              # raw, harness and lightning
 
 The ``--worker harness|lightning`` mode is what torch.distributed.run starts; not for people.
 """
@@ -29,19 +30,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torchrun_bench as tb
 from benchstats import Series, md_table
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
 CONFIGS = ("raw", "harness", "harness_ckpt100", "harness_quiet", "lightning")
+# --smoke runs each worker once: harness_ckpt100 and harness_quiet are the harness worker with
+# other TrainConfig numbers (and in a smoke run's few steps no checkpoint falls due anyway),
+# while every launch costs seconds of startup (torch imports), whatever the run's size.
+SMOKE_CONFIGS = ("raw", "harness", "lightning")
 NEVER = 10**9  # a step interval that never comes
 
 
@@ -137,21 +139,20 @@ def worker_lightning(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def launch_argv(config: str, epochs: int, samples: int, result: str, ckpt_dir: str) -> list[str]:
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    sizes = ["--epochs", str(epochs), "--samples", str(samples), "--result", result]
+def worker_argv(config: str) -> list[str]:
+    """What torchrun starts for ``config`` (the run's sizes and result file come after)."""
     if config == "raw":
-        return run + [str(BENCH_DIR / "raw_ddp.py")] + sizes
-    me = [str(BENCH_DIR / "harness_overhead.py"), "--ckpt-dir", ckpt_dir]
+        return [str(tb.RAW_DDP)]
+    me = [str(Path(__file__).resolve())]
     if config == "harness":
-        return run + me + ["--worker", "harness"] + sizes
+        return [*me, "--worker", "harness"]
     if config == "harness_ckpt100":
-        return run + me + ["--worker", "harness", "--checkpoint-every", "100"] + sizes
+        return [*me, "--worker", "harness", "--checkpoint-every", "100"]
     if config == "harness_quiet":
         quiet = ["--checkpoint-every", "0", "--log-every", "0", "--signal-check-every", str(NEVER)]
-        return run + me + ["--worker", "harness"] + quiet + sizes
+        return [*me, "--worker", "harness", *quiet]
     if config == "lightning":
-        return run + me + ["--worker", "lightning"] + sizes
+        return [*me, "--worker", "lightning"]
     raise ValueError(config)
 
 
@@ -164,39 +165,17 @@ def display_command(config: str) -> str:
         "--log-every 0 --signal-check-every 1000000000",
         "lightning": "bench/harness_overhead.py --worker lightning",
     }[config]
-    return f"torchrun --standalone --nproc-per-node=2 {tail}"
+    return f"{tb.TORCHRUN_SHOWN} {tail}"
 
 
-def run_once(config: str, epochs: int, samples: int, workdir: Path) -> dict[str, float]:
+def run_once(config: str, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     """One whole training process; returns its measures."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{config}.", dir=workdir))
-    result = run_dir / "result.json"
-    argv = launch_argv(config, epochs, samples, str(result), str(run_dir / "ckpt"))
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
-        HPC_WANDB="disabled",
-        WANDB_MODE="disabled",
-        PYTHONWARNINGS="ignore",
-    )
-    for var in [v for v in env if v.startswith(("SLURM_", "HPC_REQUEUE"))]:
-        del env[var]  # a plain torchrun launch, even when run inside a SLURM job
-    log = run_dir / "log.txt"
-    t0 = time.time()
-    with open(log, "w") as f:
-        rc = subprocess.run(
-            argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=run_dir
-        ).returncode
-    wall = time.time() - t0
-    if rc != 0 or not result.exists():
-        sys.stderr.write(log.read_text()[-4000:])
-        raise RuntimeError(f"{config}: exit {rc}, see {log}")
-    data = json.loads(result.read_text())
-    steps = data["steps"]
+    run = tb.launch(config, worker_argv(config), args, workdir)
+    t0, wall = run.launched, run.wall_s
+    steps = run.result["steps"]
     n = len(steps)
-    spe = int(data["steps_per_epoch"])
-    k = spe if 0 < spe < n else n // 2  # first epoch excluded (half the run when only one)
+    spe = int(run.result["steps_per_epoch"])
+    k = tb.first_epoch_steps(run.result)
     steady = steps[k - 1 :]
     diffs = [b - a for a, b in zip(steady, steady[1:])]
     diffs_sorted = sorted(diffs)
@@ -238,13 +217,6 @@ def step_class(g: int, steps_per_epoch: int) -> str:
     if g % 10 == 0:
         return "g10"
     return "plain"
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def render(results: dict[str, list[dict[str, float]]], meta: dict[str, object]) -> str:
@@ -340,73 +312,45 @@ def render(results: dict[str, list[dict[str, float]]], meta: dict[str, object]) 
 
 
 def driver(args: argparse.Namespace) -> int:
-    reps, epochs, samples, warmup = args.reps, args.epochs, args.samples, not args.no_warmup
-    if args.smoke:
-        reps, epochs, samples, warmup = 1, 2, 2000, False
-    configs = [c for c in args.configs.split(",") if c]
+    configs = tb.run_plan(args)
     results: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
-    load_before = loadavg()
+    load_before = tb.loadavg()
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead.") as tmp:
-        work = Path(tmp)
-        rounds = ([-1] if warmup else []) + list(range(reps))
-        for rep in rounds:
-            # A B C on even rounds, C B A on odd ones: no config always follows the same one.
-            for c in configs if rep % 2 == 0 else configs[::-1]:
-                for _attempt in range(3):
-                    try:
-                        r = run_once(c, epochs, samples, work)
-                        break
-                    except RuntimeError as exc:
-                        failures.append(f"{c} ({exc})")
-                        print(f"harness_overhead: {exc}; retrying", file=sys.stderr, flush=True)
-                else:
-                    raise RuntimeError(f"{c} failed 3 times in a row")
-                label = "warm-up" if rep < 0 else f"rep {rep}"
-                print(
-                    f"harness_overhead: {label} {c}: {r['steps_per_s']:.1f} steps/s, "
-                    f"wall {r['wall_s']:.2f} s, first step {r['first_step_s']:.2f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if rep >= 0:
-                    results[c].append(r)
+        for rep, c in tb.interleaved(configs, args.reps, not args.no_warmup):
+            for _attempt in range(3):
+                try:
+                    r = run_once(c, args, Path(tmp))
+                    break
+                except RuntimeError as exc:
+                    failures.append(f"{c} ({exc})")
+                    print(f"harness_overhead: {exc}; retrying", file=sys.stderr, flush=True)
+            else:
+                raise RuntimeError(f"{c} failed 3 times in a row")
+            tb.note_run(
+                rep,
+                c,
+                f"{r['steps_per_s']:.1f} steps/s, wall {r['wall_s']:.2f} s, "
+                f"first step {r['first_step_s']:.2f} s",
+            )
+            if rep >= 0:
+                results[c].append(r)
     steps = {int(r["steps"]) for rs in results.values() for r in rs}
     if len(steps) != 1:
         raise RuntimeError(f"configurations ran different step counts: {sorted(steps)}")
-    meta = {
-        "samples": samples,
-        "epochs": epochs,
-        "steps": steps.pop(),
-        "reps": reps,
-        "warmup": warmup,
-        "load_before": load_before,
-        "load_after": loadavg(),
-        "failures": failures,
-    }
-    text = render(results, meta)
-    if args.out:
-        Path(args.out).write_text(text)
+    meta = {**tb.run_meta(args, load_before), "steps": steps.pop(), "failures": failures}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    print(text)
+    tb.write_section(render(results, meta), args.out)
     return 0
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--smoke", action="store_true", help="1 rep, 2 epochs of 2000 samples")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--samples", type=int, default=20_000)
-    p.add_argument("--no-warmup", action="store_true")
-    p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--out", default=None, help="write the Markdown section here")
+    p = tb.driver_args(
+        __doc__, CONFIGS, ("harness", "lightning"), reps=5, epochs=5, smoke_configs=SMOKE_CONFIGS
+    )
     p.add_argument("--json", default=None, help="write every measure here")
-    # worker mode (started by torch.distributed.run)
-    p.add_argument("--worker", choices=("harness", "lightning"), default=None)
-    p.add_argument("--result", default=None)
-    p.add_argument("--ckpt-dir", default="checkpoints")
+    # the harness worker's TrainConfig (default: TrainConfig's)
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--log-every", type=int, default=None)
     p.add_argument("--signal-check-every", type=int, default=None)

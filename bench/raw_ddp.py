@@ -1,20 +1,21 @@
-"""The anchor of the harness-overhead benchmark: a plain hand-written DDP loop.
+"""The anchor of the harness- and loop-overhead benchmarks: a plain hand-written DDP loop.
 
 Nothing but DistributedSampler + DDP + SGD: no logging, no checkpoints, no signal checks.
-It also defines the workload every configuration of ``bench/harness_overhead.py`` shares
-(the model, the data and the per-step clock), so the three loops differ only in the loop.
+It also defines the workload every configuration of ``bench/harness_overhead.py`` and
+``bench/loop_overhead.py`` shares (the model, the data and the per-step clock), so the loops
+differ only in the loop; both run this file as their ``raw`` configuration.
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node=2 \\
         bench/raw_ddp.py --epochs 5 --samples 20000 --result /tmp/raw.json
 
 Rank 0 writes ``--result``: JSON with the wall-clock time (``time.time()``) at the end of every
-optimizer step (``steps``), when the process started (``t_start``) and how many steps make an
-epoch (``steps_per_epoch``); the driver turns these into steady-state steps/s.
+optimizer step (``steps``), rank 0's CPU time (``time.process_time()``) at the same moments
+(``cpu``), when the process started (``t_start``) and how many steps make an epoch
+(``steps_per_epoch``); the driver turns these into steady-state steps/s and CPU time per step.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -27,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+from torchrun_bench import worker_args  # noqa: E402
 
 BATCH = 64
 LR = 0.01
@@ -53,12 +55,19 @@ def make_optimizer(params) -> torch.optim.Optimizer:  # noqa: ANN001
     return torch.optim.SGD(params, lr=LR)
 
 
-def common_args(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--samples", type=int, default=20_000)
-    p.add_argument("--result", default=None, help="rank 0 writes its step clock here (JSON)")
-    return p
+def clocked(make_optimizer, clock: list[float], cpu: list[float]):  # noqa: ANN001, ANN201
+    """An optimizer factory whose optimizers record the wall and CPU time after every step."""
+
+    def tick(*_: object) -> None:
+        clock.append(time.time())
+        cpu.append(time.process_time())
+
+    def make(params):  # noqa: ANN001, ANN202
+        opt = make_optimizer(params)
+        opt.register_step_post_hook(tick)
+        return opt
+
+    return make
 
 
 def write_result(path: str | None, steps: list[float], steps_per_epoch: int, **extra) -> None:
@@ -72,15 +81,16 @@ def write_result(path: str | None, steps: list[float], steps_per_epoch: int, **e
 
 
 def main() -> None:
-    args = common_args("Plain DDP loop (the anchor).").parse_args()
+    args = worker_args("Plain DDP loop (the anchor).").parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = nn.parallel.DistributedDataParallel(make_model())
     data = make_dataset(args.samples)
     sampler = DistributedSampler(data, shuffle=True, seed=SEED)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
-    optimizer = make_optimizer(model.parameters())
     clock: list[float] = []
+    cpu: list[float] = []
+    optimizer = clocked(make_optimizer, clock, cpu)(model.parameters())
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -88,9 +98,8 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            clock.append(time.time())
     if rank == 0:
-        write_result(args.result, clock, len(loader))
+        write_result(args.result, clock, len(loader), cpu=cpu)
     dist.destroy_process_group()
 
 
