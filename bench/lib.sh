@@ -92,20 +92,18 @@ need_cluster() {
     bench_die "the local cluster does not answer (SLURM_CONF=$SLURM_CONF); start it: local_cluster/cluster.sh up"
 }
 
-# job_state ID: the job's state as squeue shows it (empty once it left squeue).
-job_state() {
-  squeue -h -j "$1" -o %T 2>/dev/null | head -n 1
-}
+# SLURM's record of a job, read as the toolkit reads it: job_state ID (''
+# once slurmctld forgot the job) and is_final_state STATE.
+# shellcheck source=../hpc_files/node/shared.sh
+source "$BENCH_ROOT/hpc_files/node/shared.sh"
 
-# wait_job_gone ID [SECONDS]: until the job is no longer pending or running.
+# wait_job_gone ID [SECONDS]: until the job is over (or forgotten).
 wait_job_gone() {
   local id=$1 limit=${2:-120} t0 state
   t0=$SECONDS
   while ((SECONDS - t0 < limit)); do
     state=$(job_state "$id")
-    case "$state" in
-      "" | COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;;
-    esac
+    [[ -n "$state" ]] && ! is_final_state "$state" || return 0
     sleep 0.2
   done
   return 1
