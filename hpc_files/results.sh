@@ -3,13 +3,16 @@
 # trial (or per configuration, its seeds grouped as mean ± std): parameters
 # from trials.jsonl, state (finished, failed (exit N), requeued N times,
 # pending/running) and the final and best value of every metric in each
-# trial's metrics.csv, sorted by one metric. Optionally a CSV and a PNG.
+# trial's metrics.csv, sorted by one metric. Optionally a CSV and PNGs: the
+# sort metric against each parameter, and the training curves (of the trials,
+# or of one run outside SLURM with --run).
 #
 #   hpc_files/results.sh EXP
 #   hpc_files/results.sh EXP --sort test_loss:min --no-group
-#   hpc_files/results.sh EXP --csv results.csv --plot results.png
+#   hpc_files/results.sh EXP --csv results.csv --plot results.png --curves curves.png
+#   hpc_files/results.sh --run checkpoints --curves curves.png
 #
-# The table work is hpc_files/lib/results.py (matplotlib for --plot), run by
+# The work is hpc_files/lib/results.py (matplotlib for the PNGs), run by
 # the python login_python (lib/common.sh) chooses.
 set -euo pipefail
 
@@ -22,7 +25,8 @@ project_paths
 usage() {
   cat <<USAGE
 usage: results.sh EXP|JOBID [--sort METRIC[:max|min]] [--no-group] [--metrics A,B]
-                  [--csv FILE] [--plot FILE.png] [--project NAME]
+                  [--csv FILE] [--plot FILE.png] [--curves FILE.png] [--project NAME]
+       results.sh --run RUN_DIR|CSV --curves FILE.png [--metrics A,B]
 
 One row per configuration of the newest submission of experiment EXP (or the
 submission whose job id is JOBID) under \$SCRATCH/$project_name/: its trials, its
@@ -41,6 +45,12 @@ run's run.json.
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)
   --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --curves FILE.png  draw the training curves: one panel per metric (those of
+                     --metrics), value against global step, one line per trial
+  --run RUN_DIR|CSV  instead of EXP: one run outside SLURM (a laptop run), its
+                     folder (metrics.csv in it or one folder below, e.g.
+                     checkpoints/) or its metrics.csv; takes --curves and
+                     --metrics only, needs no \$SCRATCH
   --project NAME     the project folder under \$SCRATCH (default: $project_name,
                      the folder holding hpc_files/)
   -h, --help         show this help

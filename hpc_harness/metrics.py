@@ -3,7 +3,8 @@
 Rank 0 only. The CSV ``<run_dir>/metrics.csv`` is appended to across requeues, one row per
 value: ``time,step,epoch,name,value`` (long format, so new metric names need no new columns).
 Rows logged after the last checkpoint of an interrupted attempt appear again after resume;
-readers (``hpc-plot``) keep the last row for each (name, step).
+readers (``hpc_files/lib/results.py``: results.sh's tables and ``--curves``) keep the last
+row for each (name, step).
 
 wandb modes (``--wandb``):
     auto      (default) online when wandb is importable and an API key is configured

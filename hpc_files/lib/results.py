@@ -8,6 +8,15 @@ never ``sacct`` (accounting is off on many small clusters)::
     python3 hpc_files/lib/results.py status  --project NAME [EXP | JOBID] [--watch [S]]
     python3 hpc_files/lib/results.py results --project NAME EXP [--sort M[:max|min]]
                                     [--no-group] [--metrics A,B] [--csv F] [--plot F.png]
+                                    [--curves F.png]
+    python3 hpc_files/lib/results.py results --run RUN_DIR|metrics.csv --curves F.png
+                                    [--metrics A,B]
+
+``--curves`` draws training curves (one panel per metric, value against global step, one
+line per trial); with ``--run`` they are one run's outside SLURM (a laptop run: its folder
+or its metrics.csv), no submission or ``$SCRATCH`` needed. This module is the one reader of
+the harness's metrics.csv; it needs only the standard library (matplotlib for the PNGs), so
+it runs where hpc_harness and torch are not installed.
 
 Where things are (written by job_submitter.sh and the batch script):
 
@@ -25,7 +34,8 @@ Where things are (written by job_submitter.sh and the batch script):
   name, value) is there or one folder below (``checkpoints/`` by default).
 
 Errors: one line ``PROG: error: MESSAGE`` on stderr; exit 2 for bad input (unknown
-experiment, unknown metric, --watch without a terminal), 1 for a failure to write.
+experiment, unknown metric, --watch without a terminal, a --run path without metrics), 1
+for a failure to write.
 """
 
 from __future__ import annotations
@@ -697,6 +707,64 @@ def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
         plt.close(fig)
 
 
+def run_metrics_csv(path: str) -> str:
+    """--run's metrics file: PATH itself, or metrics.csv in the run folder PATH or one below
+    (the harness writes ``checkpoints/metrics.csv``)."""
+    found = path if os.path.isfile(path) else find_metrics_csv(path, array=False)
+    if not found:
+        raise UsageError(f"--run: no metrics.csv at {path!r} or one folder below")
+    return found
+
+
+def trial_label(t: Trial) -> str:
+    params = ", ".join(f"{k}={param_text(v)}" for k, v in t.params.items())
+    label = f"trial {t.index} ({params})" if params else f"trial {t.index}"
+    return f"{label}, failed" if t.failed else label
+
+
+def plot_curves(trials: list[Trial], names: list[str], out: str) -> dict[str, list[str]]:
+    """One panel per metric in NAMES, its value against global step, one line per trial
+    that logged it (a failed trial's dashed); a legend names the trials when there are
+    several (in the first panel). Returns {metric: labels of its lines}, what was drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(2, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    drawn: dict[str, list[str]] = {}
+    legend_drawn = False
+    for ax, name in zip(axes.flat, names):
+        drawn[name] = []
+        for t in trials:
+            points = t.metrics.get(name)
+            if not points:
+                continue
+            steps, values = zip(*points)
+            label = trial_label(t)
+            style = "--" if t.failed else "-"
+            ax.plot(steps, values, style, marker="." if len(steps) < 50 else None, label=label)
+            drawn[name].append(label)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(trials) > 1 and drawn[name] and not legend_drawn:  # once: same lines in each
+            ax.legend(fontsize="x-small")
+            legend_drawn = True
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise RuntimeFailure(f"--curves: cannot write {out!r}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+    return drawn
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -852,11 +920,38 @@ def parse_sort(text: str) -> tuple[str, str | None]:
     return name, goal
 
 
+def chosen_metrics(logged: list[str], metrics_filter: list[str] | None) -> list[str]:
+    """--metrics A,B (each one logged by some trial), else every logged metric."""
+    if metrics_filter is None:
+        return logged
+    unknown = [m for m in metrics_filter if m not in logged]
+    if unknown:
+        raise UsageError(
+            f"--metrics: no trial logged {unknown[0]!r} (logged: {', '.join(logged) or '-'})"
+        )
+    return metrics_filter
+
+
+def cmd_run_curves(run_path: str, curves_out: str | None, metrics_filter: list[str] | None) -> int:
+    """--run: one run's curves, outside SLURM (no submission, no SCRATCH)."""
+    if curves_out is None:
+        raise UsageError("--run draws one run's curves: give --curves FILE.png too")
+    csv_path = run_metrics_csv(run_path)
+    run = Trial(0, {}, (), "", False, 0, read_metrics(csv_path))
+    if not run.metrics:
+        raise UsageError(f"--run: no metrics rows in {csv_path!r}")
+    names = chosen_metrics(list(run.metrics), metrics_filter) or list(run.metrics)
+    plot_curves([run], names, curves_out)
+    sys.stdout.write(f"wrote {curves_out}\n")
+    return 0
+
+
 def cmd_results(argv: Sequence[str], prog: str) -> int:
-    project = target = csv_out = plot_out = None
+    project = target = csv_out = plot_out = curves_out = run_path = None
     sort_text: str | None = None
     metrics_filter: list[str] | None = None
     group = True
+    table_options: list[str] = []  # given options that only an experiment's table takes
     p = Parser(argv)
     for name, inline in p:
         if name == "--project":
@@ -865,19 +960,35 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
             sort_text = p.value(name, inline)
             if not sort_text:
                 raise UsageError("--sort expects METRIC or METRIC:max|min, got ''")
+            table_options.append(name)
         elif name == "--no-group":
             group = False
+            table_options.append(name)
         elif name in ("-m", "--metrics"):
             metrics_filter = [m for m in p.value(name, inline).split(",") if m]
         elif name == "--csv":
             csv_out = p.value(name, inline)
+            table_options.append(name)
         elif name == "--plot":
             plot_out = p.value(name, inline)
+            table_options.append(name)
+        elif name == "--curves":
+            curves_out = p.value(name, inline)
+        elif name == "--run":
+            run_path = p.value(name, inline)
         else:
             target = p.target(name, inline, target)
-    for opt, path in (("--csv", csv_out), ("--plot", plot_out)):
+    for opt, path in (("--csv", csv_out), ("--plot", plot_out), ("--curves", curves_out)):
         if path == "":
             raise UsageError(f"{opt} expects a file name, got ''")
+    if run_path is not None:
+        if run_path == "":
+            raise UsageError("--run expects a run folder or its metrics.csv, got ''")
+        if target is not None:
+            raise UsageError(f"give EXP ({target!r}) or --run, not both")
+        if table_options:
+            raise UsageError(f"{table_options[0]} is for an experiment's table, not --run")
+        return cmd_run_curves(run_path, curves_out, metrics_filter)
     if target is None:
         raise UsageError("give the experiment (or job id) to show: results.sh EXP")
     project, project_dir = _project_dir(project)
@@ -908,16 +1019,12 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
             first = first or (logged[0] if logged else None)
             if first:
                 sort = (first, "min" if lower_is_better(first) else "max")
-    shown_metrics = logged
-    if metrics_filter is not None:
-        unknown = [m for m in metrics_filter if m not in logged]
-        if unknown:
-            raise UsageError(
-                f"--metrics: no trial logged {unknown[0]!r} (logged: {', '.join(logged) or '-'})"
-            )
-        shown_metrics = metrics_filter
-        if sort and sort[0] not in shown_metrics:
-            shown_metrics = [sort[0]] + shown_metrics
+    shown_metrics = chosen_metrics(logged, metrics_filter)
+    if metrics_filter is not None and sort and sort[0] not in shown_metrics:
+        shown_metrics = [sort[0]] + shown_metrics
+    for opt, path in (("--plot", plot_out), ("--curves", curves_out)):
+        if path and not logged:
+            raise UsageError(f"{opt}: no trial logged a metric yet")
     header, rows, csv_rows = results_table(trials, sort, group, shown_metrics)
     where = f"sorted by {sort[0]} ({sort[1]})" if sort else "no metrics logged yet"
     sys.stdout.write(f"{sub.exp}  {sub.path}\n{len(trials)} trial(s); {where}\n")
@@ -929,11 +1036,12 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
         except OSError as exc:
             raise RuntimeFailure(f"--csv: cannot write {csv_out!r}: {exc.strerror}") from None
         sys.stdout.write(f"wrote {csv_out}\n")
-    if plot_out:
-        if not sort:
-            raise UsageError("--plot: no trial logged a metric yet")
+    if plot_out and sort:
         plot_results(trials, sort[0], sort[1], plot_out)
         sys.stdout.write(f"wrote {plot_out}\n")
+    if curves_out:
+        plot_curves(trials, shown_metrics, curves_out)
+        sys.stdout.write(f"wrote {curves_out}\n")
     return 0
 
 

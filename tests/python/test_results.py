@@ -132,6 +132,76 @@ def test_plot_writes_a_png(scratch, tmp_path, capsys) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_curves_one_line_per_trial_in_each_metrics_panel(scratch, tmp_path, capsys, monkeypatch):
+    drawn = {}
+    real = results.plot_curves
+    monkeypatch.setattr(results, "plot_curves", lambda *a: drawn.update(real(*a)) or drawn)
+    out = tmp_path / "out dir" / "c.png"
+    out.parent.mkdir()
+    code, lines, err = run(
+        capsys, "results", "--project", "proj", "grid", "-m", "test_loss", "--curves", str(out)
+    )
+    assert code == 0 and lines[-1] == f"wrote {out}", err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The sort metric joins --metrics, as in the table; trial 5 (failed) is drawn too.
+    assert list(drawn) == ["test_acc", "test_loss"]
+    assert drawn["test_acc"][0] == "trial 0 (hidden=16, lr=0.01, seed=0)"
+    assert drawn["test_acc"][5] == "trial 5 (hidden=16, lr=0.1, seed=1), failed"
+    assert len(drawn["test_loss"]) == 8
+
+
+def test_curves_of_one_run_outside_slurm(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("SCRATCH", raising=False)
+    run_dir = tmp_path / "laptop run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    # Steps 10 and 20 logged again after a resume: the curve keeps the last of each.
+    (run_dir / "checkpoints" / "metrics.csv").write_text(
+        "time,step,epoch,name,value\n1,10,0,loss,2.0\n1,20,0,loss,1.8\n"
+        "2,10,0,loss,1.5\n2,20,0,loss,1.2\n2,20,0,acc,0.5\n"
+    )
+    drawn = []
+    real = results.plot_curves
+    monkeypatch.setattr(results, "plot_curves", lambda *a: drawn.append(a) or real(*a))
+    out = tmp_path / "c.png"
+    for where in (run_dir, run_dir / "checkpoints" / "metrics.csv"):
+        code, lines, err = run(capsys, "results", "--run", str(where), "--curves", str(out))
+        assert (code, lines, err) == (0, [f"wrote {out}"], "")
+        [run_trial], names, _ = drawn.pop()
+        assert names == ["loss", "acc"]
+        assert run_trial.metrics["loss"] == [(10, 1.5), (20, 1.2)]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run", "{missing}", "--curves", "{out}"], "--run: no metrics.csv at '{missing}'"),
+        (["--run", "{empty}", "--curves", "{out}"], "--run: no metrics rows in '{empty}'"),
+        (["--run", "{empty}"], "--run draws one run's curves: give --curves FILE.png too"),
+        (["grid", "--run", "{empty}", "--curves", "{out}"], "give EXP ('grid') or --run, not"),
+        (["--run", "{empty}", "--csv", "x", "--curves", "{out}"], "--csv is for an experiment's"),
+        (["grid", "--curves="], "--curves expects a file name, got ''"),
+        (["--run=", "--curves", "{out}"], "--run expects a run folder or its metrics.csv, got"),
+    ],
+)
+def test_curves_refusals_exit_2_one_line_nothing_written(tmp_path, capsys, args, message):
+    empty = tmp_path / "metrics.csv"
+    empty.write_text("time,step,epoch,name,value\n")
+    names = {"missing": tmp_path / "nope", "empty": empty, "out": tmp_path / "c.png"}
+    code, lines, err = run(capsys, "results", *[a.format(**names) for a in args])
+    assert (code, lines) == (2, [])
+    assert err.startswith("results.sh: error: " + message.format(**names))
+    assert err.count("\n") == 1 and not (tmp_path / "c.png").exists()
+
+
+def test_curves_that_cannot_be_written_exit_1(tmp_path, capsys) -> None:
+    (tmp_path / "metrics.csv").write_text("time,step,epoch,name,value\n1,1,0,loss,1\n")
+    out = tmp_path / "no such folder" / "c.png"
+    code, _, err = run(capsys, "results", "--run", str(tmp_path), "--curves", str(out))
+    assert code == 1
+    assert err == f"results.sh: error: --curves: cannot write '{out}': No such file or directory\n"
+
+
 def test_single_job_and_configs_array(scratch, capsys) -> None:
     code, lines, _ = run(capsys, "results", "--project", "proj", "single")
     assert code == 0

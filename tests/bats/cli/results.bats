@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # hpc_files/results.sh on fabricated submission folders, logs and metrics.csv
 # (no cluster): seeds grouped as mean ± std, a failed trial kept and named,
-# sorting, --no-group, --csv, --plot, and refusals.
+# sorting, --no-group, --csv, --plot, --curves (and --run), and refusals.
 
 load '../test_helper'
 
@@ -74,6 +74,27 @@ trials  hidden  lr    n  state                          test_acc        best tes
   (($(stat -c %s "$out/r.png") > 5000)) || fail "PNG too small"
 }
 
+@test "--curves writes the trials' training curves; --run draws one run's without SCRATCH; a bad --run path exits 2 with one line" {
+  local out="$BATS_TEST_TMPDIR/out dir"
+  mkdir -p "$out"
+  run --separate-stderr "$RESULTS" grid -m test_acc --curves "$out/c.png"
+  assert_success
+  assert_equal "$stderr" ""
+  assert_line "wrote $out/c.png"
+  run od -An -c -N 4 "$out/c.png"
+  assert_output --regexp '211 +P +N +G'
+  (($(stat -c %s "$out/c.png") > 5000)) || fail "PNG too small"
+  run --separate-stderr env -u SCRATCH "$RESULTS" --run "$SCRATCH/$project/single" --curves="$out/r.png"
+  assert_success
+  assert_output "wrote $out/r.png"
+  assert_file_exists "$out/r.png"
+  run --separate-stderr "$RESULTS" --run "$out/nope" --curves "$out/x.png"
+  assert_failure 2
+  assert_output ''
+  assert_equal "$stderr" "results.sh: error: --run: no metrics.csv at '$out/nope' or one folder below"
+  assert_file_not_exists "$out/x.png"
+}
+
 @test "a plain job and a configs-file array (parameters: the words that differ between lines)" {
   run "$RESULTS" single -m test_acc
   assert_success
@@ -93,6 +114,7 @@ trials  hidden  lr    n  state                          test_acc        best tes
     "--metrics: no trial logged 'nope' (logged: train_loss, test_loss, test_acc)|grid;-m;nope"
     "--csv expects a value|grid;--csv"
     "--csv expects a file name, got ''|grid;--csv="
+    "--curves expects a value|grid;--curves"
     "no experiment or job id '\$(touch x)' under $SCRATCH/$project (experiments: configs, grid, single)|\$(touch x)"
   )
   local case expected args
