@@ -658,11 +658,6 @@ def results_table(
 def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
     """One panel per parameter: the metric's final value of every trial that reported it
     (failed trials left out), with the mean per value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names: list[str] = []
     for t in trials:
         names += [k for k in t.params if k not in names and k != "seed"]
@@ -673,9 +668,7 @@ def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
             points.append((t, final))
     if not names:
         names = ["trial"]
-    cols = min(3, len(names))
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = panels(len(names), 3, 4.2)
     for ax, name in zip(axes.flat, names):
         xs = [t.index if name == "trial" else t.params.get(name) for t, _ in points]
         ys = [v for _, v in points]
@@ -696,13 +689,32 @@ def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
         ax.set_xlabel(name)
         ax.set_ylabel(f"{metric} ({goal})")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names) :]:
+    save_panels(fig, axes, len(names), out, "--plot")
+
+
+def panels(count: int, per_row: int, width: float) -> tuple[Any, Any]:
+    """A figure of COUNT panels, PER_ROW a row, each WIDTH inches wide (Agg: no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(per_row, count)
+    rows = math.ceil(count / cols)
+    return plt.subplots(rows, cols, figsize=(width * cols, 3.2 * rows), squeeze=False)
+
+
+def save_panels(fig: Any, axes: Any, used: int, out: str, option: str) -> None:
+    """Blank the panels past USED and write the PNG OUT (exit 1 naming OPTION if it cannot)."""
+    import matplotlib.pyplot as plt
+
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=100)
     except OSError as exc:
-        raise RuntimeFailure(f"--plot: cannot write {out!r}: {exc.strerror}") from None
+        raise RuntimeFailure(f"{option}: cannot write {out!r}: {exc.strerror}") from None
     finally:
         plt.close(fig)
 
@@ -726,14 +738,7 @@ def plot_curves(trials: list[Trial], names: list[str], out: str) -> dict[str, li
     """One panel per metric in NAMES, its value against global step, one line per trial
     that logged it (a failed trial's dashed); a legend names the trials when there are
     several (in the first panel). Returns {metric: labels of its lines}, what was drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = min(2, len(names))
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = panels(len(names), 2, 5)
     drawn: dict[str, list[str]] = {}
     legend_drawn = False
     for ax, name in zip(axes.flat, names):
@@ -753,15 +758,7 @@ def plot_curves(trials: list[Trial], names: list[str], out: str) -> dict[str, li
         if len(trials) > 1 and drawn[name] and not legend_drawn:  # once: same lines in each
             ax.legend(fontsize="x-small")
             legend_drawn = True
-    for ax in list(axes.flat)[len(names) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise RuntimeFailure(f"--curves: cannot write {out!r}: {exc.strerror}") from None
-    finally:
-        plt.close(fig)
+    save_panels(fig, axes, len(names), out, "--curves")
     return drawn
 
 
