@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import importlib.machinery
-import io
 import os
 import re
 import socket
@@ -15,7 +14,7 @@ import types
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import JobLog, free_port, job_log
 
 from hpc_harness import metrics
 
@@ -95,15 +94,6 @@ class FakeRun:
         self.finished.append(exit_code)
 
 
-class SlurmLog(io.StringIO):
-    """stdout as a job's log file has it: only what was flushed (a killed job loses the rest)."""
-
-    shown = ""
-
-    def flush(self) -> None:
-        self.shown = self.getvalue()
-
-
 @pytest.fixture
 def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
     """The runs wandb.init started, in order; no key, no sweep, no names in the environment."""
@@ -121,11 +111,8 @@ def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
 
 
 @pytest.fixture
-def log(monkeypatch) -> SlurmLog:
-    """What metrics.py prints (pytest's capture would replace a patched sys.stdout)."""
-    out = SlurmLog()
-    monkeypatch.setattr(metrics, "print", lambda *a, **kw: print(*a, file=out, **kw), raising=False)
-    return out
+def log(monkeypatch) -> JobLog:
+    return job_log(monkeypatch, metrics)
 
 
 def _logger(run_dir, mode: str = "offline", **kw: Any) -> metrics.MetricsLogger:
