@@ -177,11 +177,19 @@ def test_project_and_name_come_from_the_argument_then_the_environment(
     assert got == [("mine", "exp1"), ("envproj", "exp1"), ("hpc_harness", None)]
 
 
-def test_a_fallback_to_offline_says_why(tmp_path, wandb_runs, log) -> None:
+def test_a_fallback_to_offline_says_why_before_wandb_starts(
+    tmp_path, wandb_runs, log, monkeypatch
+) -> None:
+    # wandb.init can take long or hang: the job log must already say why the run is offline.
+    start = sys.modules["wandb"].init
+    shown_at_init = []
+    monkeypatch.setattr(
+        sys.modules["wandb"], "init", lambda **kw: shown_at_init.append(log.shown) or start(**kw)
+    )
     _logger(tmp_path, mode="online").close()  # no API key
     (run,) = wandb_runs
     assert run.settings["mode"] == "offline"
-    assert log.shown.splitlines()[0] == "hpc_harness: wandb offline (no wandb API key)"
+    assert shown_at_init == ["hpc_harness: wandb offline (no wandb API key)\n"]
 
 
 def test_an_online_run_prints_its_id_and_no_sync_hint(
