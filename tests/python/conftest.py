@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -193,3 +194,21 @@ def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> Non
             dist.destroy_process_group()
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
+
+
+class JobLog(io.StringIO):
+    """stdout as a job's log file has it: ``shown`` is what was flushed (a job killed while it
+    waits, at a barrier say, loses the rest)."""
+
+    shown = ""
+
+    def flush(self) -> None:
+        self.shown = self.getvalue()
+
+
+def job_log(monkeypatch: pytest.MonkeyPatch, module: object) -> JobLog:
+    """What ``module`` prints, as a job log has it. Patches the module's ``print`` (pytest's
+    capture replaces sys.stdout at each test phase, so a patched sys.stdout would not last)."""
+    out = JobLog()
+    monkeypatch.setattr(module, "print", lambda *a, **kw: print(*a, file=out, **kw), raising=False)
+    return out

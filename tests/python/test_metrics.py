@@ -1,11 +1,20 @@
-"""metrics.py: the wandb key check and network probe follow WANDB_BASE_URL (self-hosted W&B)."""
+"""metrics.py: the wandb key check and network probe follow WANDB_BASE_URL (self-hosted W&B);
+the CSV rows, and what MetricsLogger hands to wandb and prints (a stand-in wandb module)."""
 
 from __future__ import annotations
 
+import csv
+import importlib.machinery
+import os
+import re
 import socket
+import sys
+import time
+import types
+from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import JobLog, free_port, job_log
 
 from hpc_harness import metrics
 
@@ -47,3 +56,203 @@ def test_without_base_url_the_key_is_looked_up_for_api_wandb_ai(tmp_path, monkey
     (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
     assert metrics._has_api_key()
     assert metrics.wandb_server() == ("api.wandb.ai", 443)
+
+
+def test_without_a_key_in_the_environment_or_netrc_there_is_none(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no .netrc there
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert metrics._has_api_key() is False
+
+
+# --------------------------------------------------------------------------- the wandb run
+# MetricsLogger against a stand-in ``wandb`` module (in sys.modules, so nothing is imported or
+# sent): what it hands to wandb.init, the run id it keeps, what it prints, and the requeue path.
+
+
+class FakeRun:
+    """What MetricsLogger uses of a ``wandb.Run``; ``fail`` makes its calls raise."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings, self.id = settings, settings["id"]
+        self.dir = os.path.join(settings["dir"], "wandb", f"offline-run-{self.id}", "files")
+        self.logged: list[tuple[dict, int | None]] = []
+        self.finished: list[int | None] = []
+        self.preempting = False
+        self.fail: Exception | None = None
+
+    def log(self, values: dict, step: int | None = None) -> None:
+        self.logged.append((values, step))
+
+    def mark_preempting(self) -> None:
+        if self.fail:
+            raise self.fail
+        self.preempting = True
+
+    def finish(self, exit_code: int | None = None) -> None:
+        if self.fail:
+            raise self.fail
+        self.finished.append(exit_code)
+
+
+@pytest.fixture
+def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
+    """The runs wandb.init started, in order; no key, no sweep, no names in the environment."""
+    runs: list[FakeRun] = []
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
+    module.init = lambda **settings: runs.append(FakeRun(**settings)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HPC_WANDB", "project_name", "exp_name"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return runs
+
+
+@pytest.fixture
+def log(monkeypatch) -> JobLog:
+    return job_log(monkeypatch, metrics)
+
+
+def _logger(run_dir, mode: str = "offline", **kw: Any) -> metrics.MetricsLogger:
+    return metrics.MetricsLogger(str(run_dir), wandb_mode=mode, **kw)
+
+
+def test_a_new_run_gets_an_id_kept_in_the_run_folder_and_says_how_to_sync(
+    tmp_path, wandb_runs, log
+) -> None:
+    logger = _logger(tmp_path, config={"lr": 0.1}, project="proj")
+    logger.close()
+    (run,) = wandb_runs
+    assert re.fullmatch(r"[0-9a-f]{8}", run.id)
+    assert (tmp_path / "wandb_run_id").read_text() == run.id + "\n"
+    assert run.settings == {
+        "project": "proj",
+        "name": None,
+        "id": run.id,
+        "resume": "allow",
+        "mode": "offline",
+        "dir": str(tmp_path),
+        "config": {"lr": 0.1},
+    }
+    assert log.shown == (
+        f"hpc_harness: wandb run id {run.id} mode offline\n"
+        f"hpc_harness: to upload later: wandb sync {run.dir}/..\n"
+    )
+    assert run.finished == [0]
+
+
+def test_a_requeued_job_continues_the_run_of_its_folder(tmp_path, wandb_runs, monkeypatch) -> None:
+    (tmp_path / "wandb_run_id").write_text("0123abcd\n")
+    monkeypatch.setenv("WANDB_RUN_ID", "notasweep")  # without WANDB_SWEEP_ID: not an agent's
+    _logger(tmp_path).close()
+    monkeypatch.delenv("WANDB_RUN_ID")
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw01")  # a sweep id alone names no run
+    _logger(tmp_path).close()
+    assert [run.settings["id"] for run in wandb_runs] == ["0123abcd", "0123abcd"]
+    assert (tmp_path / "wandb_run_id").read_text() == "0123abcd\n"
+
+
+def test_in_a_sweep_the_agents_run_id_wins_and_is_kept(tmp_path, wandb_runs, monkeypatch) -> None:
+    (tmp_path / "wandb_run_id").write_text("0123abcd\n")
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw01")
+    monkeypatch.setenv("WANDB_RUN_ID", "swrun042")
+    _logger(tmp_path).close()
+    assert wandb_runs[0].settings["id"] == "swrun042"
+    assert (tmp_path / "wandb_run_id").read_text() == "swrun042\n"
+
+
+def test_project_and_name_come_from_the_argument_then_the_environment(
+    tmp_path, wandb_runs, monkeypatch
+) -> None:
+    monkeypatch.setenv("project_name", "envproj")
+    monkeypatch.setenv("exp_name", "exp1")
+    _logger(tmp_path / "a", project="mine").close()
+    _logger(tmp_path / "b").close()
+    monkeypatch.delenv("project_name")
+    monkeypatch.delenv("exp_name")
+    _logger(tmp_path / "c").close()
+    got = [(run.settings["project"], run.settings["name"]) for run in wandb_runs]
+    assert got == [("mine", "exp1"), ("envproj", "exp1"), ("hpc_harness", None)]
+
+
+def test_a_fallback_to_offline_says_why_before_wandb_starts(
+    tmp_path, wandb_runs, log, monkeypatch
+) -> None:
+    # wandb.init can take long or hang: the job log must already say why the run is offline.
+    start = sys.modules["wandb"].init
+    shown_at_init = []
+    monkeypatch.setattr(
+        sys.modules["wandb"], "init", lambda **kw: shown_at_init.append(log.shown) or start(**kw)
+    )
+    _logger(tmp_path, mode="online").close()  # no API key
+    (run,) = wandb_runs
+    assert run.settings["mode"] == "offline"
+    assert shown_at_init == ["hpc_harness: wandb offline (no wandb API key)\n"]
+
+
+def test_an_online_run_prints_its_id_and_no_sync_hint(
+    tmp_path, wandb_runs, log, monkeypatch, server
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server}")
+    _logger(tmp_path, mode="online").close()
+    (run,) = wandb_runs
+    assert log.shown == f"hpc_harness: wandb run id {run.id} mode online\n"
+
+
+def test_log_writes_a_csv_row_per_value_and_sends_them_to_wandb_at_the_step(
+    tmp_path, wandb_runs
+) -> None:
+    logger = _logger(tmp_path)
+    logger.log(3, 1, {"loss": 0.5, "acc": 0.25})
+    logger.close()
+    assert wandb_runs[0].logged == [({"loss": 0.5, "acc": 0.25, "epoch": 1}, 3)]
+    with open(tmp_path / metrics.CSV_NAME, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(metrics.CSV_FIELDS)
+    assert [row[1:] for row in rows[1:]] == [["3", "1", "loss", "0.5"], ["3", "1", "acc", "0.25"]]
+    for row in rows[1:]:
+        assert re.fullmatch(r"\d+\.\d{3}", row[0]) and abs(float(row[0]) - time.time()) < 60
+
+
+def test_a_preempted_run_is_finished_with_the_requeue_exit_code(tmp_path, wandb_runs, log) -> None:
+    logger = _logger(tmp_path)
+    logger.mark_preempting(42)
+    (run,) = wandb_runs
+    assert run.preempting
+    assert log.shown.endswith(f"hpc_harness: wandb run {run.id} marked preempting\n")
+    logger.close()
+    assert run.finished == [42]
+
+
+def test_wandb_errors_at_a_requeue_only_warn(tmp_path, wandb_runs, log) -> None:
+    logger = _logger(tmp_path)
+    run = wandb_runs[0]
+    run.fail = RuntimeError("service gone")
+    logger.mark_preempting(42)
+    logger.close()  # no raise: the requeue's exit code must not change
+    assert logger.wandb_exit_code == 42
+    assert log.shown.splitlines()[-2:] == [
+        "hpc_harness: warning: could not mark the wandb run preempting: service gone",
+        "hpc_harness: warning: could not finish the wandb run: service gone",
+    ]
+
+
+def test_a_wandb_error_at_a_normal_end_is_raised(tmp_path, wandb_runs) -> None:
+    logger = _logger(tmp_path)
+    wandb_runs[0].fail = RuntimeError("service gone")
+    with pytest.raises(RuntimeError, match="service gone"):
+        logger.close()
+
+
+def test_without_wandb_preempting_and_closing_do_nothing(tmp_path, log) -> None:
+    logger = _logger(tmp_path, mode="disabled")
+    logger.mark_preempting(42)
+    logger.close()
+    assert logger.wandb_exit_code == 0 and log.getvalue() == ""
+    other_rank = metrics.MetricsLogger(str(tmp_path / "rank1"), enabled=False)
+    other_rank.log(1, 0, {"loss": 1.0})
+    other_rank.close()
+    assert not (tmp_path / "rank1").exists()

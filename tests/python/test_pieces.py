@@ -153,3 +153,52 @@ def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, caps
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"hpc_harness: warning: skipping unreadable checkpoint {broken}: ")
     assert out[1].startswith("hpc_harness: resumed from ") and len(out) == 2
+
+
+class TwoRanks:
+    """torch.distributed as rank 0 of two sees it, for the object collectives pieces uses."""
+
+    def __init__(self, other_rank: dict) -> None:
+        self.other_rank = other_rank
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_rank(self) -> int:
+        return 0
+
+    def all_gather_object(self, out: list, obj: object) -> None:
+        assert out == [None, None]  # one slot per rank, filled in place
+        out[:] = [obj, self.other_rank]
+
+
+def test_gather_rng_collects_every_ranks_states_in_rank_order(monkeypatch) -> None:
+    other = {"torch": torch.zeros(1), "from": "rank 1"}
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(other))
+    torch.manual_seed(3)
+    mine, theirs = hp.gather_rng({"sampler": 7})
+    assert torch.equal(mine["torch"], torch.get_rng_state()) and mine["sampler"] == 7
+    assert theirs is other
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_sharded_save_at_world_size_one_is_a_folder_that_loads(tmp_path) -> None:
+    torch.manual_seed(2)
+    model = torch.nn.Linear(3, 2)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    rng_at_save = torch.get_rng_state()
+    state = {"model": model.state_dict(), "global_step": 5, "epoch": 1}
+    path = hp.save_checkpoint(str(tmp_path), state, 5, sharded=True)
+    assert path == os.path.join(str(tmp_path), "ckpt_step00000005.dcp")
+    assert os.path.isdir(path) and os.listdir(tmp_path) == ["ckpt_step00000005.dcp"]
+    loaded = hp.load_checkpoint(str(tmp_path))
+    assert (loaded["global_step"], loaded["epoch"], loaded["sharded"]) == (5, 1, path)
+    assert torch.equal(loaded["rng"]["torch"], rng_at_save)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    import torch.distributed.checkpoint as dcp
+
+    target = {"model": model.state_dict()}
+    dcp.load(target, checkpoint_id=path)
+    assert all(torch.equal(target["model"][k], v) for k, v in saved.items())

@@ -55,6 +55,15 @@ def test_a_torch_without_amp_grad_scaler_is_one_clear_error(
     assert len(err) == 1 and "torch.amp.GradScaler" in err[0], err
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_fp16_probe_passes_on_cuda() -> None:
+    # On CPU every tensor of the probe is on the CPU anyway; on a GPU the layer and its input
+    # must both be moved to the device asked about, or the probe fails and 16-mixed is refused.
+    assert precision._fp16_works("cuda")
+    p = precision.make_precision("16-mixed", torch.device("cuda"))
+    assert (p.device_type, p.dtype, p.scaler is not None) == ("cuda", torch.float16, True)
+
+
 @pytest.mark.parametrize("name", ["16-mixed", "bf16-mixed"])
 def test_mixed_precision_training_steps(name: str, tmp_path, digits_dir: str) -> None:
     ck = tmp_path / "ck"

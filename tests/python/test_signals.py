@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 import torch
-from conftest import PY, clean_env, run_example
+from conftest import PY, clean_env, job_log, run_example
 
+from hpc_harness import signals
 from hpc_harness.signals import (
     REQUEUE_EXIT_CODE,
     StopAgreement,
@@ -47,6 +48,18 @@ def test_marker_is_written_only_when_asked(tmp_path, monkeypatch) -> None:
     assert text.count("\n") == 1
     assert json.loads(text) == {"step": 3, "epoch": 1, "checkpoint": "/x.pt", "signal": "SIGTERM"}
     assert os.listdir(marker.parent) == ["requeue.json"]  # temp file renamed away
+
+
+def test_the_requeue_line_is_in_the_job_log_before_the_ranks_meet(monkeypatch) -> None:
+    # requeue_exit then waits at a barrier for the other ranks: a job killed there (a rank
+    # that hangs, SLURM's KillWait) must still show why it stopped.
+    monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
+    log = job_log(monkeypatch, signals)
+    announce_requeue(5, 0, "/ck/a.pt", "SIGUSR1")
+    assert log.shown == (
+        "hpc_harness: SIGUSR1 received: checkpointed at global step 5 to /ck/a.pt; "
+        "exiting 42 (requeue me)\n"
+    )
 
 
 def test_a_marker_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch) -> None:
