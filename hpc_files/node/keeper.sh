@@ -72,15 +72,24 @@ prepare_local_dir() {
     mkdir -p -- "${local_dir%/*/*/*}" || fail "cannot create ${local_dir%/*/*/*}"
     problem=$(shared_base_ok "${local_dir%/*/*/*}") || fail "$problem"
     problem=$(private_dir "${local_dir%/*/*}") || fail "$problem"
-    problem=$(private_dir "${local_dir%/*}") || fail "$problem"
-    [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"
-    if [[ -d "$local_dir" ]]; then
-      # Left by an earlier run of this same job (a node failed before its
-      # keeper could clean up, then the job was requeued): start afresh.
-      hpc_log "$node: removing $local_dir left by an earlier run of this job"
-      rm -rf -- "${local_dir:?}" || fail "cannot remove the stale $local_dir"
-    fi
-    mkdir -m 0700 "$local_dir" || fail "cannot create $local_dir"
+    # Nodes of this job sharing the disk share <job key>, and one that ends
+    # removes it once empty (finish): when it vanishes meanwhile, make it again.
+    for _ in 1 2 3; do
+      problem=$(private_dir "${local_dir%/*}") || {
+        [[ ! -e "${local_dir%/*}" ]] || fail "$problem"
+        continue
+      }
+      [[ ! -L "$local_dir" ]] || fail "$local_dir is a symlink; refusing to use it"
+      if [[ -d "$local_dir" ]]; then
+        # Left by an earlier run of this same job (a node failed before its
+        # keeper could clean up, then the job was requeued): start afresh.
+        hpc_log "$node: removing $local_dir left by an earlier run of this job"
+        rm -rf -- "${local_dir:?}" || fail "cannot remove the stale $local_dir"
+      fi
+      mkdir -m 0700 "$local_dir" 2>/dev/null && break
+      [[ ! -e "${local_dir%/*}" ]] || fail "cannot create $local_dir"
+    done
+    [[ -d "$local_dir" ]] || fail "${problem:-cannot create $local_dir}"
     created_dir=$local_dir
   else
     local_dir=${SLURM_TMPDIR:-}

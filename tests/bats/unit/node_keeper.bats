@@ -158,3 +158,26 @@ wait_keeper() {
     assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
   done
 }
+
+@test "another node of the job removing the shared <base>/<user>/<job> meanwhile: the keeper makes it again and stages" {
+  # Nodes sharing the disk (the local cluster's two nodes) share <job>; one
+  # whose staging failed removes it once empty. chmod stands in for that
+  # moment: the first time it is asked to make <job> private, <job> is gone.
+  local bin="$BATS_TEST_TMPDIR/bin"
+  mkdir -p "$bin" "$base/alice"
+  cat >"$bin/chmod" <<STUB
+#!/usr/bin/env bash
+if [[ "\${*: -1}" == "$base/alice/77" && ! -e "$BATS_TEST_TMPDIR/vanished" ]]; then
+  : >"$BATS_TEST_TMPDIR/vanished"
+  rmdir -- "$base/alice/77"
+  exit 1
+fi
+exec $(command -v chmod) "\$@"
+STUB
+  /bin/chmod +x "$bin/chmod"
+  PATH="$bin:$PATH" keeper_until_ok
+  assert_file_exists "$BATS_TEST_TMPDIR/vanished"
+  assert_dir_exists "$base/alice/77/nodeA"
+  kill -s USR2 "$keeper_pid"
+  wait_keeper
+}
