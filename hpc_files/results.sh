@@ -20,7 +20,6 @@ HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HPC_PROG=results.sh
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
-project_paths
 
 usage() {
   cat <<USAGE

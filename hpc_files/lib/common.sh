@@ -147,11 +147,12 @@ login_python() {
 }
 
 # run_results_py MODE ARG...: status.sh and results.sh. Their usage (a
-# function of the caller's) for -h or --help before any '--', else
-# results.py MODE for the project (project_paths).
+# function of the caller's, which may name project_name) for -h or --help
+# before any '--', else results.py MODE for the project (project_paths).
 run_results_py() {
   local mode=$1 arg python
   shift
+  project_paths
   for arg in "$@"; do
     [[ "$arg" != -- ]] || break
     if [[ "$arg" == -h || "$arg" == --help ]]; then
