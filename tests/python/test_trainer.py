@@ -130,11 +130,18 @@ def _own_sampler_run(ck: str, seen: list[int], max_steps: int | None = None) -> 
     return trainer.train()
 
 
-def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "stops",
+    [
+        (3, 11, None),  # 8 steps per epoch: stops inside both epochs
+        (1, 8, 11, None),  # one batch in; at the epoch end (the checkpoint is epoch 1's start)
+    ],
+)
+def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path, stops) -> None:
     whole: list[int] = []
     _own_sampler_run(str(tmp_path / "a"), whole)
     pieces: list[int] = []
-    for stop in (3, 11, None):  # 8 steps per epoch: stops inside both epochs
+    for stop in stops:
         _own_sampler_run(str(tmp_path / "b"), pieces, max_steps=stop)
     for epoch in range(2):
         assert sorted(pieces[16 * epoch : 16 * (epoch + 1)]) == list(range(16)), pieces
