@@ -340,3 +340,29 @@ def test_a_user_eval_step_and_a_custom_metric_are_logged(tmp_path) -> None:
     assert set(_logged(ck, "train_loss")) == {2, 4, 6, 8, 10}
     # ReduceLROnPlateau stepped with the monitored eval metric: epoch 1 did not improve it
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+class EpochRecordingSampler(torch.utils.data.DistributedSampler):
+    """A user's sampler whose order depends on the epoch it is told (set_epoch)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.told.append(epoch)
+        super().set_epoch(epoch)
+
+
+def test_the_users_own_sampler_is_told_every_epoch(tmp_path) -> None:
+    data = TensorDataset(torch.randn(8, 3), torch.arange(8) % 2)
+    sampler = EpochRecordingSampler(data, num_replicas=1, rank=0, seed=0)
+    sampler.told = []
+    cfg = TrainConfig(
+        epochs=3, ckpt_dir=str(tmp_path), log_every=0, checkpoint_every_s=0, replace_sampler=False
+    )
+    trainer = Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, sampler=sampler),
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    assert trainer.train() == "finished"
+    assert sampler.told == [0, 1, 2]
