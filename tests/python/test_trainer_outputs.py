@@ -102,7 +102,11 @@ def test_a_finished_run_resumed_keeps_last_pt_or_writes_it_when_missing(tmp_path
 def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path) -> None:
     ck = str(tmp_path / "ck")
     trainer = make_trainer(ck, sharded_checkpoint=True, max_steps=3)
+    asked, state = [], trainer.strategy.state
+    trainer.strategy.state = lambda *args: asked.append(args[2:]) or state(*args)
     assert trainer.train() == "max_steps"
+    # every rank's own part (fsdp's shards), never full state dicts gathered on rank 0
+    assert asked == [(True,), (True,)]  # the checkpoint at step 3, then last.dcp
     assert trainer.last_checkpoint == os.path.join(ck, "ckpt_step00000003.dcp")
     assert os.path.isfile(os.path.join(ck, "ckpt_step00000003.dcp", "meta.pt"))
     assert not os.path.exists(os.path.join(ck, "ckpt_step00000003.pt"))
