@@ -245,9 +245,10 @@ def _sequential_trainer(ctx, ck: str, batch_size: int, accumulate: int, **kw) ->
     )
 
 
-def test_accumulated_steps_equal_big_batch_steps(tmp_path) -> None:
+@pytest.mark.parametrize("batch_size, accumulate", [(2, 4), (4, 2)])
+def test_accumulated_steps_equal_big_batch_steps(tmp_path, batch_size, accumulate) -> None:
     ctx = hdist.setup(verbose=False)
-    small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size=2, accumulate=4)
+    small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size, accumulate)
     big = _sequential_trainer(ctx, str(tmp_path / "b"), batch_size=8, accumulate=1)
     assert small.steps_per_epoch == big.steps_per_epoch == 4
     assert small.train() == big.train() == "finished"
