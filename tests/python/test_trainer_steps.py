@@ -162,3 +162,13 @@ def test_eval_step_gives_accuracy_for_one_class_per_sample_only(tmp_path) -> Non
     with torch.no_grad():
         metrics = trainer.eval_step((torch.randn(4, 5, 3), torch.randint(0, 2, (4, 5))))
     assert sorted(metrics) == ["test_loss"]  # integer targets, but not one class per sample
+
+
+def test_grad_clip_bounds_the_norm_of_each_steps_gradient(tmp_path) -> None:
+    model = nn.Linear(3, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = make_trainer(model, 2, ckpt_dir=str(tmp_path), grad_clip=0.01)  # one step
+    assert trainer.train() == "finished" and trainer.global_step == 1
+    # SGD's first step (its momentum buffer starts as the gradient): lr x the clipped gradient
+    moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert moved.norm().item() == pytest.approx(0.1 * 0.01, rel=1e-4)
