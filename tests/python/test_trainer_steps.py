@@ -172,3 +172,19 @@ def test_grad_clip_bounds_the_norm_of_each_steps_gradient(tmp_path) -> None:
     # SGD's first step (its momentum buffer starts as the gradient): lr x the clipped gradient
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
     assert moved.norm().item() == pytest.approx(0.1 * 0.01, rel=1e-4)
+
+
+def test_ddp2_averages_gradients_once_per_step_after_its_last_micro_batch(
+    tmp_path, monkeypatch
+) -> None:
+    from hpc_harness import trainer as trainer_mod
+
+    model = DdpLike()
+    trainer = make_trainer(model, 8, ckpt_dir=str(tmp_path), accumulate=2)
+    trainer.strategy.needs_grad_sync, trainer.world_size = True, 2  # ddp2 on two nodes
+    calls = []
+    monkeypatch.setattr(
+        trainer_mod, "average_gradients", lambda m, ws: calls.append((m, ws, model.forwards))
+    )
+    assert trainer.train() == "finished"
+    assert calls == [(model, 2, 2), (model, 2, 4)]  # after micro-batches 2 and 4
