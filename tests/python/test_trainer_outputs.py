@@ -99,6 +99,8 @@ def test_a_finished_run_resumed_keeps_last_pt_or_writes_it_when_missing(tmp_path
     assert torch.load(last, weights_only=False)["global_step"] == 4
 
 
+# one process, no group: torch.distributed.checkpoint says it saves/loads as a single process
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path) -> None:
     ck = str(tmp_path / "ck")
     trainer = make_trainer(ck, sharded_checkpoint=True, max_steps=3)
