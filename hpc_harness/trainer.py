@@ -297,13 +297,18 @@ class Trainer:
         RNG when the iteration starts. The RNG state at each epoch start is kept (and saved in
         the checkpoint), so a resume mid-epoch replays that draw and skips the ``start``
         batches already trained: the resumed epoch is the same permutation. Skipping reads
-        those batches (the default ResumableSampler does not)."""
+        those batches (the default ResumableSampler does not). A checkpoint taken at the
+        epoch's start (``max_steps`` at an epoch end) holds that RNG itself: it is restored
+        before ``iter()``, which draws a seed from it too."""
         sampler = getattr(self.train_loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         if start >= len(self.train_loader):
             return iter(())
-        if start > 0 and self._pending_rng is not None:  # the RNG of this epoch's start
+        if self._pending_rng is not None and start == 0:  # saved at this epoch's start
+            ckpt.restore_rng(self._pending_rng)
+            self._pending_rng = None
+        elif self._pending_rng is not None:  # the RNG of this epoch's start
             torch.set_rng_state(self._pending_rng["epoch_start_torch"])
         self._epoch_rng = torch.get_rng_state()
         batches = iter(self.train_loader)

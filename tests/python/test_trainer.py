@@ -130,11 +130,18 @@ def _own_sampler_run(ck: str, seen: list[int], max_steps: int | None = None) -> 
     return trainer.train()
 
 
-def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "stops",
+    [
+        (3, 11, None),  # 8 steps per epoch: stops inside both epochs
+        (1, 8, 11, None),  # one batch in; at the epoch end (the checkpoint is epoch 1's start)
+    ],
+)
+def test_resume_with_the_users_own_sampler_sees_each_sample_once_per_epoch(tmp_path, stops) -> None:
     whole: list[int] = []
     _own_sampler_run(str(tmp_path / "a"), whole)
     pieces: list[int] = []
-    for stop in (3, 11, None):  # 8 steps per epoch: stops inside both epochs
+    for stop in stops:
         _own_sampler_run(str(tmp_path / "b"), pieces, max_steps=stop)
     for epoch in range(2):
         assert sorted(pieces[16 * epoch : 16 * (epoch + 1)]) == list(range(16)), pieces
@@ -238,9 +245,10 @@ def _sequential_trainer(ctx, ck: str, batch_size: int, accumulate: int, **kw) ->
     )
 
 
-def test_accumulated_steps_equal_big_batch_steps(tmp_path) -> None:
+@pytest.mark.parametrize("batch_size, accumulate", [(2, 4), (4, 2)])
+def test_accumulated_steps_equal_big_batch_steps(tmp_path, batch_size, accumulate) -> None:
     ctx = hdist.setup(verbose=False)
-    small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size=2, accumulate=4)
+    small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size, accumulate)
     big = _sequential_trainer(ctx, str(tmp_path / "b"), batch_size=8, accumulate=1)
     assert small.steps_per_epoch == big.steps_per_epoch == 4
     assert small.train() == big.train() == "finished"
@@ -343,3 +351,29 @@ def test_with_log_every_0_no_metric_is_logged_or_kept(tmp_path) -> None:
     assert trainer.train() == "finished"
     assert trainer._logged == {}
     assert _logged_losses(ck) == {}
+
+
+class EpochRecordingSampler(torch.utils.data.DistributedSampler):
+    """A user's sampler whose order depends on the epoch it is told (set_epoch)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.told.append(epoch)
+        super().set_epoch(epoch)
+
+
+def test_the_users_own_sampler_is_told_every_epoch(tmp_path) -> None:
+    data = TensorDataset(torch.randn(8, 3), torch.arange(8) % 2)
+    sampler = EpochRecordingSampler(data, num_replicas=1, rank=0, seed=0)
+    sampler.told = []
+    cfg = TrainConfig(
+        epochs=3, ckpt_dir=str(tmp_path), log_every=0, checkpoint_every_s=0, replace_sampler=False
+    )
+    trainer = Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, sampler=sampler),
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    assert trainer.train() == "finished"
+    assert sampler.told == [0, 1, 2]

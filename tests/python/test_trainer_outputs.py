@@ -1,0 +1,213 @@
+"""What a Trainer run leaves for its user, by exact value: the checkpoint's and last.pt's keys,
+the epoch and progress lines, metrics.csv rows, a resumed finished run, seeding."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hpc_harness import checkpoint as ckpt
+from hpc_harness import dist as hdist
+from hpc_harness import trainer as trainer_mod
+from hpc_harness.metrics import MetricsLogger
+from hpc_harness.trainer import TrainConfig, Trainer, seed_everything
+
+
+def classes(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g))
+
+
+def make_trainer(ck: str, **cfg_kw) -> Trainer:
+    """8 samples, batch 2: 4 steps per epoch; evaluated on 5 samples (test_loss, test_acc)."""
+    cfg = TrainConfig(
+        **{"epochs": 1, "ckpt_dir": ck, "log_every": 0, "checkpoint_every_s": 0, **cfg_kw}
+    )
+    torch.manual_seed(0)
+    return Trainer(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(classes(8, 0), batch_size=2, shuffle=True),
+        hdist.setup(verbose=False),
+        cfg,
+        eval_data=classes(5, 1),
+    )
+
+
+def csv_rows(ck: str) -> list[dict[str, str]]:
+    with open(os.path.join(ck, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_run_writes_the_documented_checkpoint_last_pt_lines_and_rows(tmp_path, capsys) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck, log_every=2, hparams={"lr": 0.1})
+    assert trainer.train() == "finished"
+    out = capsys.readouterr().out
+    m = trainer.metrics
+    assert sorted(m) == ["test_acc", "test_loss"]
+    assert (
+        f"hpc_harness: epoch 0 test_acc {m['test_acc']:.4f} test_loss {m['test_loss']:.4f}\n" in out
+    )
+    assert "hpc_harness: step 2/4 epoch 0 loss " in out
+    # the epoch's metrics in metrics.csv at the epoch's last step, with the epoch number
+    evals = [
+        (r["step"], r["epoch"], r["name"]) for r in csv_rows(ck) if r["name"].startswith("test")
+    ]
+    assert evals == [("4", "0", "test_acc"), ("4", "0", "test_loss")]
+
+    path = os.path.join(ck, "ckpt_step00000004.pt")
+    assert trainer.last_checkpoint == path
+    state = torch.load(path, weights_only=False)
+    assert state["format_version"] == ckpt.FORMAT_VERSION
+    assert (state["world_size"], state["strategy"], state["precision"]) == (1, "ddp", "32")
+    assert state["fingerprint"] == trainer.fingerprint
+    assert state["metrics"] == m
+    # the default sampler replays an epoch by itself: no epoch-start RNG is kept
+    assert sorted(state["rng"][0]) == ["cuda", "numpy", "python", "torch"]
+
+    final = torch.load(os.path.join(ck, "last.pt"), weights_only=False)
+    assert sorted(final) == ["epoch", "global_step", "hparams", "metrics", "model"]
+    assert (final["global_step"], final["epoch"], final["hparams"]) == (4, 1, {"lr": 0.1})
+    assert final["metrics"] == m
+
+
+def test_a_finished_run_resumed_keeps_last_pt_or_writes_it_when_missing(tmp_path, capsys) -> None:
+    ck = str(tmp_path / "ck")
+    assert make_trainer(ck).train() == "finished"
+    last = os.path.join(ck, "last.pt")
+    torch.save({"kept": True}, last)  # stands for the run's own last.pt
+    capsys.readouterr()
+    assert make_trainer(ck).train() == "finished"
+    assert torch.load(last) == {"kept": True}
+    checkpoint = os.path.join(ck, "ckpt_step00000004.pt")
+    assert capsys.readouterr().out.endswith(
+        f"hpc_harness: already finished (finished) at global step 4: {checkpoint} and {last} "
+        "are kept as they are\n"
+    )
+    os.remove(last)  # the job died between the last checkpoint and last.pt
+    assert make_trainer(ck).train() == "finished"
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+
+
+# one process, no group: torch.distributed.checkpoint says it saves/loads as a single process
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck, sharded_checkpoint=True, max_steps=3)
+    asked, state = [], trainer.strategy.state
+    trainer.strategy.state = lambda *args: asked.append(args[2:]) or state(*args)
+    assert trainer.train() == "max_steps"
+    # every rank's own part (fsdp's shards), never full state dicts gathered on rank 0
+    assert asked == [(True,), (True,)]  # the checkpoint at step 3, then last.dcp
+    assert trainer.last_checkpoint == os.path.join(ck, "ckpt_step00000003.dcp")
+    assert os.path.isfile(os.path.join(ck, "ckpt_step00000003.dcp", "meta.pt"))
+    assert not os.path.exists(os.path.join(ck, "ckpt_step00000003.pt"))
+    resumed = make_trainer(ck, sharded_checkpoint=True)
+    assert resumed.train() == "finished" and resumed.global_step == 4
+    assert os.path.isfile(os.path.join(ck, "last.dcp", "meta.pt"))
+    whole = make_trainer(str(tmp_path / "whole"))
+    assert whole.train() == "finished"
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def fixed_clock(monkeypatch, now: list[float]) -> None:
+    """The trainer module's clock reads now[0]."""
+    fake = types.SimpleNamespace(
+        perf_counter=lambda: now[0], strftime=time.strftime, gmtime=time.gmtime
+    )
+    monkeypatch.setattr(trainer_mod, "time", fake)
+
+
+def test_the_progress_line_and_rows_by_value(tmp_path, monkeypatch, capsys) -> None:
+    """Two ranks (the other one's sums added by a stand-in all-reduce), batch 2, accumulate 3."""
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck, accumulate=3, log_every=10)
+    trainer.logger = MetricsLogger(ck)
+    trainer.world_size, trainer.total_steps = 2, 1000
+    reduced = []
+
+    def all_reduce(t):  # the other rank's sums: known 10 and train_loss 4+4+4 (sorted names)
+        reduced.append(t.clone())
+        t += torch.tensor([10.0, 12.0][: len(t)])
+
+    monkeypatch.setattr(trainer_mod.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(trainer_mod.dist, "all_reduce", all_reduce)
+    now = [100.5]
+    fixed_clock(monkeypatch, now)
+    trainer._log_step, trainer._log_time, trainer.global_step = 10, 100.0, 30
+    for loss in (1.0, 2.0, 3.0):
+        trainer.log("train_loss", torch.tensor(loss))
+    trainer.log("known", 6.0)
+    trainer._log_progress(3)
+    # 20 steps in 0.5 s: 40 steps/s x 2 x 3 x 2 ranks = 480 samples/s; (1000 - 30) / 40 = 24 s
+    assert capsys.readouterr().out == (
+        "hpc_harness: step 30/1000 epoch 3 loss 3.0000 lr 0.1 samples/s 480 eta 00:00:24\n"
+    )
+    assert torch.equal(reduced[0], torch.tensor([6.0, 6.0]))
+    # a slow pace (below one step a second) and no train_loss logged since: loss nan
+    now[0], trainer.global_step = 102.5, 31
+    trainer.log("known", 1.0)
+    trainer._log_progress(3)
+    # 1 step in 2 s: 0.5 steps/s, 6 samples/s; (1000 - 31) / 0.5 = 1938 s
+    assert capsys.readouterr().out == (
+        "hpc_harness: step 31/1000 epoch 3 loss nan lr 0.1 samples/s 6 eta 00:32:18\n"
+    )
+    trainer.logger.close()
+    rows = [(r["step"], r["epoch"], r["name"], r["value"]) for r in csv_rows(ck)]
+    assert rows == [
+        ("30", "3", "known", "8"),  # (6 + 10) / (1 x 2 ranks)
+        ("30", "3", "train_loss", "3"),  # (6 + 12) / (3 x 2 ranks)
+        ("30", "3", "lr", "0.1"),
+        ("30", "3", "samples_per_s", "480"),
+        ("31", "3", "known", "5.5"),  # (1 + 10) / 2
+        ("31", "3", "lr", "0.1"),
+        ("31", "3", "samples_per_s", "6"),
+    ]
+
+
+@pytest.mark.parametrize("world_size, initialized", [(1, True), (2, False)])
+def test_progress_needs_no_collective_without_a_group_of_several_ranks(
+    tmp_path, monkeypatch, capsys, world_size: int, initialized: bool
+) -> None:
+    trainer = make_trainer(str(tmp_path), log_every=10)
+    trainer.logger = MetricsLogger(str(tmp_path), enabled=False)
+    trainer.world_size = world_size
+
+    def all_reduce(t):
+        raise AssertionError("no all-reduce expected")
+
+    monkeypatch.setattr(trainer_mod.dist, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(trainer_mod.dist, "all_reduce", all_reduce)
+    trainer._log_step, trainer._log_time = 0, time.perf_counter()
+    trainer.log("train_loss", 2.0 * world_size)
+    trainer._log_progress(0)
+    assert " loss 2.0000 " in capsys.readouterr().out
+
+
+def test_seed_everything_seeds_python_numpy_and_torch() -> None:
+    seed = 2**32 + 7  # numpy takes 32 bits: it gets 7
+    seed_everything(seed)
+    drawn = random.random(), np.random.rand(), torch.rand(1).item()
+    random.seed(seed)
+    np.random.seed(7)
+    torch.manual_seed(seed)
+    assert drawn == (random.random(), np.random.rand(), torch.rand(1).item())
+
+
+def test_print_joins_its_arguments_like_print_on_rank_0_only(tmp_path, capsys) -> None:
+    trainer = make_trainer(str(tmp_path))
+    trainer._print("hpc_harness:", 3, "steps")
+    trainer.is_main = False
+    trainer._print("not", "shown")
+    assert capsys.readouterr().out == "hpc_harness: 3 steps\n"

@@ -1,0 +1,117 @@
+"""The Trainer's signal path in-process: SIGUSR1 at a known step -> checkpoint, requeue marker,
+the announcement, W&B told "preempting" and finished with 42, and the resume that follows."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+import types
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hpc_harness import dist as hdist
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+class CountingData(TensorDataset):
+    """16 samples; counts every sample read (a skipped batch is read too)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(3)
+        super().__init__(torch.randn(16, 3, generator=g), torch.arange(16) % 2)
+        self.reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i)
+
+
+class SignalAtStep(Trainer):
+    """Sends itself SIGUSR1 while computing the loss of global step ``signal_at`` (1-based)."""
+
+    signal_at = 0
+
+    def _compute_loss(self, batch):
+        if self.global_step + 1 == self.signal_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return super()._compute_loss(batch)
+
+
+class FakeRun:
+    id, dir = "fake0001", "."
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def log(self, values, step=None) -> None:
+        self.calls.append(("log", step))
+
+    def mark_preempting(self) -> None:
+        self.calls.append(("mark_preempting",))
+
+    def finish(self, exit_code=None) -> None:
+        self.calls.append(("finish", exit_code))
+
+
+def fake_wandb(monkeypatch) -> list[FakeRun]:
+    """A ``wandb`` module whose ``init`` hands out FakeRuns (returned list) and does nothing."""
+    runs: list[FakeRun] = []
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    module.init = lambda **kw: runs.append(FakeRun()) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return runs
+
+
+def make_trainer(ck: str, data: CountingData, signal_at: int = 0, **cfg_kw) -> SignalAtStep:
+    cfg = TrainConfig(
+        epochs=2,
+        ckpt_dir=ck,
+        log_every=0,
+        checkpoint_every_s=0,
+        signal_check_every=1,  # the flag is read at the step it was raised in
+        replace_sampler=False,  # the user's own RandomSampler (replays an epoch on resume)
+        **cfg_kw,
+    )
+    torch.manual_seed(0)
+    trainer = SignalAtStep(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),  # 8 steps per epoch
+        hdist.setup(verbose=False),
+        cfg,
+    )
+    trainer.signal_at = signal_at
+    return trainer
+
+
+def test_a_signal_at_an_epochs_last_step_requeues_and_the_resume_reads_only_the_next_epoch(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    ck, marker = str(tmp_path / "ck"), str(tmp_path / "requeue.json")
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", marker)
+    runs = fake_wandb(monkeypatch)
+    trainer = make_trainer(ck, CountingData(), signal_at=8, wandb="offline")
+    assert trainer.train() == "requeue"
+    path = os.path.join(ck, "ckpt_step00000008.pt")
+    assert trainer.last_checkpoint == path and os.path.isfile(path)
+    with open(marker) as f:
+        assert json.load(f) == {"step": 8, "epoch": 0, "checkpoint": path, "signal": "SIGUSR1"}
+    assert (
+        f"hpc_harness: SIGUSR1 received: checkpointed at global step 8 to {path}; "
+        f"exiting 42 (requeue me); marker {marker}\n"
+    ) in capsys.readouterr().out
+    # W&B: preempting, then finished with the requeue exit code (a sweep hands it out again)
+    assert runs[0].calls[-2:] == [("mark_preempting",), ("finish", 42)]
+    state = torch.load(path, weights_only=False)
+    assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (0, 8, 8)
+
+    data = CountingData()
+    resumed = make_trainer(ck, data)
+    assert resumed.train() == "finished" and resumed.global_step == 16
+    assert data.reads == 16  # epoch 0 was complete: none of its batches is read again
