@@ -188,7 +188,8 @@ class Trainer:
         self.epoch = self.step_in_epoch = self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
-        self._logged: dict[str, list[Any]] = {}  # self.log() values since the last log line
+        self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
+        self._counts: dict[str, int] = {}
         self.last_checkpoint: str | None = None
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
@@ -220,15 +221,11 @@ class Trainer:
     def log(self, name: str, value: float | torch.Tensor) -> None:
         """Add ``value`` to the training metric ``name``: every ``log_every`` steps the mean of
         its values since the previous log line, over all ranks, is logged (one all-reduce for
-        all metrics, no host sync per step). Every rank must log the same names equally often.
-        The values are kept and summed at the log step: a tensor addition every step costs more
-        than the rest of the Trainer's bookkeeping (bench/loop_overhead.py). With ``log_every``
-        0 nothing is logged, and nothing is kept."""
-        if not self.cfg.log_every:
-            return
-        self._logged.setdefault(name, []).append(
-            value.detach() if isinstance(value, torch.Tensor) else value
-        )
+        all metrics, no host sync per step). Every rank must log the same names equally often."""
+        if name not in self._sums:
+            self._sums[name], self._counts[name] = torch.zeros((), device=self.device), 0
+        self._sums[name] += value.detach() if isinstance(value, torch.Tensor) else value
+        self._counts[name] += 1
 
     def _sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
         """Gradient synchronisation on (last micro-batch) or off (the others)."""
@@ -320,16 +317,13 @@ class Trainer:
         """Log the mean of every self.log() metric since the last log line over all ranks.
         Collective (one all-reduce): every rank calls it at the same steps."""
         now = time.perf_counter()
-        names = sorted(self._logged)
-        as_tensor = lambda v: torch.as_tensor(v, dtype=torch.float32, device=self.device)  # noqa: E731
-        total = torch.stack([torch.stack([*map(as_tensor, self._logged[k])]).sum() for k in names])
+        names = sorted(self._sums)
+        total = torch.stack([self._sums[k] for k in names])
         if self.world_size > 1 and dist.is_initialized():
             dist.all_reduce(total)
         # the only host sync, every log_every steps
-        values = {
-            k: v / (len(self._logged[k]) * self.world_size) for k, v in zip(names, total.tolist())
-        }
-        self._logged = {}
+        values = {k: v / (self._counts[k] * self.world_size) for k, v in zip(names, total.tolist())}
+        self._sums, self._counts = {}, {}
         rate = (self.global_step - self._log_step) / max(now - self._log_time, 1e-9)
         self._log_step, self._log_time = self.global_step, now
         samples = rate * self.batch_size * self.cfg.accumulate * self.world_size

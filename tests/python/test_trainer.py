@@ -343,16 +343,6 @@ def test_a_user_eval_step_and_a_custom_metric_are_logged(tmp_path) -> None:
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
 
 
-def test_with_log_every_0_no_metric_is_logged_or_kept(tmp_path) -> None:
-    # self.log() keeps every value until the next log line: with logging off there is none,
-    # so it must keep nothing (memory would grow by one tensor per step for the whole run).
-    ck = str(tmp_path / "ck")
-    trainer = _small_trainer(hdist.setup(verbose=False), ck)
-    assert trainer.train() == "finished"
-    assert trainer._logged == {}
-    assert _logged_losses(ck) == {}
-
-
 class EpochRecordingSampler(torch.utils.data.DistributedSampler):
     """A user's sampler whose order depends on the epoch it is told (set_epoch)."""
 
