@@ -14,27 +14,7 @@
 set -euo pipefail
 
 HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-HPC_PROG=status.sh
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
-
-usage() {
-  cat <<USAGE
-usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]
-
-One row per task of the newest submission (of experiment EXP, or the one whose
-job id is JOBID or JOBID_TASK; default: the newest under \$SCRATCH/$project_name/ across
-experiments): task, state (SLURM's while it knows the job, else from the log:
-finished, failed (exit N), requeued), restarts, elapsed, last progress line
-(the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
-
-  --watch [SECONDS]  clear and redraw every SECONDS (default 5) until Ctrl-C;
-                     (a number after --watch is SECONDS: give a JOBID first);
-                     stdout must be a terminal
-  --project NAME     the project folder under \$SCRATCH (default: $project_name,
-                     the folder holding hpc_files/)
-  -h, --help         show this help
-USAGE
-}
 
 run_results_py status "$@"

@@ -146,20 +146,11 @@ login_python() {
   fi
 }
 
-# run_results_py MODE ARG...: status.sh and results.sh. Their usage (a
-# function of the caller's, which may name project_name) for -h or --help
-# before any '--', else results.py MODE for the project (project_paths).
+# run_results_py MODE ARG...: status.sh and results.sh, whose work and help
+# (-h, --help) are results.py MODE's, for this project (project_paths).
 run_results_py() {
-  local mode=$1 arg python
+  local mode=$1
   shift
   project_paths
-  for arg in "$@"; do
-    [[ "$arg" != -- ]] || break
-    if [[ "$arg" == -h || "$arg" == --help ]]; then
-      usage
-      return 0
-    fi
-  done
-  python=$(login_python)
-  HPC_PROG=$HPC_PROG exec "$python" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
+  exec "$(login_python)" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
 }

@@ -70,6 +70,60 @@ LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IG
 SCONTROL_FIELDS = ("JobId", "ArrayJobId", "ArrayTaskId", "JobState", "Restarts", "RunTime")
 
 
+# The help of status.sh and results.sh, beside the parsers it describes ({project}: the
+# default project, the first --project run_results_py passes).
+USAGE = {
+    "status": """\
+usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]
+
+One row per task of the newest submission (of experiment EXP, or the one whose
+job id is JOBID or JOBID_TASK; default: the newest under $SCRATCH/{project}/ across
+experiments): task, state (SLURM's while it knows the job, else from the log:
+finished, failed (exit N), requeued), restarts, elapsed, last progress line
+(the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
+
+  --watch [SECONDS]  clear and redraw every SECONDS (default 5) until Ctrl-C;
+                     (a number after --watch is SECONDS: give a JOBID first);
+                     stdout must be a terminal
+  --project NAME     the project folder under $SCRATCH (default: {project},
+                     the folder holding hpc_files/)
+  -h, --help         show this help
+""",
+    "results": """\
+usage: results.sh EXP|JOBID [--sort METRIC[:max|min]] [--no-group] [--metrics A,B]
+                  [--csv FILE] [--plot FILE.png] [--curves FILE.png] [--project NAME]
+       results.sh --run RUN_DIR|CSV --curves FILE.png [--metrics A,B]
+
+One row per configuration of the newest submission of experiment EXP (or the
+submission whose job id is JOBID) under $SCRATCH/{project}/: its trials, its
+parameters, n, state, and for every metric its final and best value (mean ± std
+over the seeds of the configuration; failed trials are listed but left out of
+the mean unless all failed; a configuration whose every trial failed sorts
+last). Metrics come from each trial's metrics.csv; for a wandb sweep array
+(-w), from each task's run (<exp>/runs/<run id>/), its parameters from the
+run's run.json.
+
+  -s, --sort METRIC[:max|min]  sort by METRIC's final value (default: the sweep
+                     file's metric: name and goal when it was logged, else
+                     the first of --metrics, else the first logged metric;
+                     max unless the name says loss/error)
+  --no-group         one row per trial (seeds not grouped)
+  -m, --metrics A,B  show only these metrics (default: every logged metric)
+  --csv FILE         also write the table as CSV (mean and std in own columns)
+  --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --curves FILE.png  draw the training curves: one panel per metric (those of
+                     --metrics), value against global step, one line per trial
+  --run RUN_DIR|CSV  instead of EXP: one run outside SLURM (a laptop run), its
+                     folder (metrics.csv in it or one folder below, e.g.
+                     checkpoints/) or its metrics.csv; takes --curves and
+                     --metrics only, needs no $SCRATCH
+  --project NAME     the project folder under $SCRATCH (default: {project},
+                     the folder holding hpc_files/)
+  -h, --help         show this help
+""",
+}
+
+
 class UsageError(Exception):
     """Bad input: one line, exit 2."""
 
@@ -1046,6 +1100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
     prog = os.environ.get("HPC_PROG", f"{command}.sh")
+    before_end = args[: args.index("--")] if "--" in args else args
+    if command in USAGE and ("-h" in before_end or "--help" in before_end):
+        project = args[1] if args[:1] == ["--project"] and len(args) > 1 else "<project>"
+        sys.stdout.write(USAGE[command].format(project=project))
+        return 0
     try:
         if command == "status":
             return cmd_status(args, prog)

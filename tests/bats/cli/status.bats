@@ -33,6 +33,7 @@ STUB
     run --separate-stderr env -u SCRATCH "$STATUS" grid "$spelling"
     assert_success
     assert_line --index 0 'usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]'
+    assert_output --partial "(default: $project,"
     assert_equal "$stderr" ""
   done
 }
