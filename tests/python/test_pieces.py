@@ -3,6 +3,7 @@ save / load-latest with the RNG states, pruning, the requeue exit and its marker
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -156,20 +157,29 @@ def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, caps
 
 
 class TwoRanks:
-    """torch.distributed as rank 0 of two sees it, for the object collectives pieces uses."""
+    """torch.distributed as one rank of two sees it, for the object collectives pieces uses:
+    faked in this process (no second process). ``other_rank`` is what rank 1 contributes to a
+    gather; ``sent`` is what rank 0 broadcast (recorded by its own fake), handed to rank 1's."""
 
-    def __init__(self, other_rank: dict) -> None:
-        self.other_rank = other_rank
+    def __init__(self, other_rank: object = None, rank: int = 0, sent: list | None = None):
+        self.other_rank, self.rank, self.sent = other_rank, rank, sent
 
     def get_world_size(self) -> int:
         return 2
 
     def get_rank(self) -> int:
-        return 0
+        return self.rank
 
     def all_gather_object(self, out: list, obj: object) -> None:
         assert out == [None, None]  # one slot per rank, filled in place
         out[:] = [obj, self.other_rank]
+
+    def broadcast_object_list(self, box: list, src: int = 0) -> None:
+        # the rank src sends its list; every other rank's list is overwritten in place
+        if self.rank == src:
+            self.sent = copy.deepcopy(box)
+        else:
+            box[:] = copy.deepcopy(self.sent)
 
 
 def test_gather_rng_collects_every_ranks_states_in_rank_order(monkeypatch) -> None:
@@ -202,3 +212,137 @@ def test_a_sharded_save_at_world_size_one_is_a_folder_that_loads(tmp_path) -> No
     target = {"model": model.state_dict()}
     dcp.load(target, checkpoint_id=path)
     assert all(torch.equal(target["model"][k], v) for k, v in saved.items())
+
+
+def _draws_after(rng: dict) -> tuple[float, float, float]:
+    """What a process draws next from the RNG states ``rng`` (restored, then drawn)."""
+    saved = ckpt.capture_rng()
+    ckpt.restore_rng(rng)
+    try:
+        return _draws()
+    finally:
+        ckpt.restore_rng(saved)
+
+
+def _save_two_ranks(ckpt_dir: str, step: int = 5, **extra) -> tuple[str, list[dict]]:
+    """A checkpoint as two ranks save it: rank 0's state with both ranks' RNG states."""
+    rngs = []
+    for seed in (10, 11):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+        rngs.append(ckpt.capture_rng())
+    path = ckpt.checkpoint_path(ckpt_dir, step)
+    state = {"model": {"w": torch.ones(2)}, "optimizer": {"state": {}}, "global_step": step}
+    ckpt.atomic_save({**state, "epoch": 1, "rng": rngs, **extra}, path)
+    return path, rngs
+
+
+def test_rank_0_chooses_and_rank_1_resumes_the_same_step_with_its_own_rng(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    path, rngs = _save_two_ranks(str(tmp_path))
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(hp, "_group", lambda: rank0)
+    state = hp.load_checkpoint(str(tmp_path), rank0_only=("model", "optimizer"))
+    assert torch.equal(state["model"]["w"], torch.ones(2)) and state["optimizer"] == {"state": {}}
+    assert torch.equal(state["rng"]["torch"], rngs[0]["torch"])
+    assert _draws() == _draws_after(rngs[0])  # rank 0's generators continue as saved
+    # one broadcast: the path, the state without the rank-0-only keys, no error
+    [(sent_path, rest, error)] = rank0.sent
+    assert (sent_path, sorted(rest), error) == (path, ["epoch", "global_step", "rng"], None)
+    assert capsys.readouterr().out == f"hpc_harness: resumed from {path} (global step 5)\n"
+
+    # Rank 1 reads no file (its listing may be stale): everything comes from rank 0.
+    rank1 = TwoRanks(rank=1, sent=rank0.sent)
+    monkeypatch.setattr(hp, "_group", lambda: rank1)
+    state = hp.load_checkpoint(str(tmp_path / "absent"), rank0_only=("model", "optimizer"))
+    assert (state["path"], state["global_step"], state["epoch"]) == (path, 5, 1)
+    assert state["model"] is None and state["optimizer"] is None  # Strategy.load sends them
+    assert torch.equal(state["rng"]["torch"], rngs[1]["torch"])
+    assert _draws() == _draws_after(rngs[1])
+    assert capsys.readouterr().out == ""  # rank 0 alone says where it resumed
+
+
+def test_rank_1_learns_that_there_is_nothing_to_resume(tmp_path, monkeypatch) -> None:
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(hp, "_group", lambda: rank0)
+    assert hp.load_checkpoint(str(tmp_path)) is None
+    _save_two_ranks(str(tmp_path / "rank 1 sees one"))  # a listing rank 0 does not share
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=rank0.sent))
+    assert hp.load_checkpoint(str(tmp_path / "rank 1 sees one")) is None
+
+
+def test_rng_states_of_another_world_size_are_not_restored_and_rank_0_alone_warns(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    path, _ = _save_two_ranks(str(tmp_path))
+    state = ckpt.load_file(path)
+    ckpt.atomic_save({**state, "rng": state["rng"][:1]}, path)  # saved by one rank
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(hp, "_group", lambda: rank0)
+    assert hp.load_checkpoint(str(tmp_path))["rng"] is None
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"hpc_harness: warning: {path} has RNG states for 1 ranks, world size is 2: not "
+        "restored (the run will not match an uninterrupted one)"
+    )
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=rank0.sent))
+    assert hp.load_checkpoint(str(tmp_path))["rng"] is None
+    assert capsys.readouterr().out == ""
+
+
+def test_another_runs_checkpoint_is_refused_on_both_ranks_with_rank_0s_message(
+    tmp_path, monkeypatch
+) -> None:
+    _save_two_ranks(str(tmp_path), fingerprint={"lr": 0.1})
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(hp, "_group", lambda: rank0)
+    with pytest.raises(ckpt.RunMismatch) as on_rank0:
+        hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.2})
+    assert "lr (0.1 -> 0.2) differ" in str(on_rank0.value)
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=rank0.sent))
+    with pytest.raises(ckpt.RunMismatch) as on_rank1:
+        hp.load_checkpoint(str(tmp_path / "absent"), fingerprint={"lr": 0.2})
+    assert str(on_rank1.value) == str(on_rank0.value)
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_with_one_warning(tmp_path, capsys) -> None:
+    assert hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.1}) is None
+    assert capsys.readouterr().out == ""  # nothing to resume: nothing to warn about
+    path = hp.save_checkpoint(str(tmp_path), _state(3), 3)  # written without a fingerprint
+    assert hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.1})["global_step"] == 3
+    assert capsys.readouterr().out.splitlines() == [
+        f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness wrote it): "
+        "resuming without checking that it belongs to this run",
+        f"hpc_harness: resumed from {path} (global step 3)",
+    ]
+    path = hp.save_checkpoint(str(tmp_path), {**_state(4), "fingerprint": {"lr": 0.1}}, 4)
+    assert hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.1})["global_step"] == 4
+    assert capsys.readouterr().out == f"hpc_harness: resumed from {path} (global step 4)\n"
+
+
+class Writes:
+    """stdout recording each write() call: ranks sharing a pipe interleave between writes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_every_line_load_checkpoint_prints_is_one_write(tmp_path, monkeypatch) -> None:
+    path = hp.save_checkpoint(str(tmp_path), _state(2), 2)
+    stale = tmp_path / ".ckpt_step00000004.pt.tmp.77"  # a save killed midway
+    stale.write_bytes(b"half")
+    out = Writes()
+    monkeypatch.setattr("sys.stdout", out)
+    hp.load_checkpoint(str(tmp_path))
+    assert out.calls == [
+        f"hpc_harness: warning: ignoring incomplete checkpoint {stale} (a save was interrupted)\n",
+        f"hpc_harness: resumed from {path} (global step 2)\n",
+    ]
