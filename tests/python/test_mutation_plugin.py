@@ -1,0 +1,37 @@
+"""tools/mutation_plugin.py, the pytest plugin of `make mutation`: the order it gives a
+mutant's tests (its process refusals are exercised by every mutation run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+PLUGIN = Path(__file__).resolve().parents[2] / "tools" / "mutation_plugin.py"
+
+
+def _plugin():
+    spec = importlib.util.spec_from_file_location("mutation_plugin_under_test", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_mutants_tests_run_quickest_first_by_the_recorded_durations(tmp_path, monkeypatch):
+    stats = {"duration_by_test": {"t.py::slow": 2.0, "t.py::quick": 0.01, "t.py::mid": 0.3}}
+    (tmp_path / "mutmut-stats.json").write_text(json.dumps(stats))
+    monkeypatch.chdir(tmp_path)  # mutmut runs the tests in mutants/, beside the file
+    items = [
+        SimpleNamespace(nodeid=n) for n in ("t.py::slow", "t.py::new", "t.py::mid", "t.py::quick")
+    ]
+    _plugin().pytest_collection_modifyitems(items)
+    # a test without a recorded duration counts as instant
+    assert [i.nodeid for i in items] == ["t.py::new", "t.py::quick", "t.py::mid", "t.py::slow"]
+
+
+def test_without_statistics_the_order_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    items = [SimpleNamespace(nodeid=n) for n in ("b", "a")]
+    _plugin().pytest_collection_modifyitems(items)
+    assert [i.nodeid for i in items] == ["b", "a"]
