@@ -255,11 +255,7 @@ def _read_json(path: str) -> dict:
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+    trials_mod.write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def round_values(submission: str, project: str, metric: str, first: int, count: int):

@@ -759,19 +759,20 @@ def render(trials: list[dict]) -> tuple[str, str]:
     return "".join(x + "\n" for x in jsonl), "".join(x + "\n" for x in commands)
 
 
-def _write_atomic(directory: str, name: str, text: str) -> None:
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}")
+def write_atomic(path: str, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it and a rename: a reader sees
+    the old file or the new one, never half (the submitter and bayes.py's files)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
-        os.replace(tmp, final)
+        os.replace(tmp, path)
     except OSError as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise TrialsError(f"cannot write {_q(final)}: {exc.strerror}", 1) from None
+        raise TrialsError(f"cannot write {_q(path)}: {exc.strerror}", 1) from None
 
 
 def _bayes_module():
@@ -878,8 +879,8 @@ def main(argv: list[str] | None = None) -> int:
             raise TrialsError(
                 f"--out-dir: cannot create {_q(out_dir)}: {exc.strerror}", 1
             ) from None
-        _write_atomic(out_dir, "trials.jsonl", jsonl)
-        _write_atomic(out_dir, "commands.txt", commands)
+        write_atomic(os.path.join(out_dir, "trials.jsonl"), jsonl)
+        write_atomic(os.path.join(out_dir, "commands.txt"), commands)
         first = f" {opts['first']}" if "first" in opts else ""
         sys.stdout.write(f"{jsonl.count(chr(10))}{first}\n")
         return 0

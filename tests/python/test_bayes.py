@@ -269,3 +269,15 @@ def test_trials_cli_lists_round_one_and_refuses_bad_input(
     assert trials.main(["--sweep", sweep, "--trials", "2", "--out-dir", str(out)]) == 0
     assert capsys.readouterr().out == "2 0\n"
     assert os.path.isfile(out / "commands.txt")
+
+
+def test_the_controllers_json_files_are_written_whole_or_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bayes.json"
+    bayes._write_json(str(path), {"round": 2, "best_value": 0.5})
+    assert path.read_text() == '{\n "best_value": 0.5,\n "round": 2\n}\n'
+    assert os.listdir(tmp_path) == ["bayes.json"]  # no temporary file left beside it
+    with pytest.raises(trials.TrialsError) as refused:
+        bayes._write_json(str(tmp_path / "gone" / "bayes.json"), {})
+    assert refused.value.code == 1 and "cannot write" in str(refused.value)
