@@ -82,20 +82,26 @@ def test_optimizer_state_counts_as_tensors_only_with_non_scalar_tensors() -> Non
 
 @pytest.fixture
 def fake_group(request):
-    """This process as rank ``request.param`` of a fake group of 2."""
+    """This process as rank R of a fake group of W, ``request.param`` = (R, W).
+
+    FSDP2 (torch 2.13) gives a module the DTensor mesh of an earlier one of the same shape in
+    this process, with the rank that one was made as: a test faking rank 0 after one faking
+    rank 1 of the same world size would compute rank 1's shards. So each test that checks a
+    rank's own shards fakes a world size no other test fakes."""
     import torch.distributed as dist
 
     fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=request.param, world_size=2)
-    yield request.param
+    rank, world_size = request.param
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+    yield rank
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("fake_group", [0], indirect=True)
+@pytest.mark.parametrize("fake_group", [(0, 4)], indirect=True)
 def test_fsdp_state_is_whole_or_sharded_and_loads_into_rank_0s_shards(fake_group) -> None:
     from torch.distributed.tensor import DTensor
 
-    strategy = Strategy("fsdp", _ctx(world_size=2))
+    strategy = Strategy("fsdp", _ctx(world_size=4))
     model = strategy.wrap(_net())
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     whole, whole_optim = strategy.state(model, opt)
@@ -108,13 +114,13 @@ def test_fsdp_state_is_whole_or_sharded_and_loads_into_rank_0s_shards(fake_group
     full_model, full_optim = Strategy("ddp", _ctx()).state(source, source_opt)
     strategy.load(model, opt, {"model": full_model, "optimizer": full_optim})
     for (name, p), q in zip(model.named_parameters(), source.parameters()):
-        mine = p.to_local()  # rank 0 holds the first half of the rows
+        mine = p.to_local()  # rank 0 holds the first quarter of the rows
         assert torch.equal(mine, q.detach()[: mine.shape[0]]), name
         exp_avg = opt.state[p]["exp_avg"].to_local()
         assert torch.equal(exp_avg, source_opt.state[q]["exp_avg"][: mine.shape[0]]), name
 
 
-@pytest.mark.parametrize("fake_group", [1], indirect=True)
+@pytest.mark.parametrize("fake_group", [(1, 2)], indirect=True)
 def test_fsdp_whole_state_is_empty_on_ranks_other_than_0(fake_group) -> None:
     strategy = Strategy("fsdp", _ctx(world_size=2, rank=1))
     model = strategy.wrap(_net())
@@ -150,7 +156,7 @@ def _load_as_rank_1(monkeypatch, sent_by_rank_0) -> tuple[list, torch.optim.Opti
     return calls, opt
 
 
-@pytest.mark.parametrize("fake_group", [1], indirect=True)
+@pytest.mark.parametrize("fake_group", [(1, 2)], indirect=True)
 def test_ranks_without_state_receive_it_from_rank_0(fake_group, monkeypatch) -> None:
     calls, _ = _load_as_rank_1(monkeypatch, None)  # a name-keyed state with tensors
     assert [c[:2] for c in calls] == [("model", {}), ("broadcast from", 0), ("optimizer", {})]
@@ -159,7 +165,7 @@ def test_ranks_without_state_receive_it_from_rank_0(fake_group, monkeypatch) -> 
     assert optimizer_options is model_options
 
 
-@pytest.mark.parametrize("fake_group", [1], indirect=True)
+@pytest.mark.parametrize("fake_group", [(1, 2)], indirect=True)
 def test_optimizer_state_rank_0_sends_whole_is_loaded_as_sent(fake_group, monkeypatch) -> None:
     _, by_position = _trained(0)
     calls, opt = _load_as_rank_1(monkeypatch, by_position.state_dict())
