@@ -5,18 +5,13 @@ Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` 
 ``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per call),
 never ``sacct`` (accounting is off on many small clusters)::
 
-    python3 hpc_files/lib/results.py status  --project NAME [EXP | JOBID] [--watch [S]]
-    python3 hpc_files/lib/results.py results --project NAME EXP [--sort M[:max|min]]
-                                    [--no-group] [--metrics A,B] [--csv F] [--plot F.png]
-                                    [--curves F.png]
-    python3 hpc_files/lib/results.py results --run RUN_DIR|metrics.csv --curves F.png
-                                    [--metrics A,B]
+    python3 hpc_files/lib/results.py status|results --project NAME [ARG...]
 
-``--curves`` draws training curves (one panel per metric, value against global step, one
-line per trial); with ``--run`` they are one run's outside SLURM (a laptop run: its folder
-or its metrics.csv), no submission or ``$SCRATCH`` needed. This module is the one reader of
-the harness's metrics.csv; it needs only the standard library (matplotlib for the PNGs), so
-it runs where hpc_harness and torch are not installed.
+with the arguments (and ``-h``) of USAGE below. ``--curves`` draws training curves (one panel
+per metric, value against global step, one line per trial); with ``--run`` they are one run's
+outside SLURM (a laptop run), no submission or ``$SCRATCH`` needed. This module is the one
+reader of the harness's metrics.csv; it needs only the standard library (matplotlib for the
+PNGs), so it runs where hpc_harness and torch are not installed.
 
 Where things are (written by job_submitter.sh and the batch script):
 

@@ -1,22 +1,20 @@
 # shellcheck shell=bash
 # Experiments -> trials. A configs file, a sweep file, '--seeds', a wandb
-# sweep id and a command after '--' all become one manifest, written by
-# hpc_files/lib/trials.py alone: trials.jsonl (one JSON object per trial)
-# and commands.txt (line K+1 is trial K's command as shell words, expanded
-# on the node, which reads nothing else). One source is written here: a
-# command after '--' without --seeds, one trial whose commands.txt line is
-# its words quoted, the line trials.py would write. Starting a python costs
-# about 30 ms, half of such a submission (bench/submit_latency.sh); that
-# folder has no trials.jsonl, and trials.py's manifest_of reads its
-# commands.txt when results.py needs the manifest. Sourced; functions only.
+# sweep id and a command after '--' become one manifest, written by
+# lib/trials.py alone: trials.jsonl (one JSON object per trial) and
+# commands.txt (line K+1: trial K's command as shell words, the one file the
+# node reads). One exception is written here: a command after '--' without
+# --seeds, one trial whose commands.txt line is its words quoted (a python
+# start is ~30 ms, half of such a submission: bench/submit_latency.sh); for
+# results.py, trials.py's manifest_of reads that commands.txt. Sourced.
 
 # require_trials_python PYTHON: stop with one line unless PYTHON runs and is
 # 3.9+ (an old login node's python3 would die on trials.py with a traceback).
 require_trials_python() {
   local version
   version=$("$1" -c 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3])); sys.exit(sys.version_info < (3, 9))' 2>/dev/null) && return 0
-  [[ -n "$version" ]] || die "expanding trials needs python 3.9 or newer; cannot run '$1' (set HPC_PYTHON to a newer python, or pass --venv)"
-  die "expanding trials needs python 3.9 or newer; $1 is $version (set HPC_PYTHON to a newer python, or pass --venv)"
+  if [[ -n "$version" ]]; then version="$1 is $version"; else version="cannot run '$1'"; fi
+  die "expanding trials needs python 3.9 or newer; $version (set HPC_PYTHON to a newer python, or pass --venv)"
 }
 
 # trials_args: the experiment source as trials.py options (into trials_argv).
