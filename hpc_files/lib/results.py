@@ -266,7 +266,6 @@ def scontrol_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
 
 @dataclass
 class LogInfo:
-    starts: int = 0
     restart: int = 0
     exit_code: int | None = None
     requeued: bool = False
@@ -285,7 +284,6 @@ def read_log(path: str | None) -> LogInfo | None:
     info = LogInfo()
     for line in text.splitlines():
         if m := START.match(line):
-            info.starts += 1
             info.restart = int(m.group(4))
             info.started, info.ended = m.group(5), None
             info.exit_code, info.requeued, info.error, info.killed = None, False, None, None
