@@ -221,3 +221,95 @@ def test_gpus_is_ignored_when_slurm_chose_the_gpus(monkeypatch, capsys) -> None:
     assert ctx.devices == [0, 1, 2, 3]
     assert "--gpus ignored: SLURM set CUDA_VISIBLE_DEVICES" in capsys.readouterr().out
     assert dist.setup(gpus="1", env={"CUDA_VISIBLE_DEVICES": "0,1"}, verbose=False).devices == [0]
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_every_rank_of_torchrun_on_two_nodes_of_two(rank: int) -> None:
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4"}
+    info = detect_launch({**env, "LOCAL_WORLD_SIZE": "2"})
+    assert (info.rank, info.local_rank, info.local_world_size, info.node_rank) == (
+        rank,
+        rank % 2,
+        2,
+        rank // 2,  # no GROUP_RANK: from the rank
+    )
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", 29500)  # torchrun's defaults
+    assert detect_launch({**env, "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "7"}).node_rank == 7
+
+
+def test_torchrun_with_one_process_per_node_counts_nodes_by_rank() -> None:
+    env = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    assert detect_launch(env).node_rank == 1
+    with pytest.raises(LaunchError) as refused:
+        detect_launch({**env, "LOCAL_RANK": "1"})
+    assert str(refused.value) == "local rank 1 is outside local world size 1"
+
+
+@pytest.mark.parametrize("key", ["RANK", "WORLD_SIZE", "LOCAL_RANK"])
+def test_any_one_torchrun_variable_means_torchrun(key: str) -> None:
+    with pytest.raises(LaunchError) as refused:
+        detect_launch({key: "0"})
+    missing = ", ".join(k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k != key)
+    assert str(refused.value) == (
+        f"{missing} missing: torchrun sets RANK, WORLD_SIZE, LOCAL_RANK; start the job with "
+        "torchrun or unset the launcher variables"
+    )
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_every_rank_of_srun_on_two_nodes_of_two(rank: int) -> None:
+    env = {
+        "SLURM_JOB_ID": "4321_7",  # an array task: its digits choose the port
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank % 2),
+        "SLURM_NODEID": str(rank // 2),
+        "SLURM_TASKS_PER_NODE": "2(x2)",  # the job's, when the step's is not set
+        "SLURM_NODELIST": "gpu[07-08]",  # likewise
+    }
+    info = detect_launch(env)
+    assert (info.launcher, info.rank, info.local_rank, info.world_size) == (
+        "srun",
+        rank,
+        rank % 2,
+        4,
+    )
+    assert (info.node_rank, info.local_world_size) == (rank // 2, 2)
+    assert (info.master_addr, info.master_port) == ("gpu07", 20000 + 43217 % 20000)
+
+
+def test_srun_defaults_node_0_one_node_and_port_20000_without_a_job_id() -> None:
+    env = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1"}
+    info = detect_launch({**env, "SLURM_TASKS_PER_NODE": "2", "MASTER_ADDR": "10.1.1.1"})
+    assert (info.node_rank, info.local_world_size, info.master_port) == (0, 2, 20000)
+    info = detect_launch({**env, "SLURM_JOB_NODELIST": "n1"})  # no tasks per node: one node
+    assert (info.local_world_size, info.master_addr) == (2, "n1")
+    # the step's task count wins over the job's
+    assert (
+        detect_launch(
+            {**env, "SLURM_STEP_NUM_TASKS": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n1"}
+        ).world_size
+        == 3
+    )
+    with pytest.raises(LaunchError) as refused:
+        detect_launch(env)
+    assert str(refused.value) == "srun launch but neither MASTER_ADDR nor SLURM_JOB_NODELIST set"
+    with pytest.raises(LaunchError, match="node list"):  # an empty MASTER_ADDR is not a host
+        detect_launch({**env, "MASTER_ADDR": ""})
+
+
+def test_two_tasks_outside_srun_are_refused_with_the_way_to_launch() -> None:
+    with pytest.raises(LaunchError) as refused:
+        detect_launch({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"})
+    assert str(refused.value) == (
+        "this SLURM allocation has 2 tasks but the program was not started by srun or "
+        "torchrun; launch it with 'srun python ...' (one process per task) or "
+        "'srun --ntasks-per-node=1 torchrun --nproc-per-node=G ...'"
+    )
+
+
+def test_a_variable_that_is_not_a_number_is_named_with_its_value() -> None:
+    with pytest.raises(LaunchError) as refused:
+        detect_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "x1"})
+    assert str(refused.value) == "MASTER_PORT must be a whole number, got 'x1'"
