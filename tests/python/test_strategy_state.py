@@ -201,3 +201,75 @@ def test_fsdp_shards_the_module_list_classes_and_leaves_tied_modules_to_the_root
     assert linears == [model.blocks[0].fc, model.blocks[1].fc]
     assert shard_units(model, (_TiedLM,)) == []  # the root is sharded last, by wrap()
     assert shard_units(nn.Sequential(nn.Linear(2, 2))) == []  # no ModuleList: root only
+
+
+class _Recorded(nn.Module):
+    """A model that records where it is moved (no GPU here: ``to`` goes nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+        self.moved_to: list = []
+
+    def to(self, device):  # noqa: D102
+        self.moved_to.append(device)
+        return self
+
+
+class _DataParallel(nn.Module):
+    def __init__(self, module: nn.Module, device_ids: list) -> None:
+        super().__init__()
+        self.module, self.device_ids = module, device_ids
+
+
+def _wrap_as_two_ranks(monkeypatch, name: str, device: torch.device, devices: list, wrap=()):
+    """Strategy(name).wrap as one of 2 ranks, with torch's wrappers and collectives faked in
+    this process (what a GPU node would call them with is the point: no GPU here)."""
+    import torch.distributed.fsdp as fsdp
+    import torch.nn.parallel as parallel
+
+    from hpc_harness import strategy as strategy_module
+
+    calls: list = []
+    monkeypatch.setattr(strategy_module.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(strategy_module, "check_strategy", lambda *args: None)  # GPU counts
+    monkeypatch.setattr(
+        parallel, "DistributedDataParallel", lambda m, device_ids: ("DDP", m, device_ids)
+    )
+    monkeypatch.setattr(strategy_module.nn, "DataParallel", _DataParallel)
+    monkeypatch.setattr(
+        strategy_module.dist, "broadcast", lambda t, src: calls.append(("broadcast", t, src))
+    )
+    monkeypatch.setattr(fsdp, "fully_shard", lambda m: calls.append(("fully_shard", m)))
+    ctx = SimpleNamespace(rank=0, world_size=2, local_world_size=2, device=device, devices=devices)
+    model = _Recorded()
+    return Strategy(name, ctx, fsdp_wrap=wrap).wrap(model), model, calls
+
+
+def test_ddp_on_a_gpu_names_that_gpu_and_on_cpu_none(monkeypatch) -> None:
+    wrapped, model, _ = _wrap_as_two_ranks(monkeypatch, "ddp", torch.device("cuda", 1), [1])
+    assert wrapped == ("DDP", model, [torch.device("cuda", 1)])
+    assert model.moved_to == [torch.device("cuda", 1)]
+    wrapped, model, _ = _wrap_as_two_ranks(monkeypatch, "ddp", torch.device("cpu"), [])
+    assert wrapped == ("DDP", model, None)
+
+
+def test_dp_and_ddp2_spread_over_the_nodes_gpus_and_ddp2_starts_every_rank_from_rank_0(
+    monkeypatch,
+) -> None:
+    gpu = torch.device("cuda", 0)
+    wrapped, model, _ = _wrap_as_two_ranks(monkeypatch, "dp", gpu, [0, 1])
+    assert (type(wrapped), wrapped.module, wrapped.device_ids) == (_DataParallel, model, [0, 1])
+    wrapped, model, calls = _wrap_as_two_ranks(monkeypatch, "ddp2", gpu, [0, 1])
+    # no DDP around it: ddp2 averages the gradients after backward
+    assert (type(wrapped), wrapped.module, wrapped.device_ids) == (_DataParallel, model, [0, 1])
+    assert [(c[0], c[2]) for c in calls] == [("broadcast", 0)] * 2  # weight and bias, from rank 0
+    assert [c[1].data_ptr() for c in calls] == [p.data_ptr() for p in model.parameters()]
+    wrapped, model, _ = _wrap_as_two_ranks(monkeypatch, "ddp2", gpu, [0])
+    assert wrapped is model  # one GPU: nothing to spread over
+
+
+def test_fsdp_shards_each_policy_module_then_the_root(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    wrapped, model, calls = _wrap_as_two_ranks(monkeypatch, "fsdp", cpu, [], wrap=(nn.Linear,))
+    assert wrapped is model and calls == [("fully_shard", model.layer), ("fully_shard", model)]
