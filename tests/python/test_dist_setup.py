@@ -1,0 +1,325 @@
+"""dist.setup() in this process: what it prints on which rank, which backend and device it picks,
+what it exports to the environment and what it passes to init_process_group.
+
+There is no GPU and no peer here: torch.cuda (is_available, device_count, set_device) and
+torch.distributed (is_initialized, init_process_group) are faked with monkeypatch, so these tests
+pin what setup asks torch and what it hands it, as a GPU node of a real job would see it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as tdist
+
+from hpc_harness import dist
+from hpc_harness.dist import LaunchError, detect_launch
+
+# what setup exports for init_method env:// (and the other variables it reads)
+EXPORTED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def _unset(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Remove ``names`` from os.environ now and again after the test, whatever setup sets."""
+    for name in names:
+        monkeypatch.setenv(name, "")  # recorded: undone (removed, or the old value) at teardown
+        monkeypatch.delenv(name)
+
+
+def _fake_torch(
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: int = 0,
+    cuda: bool | None = None,
+    initialized: bool = False,
+) -> dict[str, list]:
+    """torch reports ``gpus`` CUDA devices (available when there are any, unless ``cuda`` says
+    otherwise) and no process group yet; returns what setup passed to set_device and
+    init_process_group (the keyword arguments exactly as given)."""
+    seen: dict[str, list] = {"set_device": [], "init": []}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0 if cuda is None else cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+    monkeypatch.setattr(tdist, "is_initialized", lambda: initialized)
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        assert not args, "setup passes init_process_group keywords only"
+        seen["init"].append(kwargs)
+
+    # the real signature: setup checks it for device_id (torch >= 2.3)
+    init_process_group.__signature__ = inspect.signature(tdist.init_process_group)  # type: ignore[attr-defined]
+    monkeypatch.setattr(tdist, "init_process_group", init_process_group)
+    _unset(monkeypatch, *EXPORTED, "HPC_DIST_TIMEOUT", "SLURMD_NODENAME")
+    monkeypatch.setattr(dist.socket, "gethostname", lambda: "laptop")
+    return seen
+
+
+def _torchrun(rank: int, world: int, local_world: int | None = None) -> dict[str, str]:
+    """torchrun's variables for ``rank`` of ``world`` on nodes of ``local_world`` processes."""
+    local_world = world if local_world is None else local_world
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank % local_world),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+    }
+
+
+def _lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().out.splitlines()
+
+
+def _timeout(seconds: int) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def test_a_single_process_prints_its_summary_and_start_line_and_joins_no_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One process on a laptop: the summary line and the start line (host from the machine's
+    name), gloo on the CPU, no process group and nothing exported to the environment."""
+    seen = _fake_torch(monkeypatch)
+    ctx = dist.setup(env={})
+    assert _lines(capsys) == [
+        "hpc_harness: world_size=1 rank=0 local_rank=0 node_rank=0 backend=gloo device=cpu "
+        "launcher=single",
+        "hpc_harness: rank 0/1 local_rank 0 host laptop started",
+    ]
+    assert (ctx.backend, str(ctx.device), ctx.devices) == ("gloo", "cpu", [])
+    assert seen == {"set_device": [], "init": []}
+    assert [k for k in EXPORTED if k in os.environ] == []
+
+
+def test_the_start_line_names_the_slurm_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under SLURM the start line names SLURMD_NODENAME, not the host name."""
+    _fake_torch(monkeypatch)
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu07")
+    dist.setup(env={})
+    assert _lines(capsys)[-1] == "hpc_harness: rank 0/1 local_rank 0 host gpu07 started"
+
+
+def test_rank_1_joins_a_gloo_group_with_the_launch_it_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 of 2 without CUDA: only its start line is printed (the summary and warnings are
+    rank 0's); it exports the rendezvous variables for env:// and calls init_process_group
+    with gloo, its rank, the world size and the default 600 s timeout, and no device_id."""
+    seen = _fake_torch(monkeypatch)
+    ctx = dist.setup(gpus="2", env=_torchrun(rank=1, world=2))
+    assert _lines(capsys) == ["hpc_harness: rank 1/2 local_rank 1 host laptop started"]
+    assert (ctx.backend, str(ctx.device), ctx.rank, ctx.world_size) == ("gloo", "cpu", 1, 2)
+    assert seen["init"] == [
+        {"backend": "gloo", "rank": 1, "world_size": 2, "timeout": _timeout(600)}
+    ]
+    assert {k: os.environ.get(k) for k in EXPORTED} == {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+    }
+
+
+def test_the_environment_already_set_wins_and_hpc_dist_timeout_sets_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An srun task: variables already exported (the batch script's MASTER_PORT) stay; the
+    others come from the SLURM variables; HPC_DIST_TIMEOUT (seconds) is the group's timeout."""
+    seen = _fake_torch(monkeypatch)
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    monkeypatch.setenv("HPC_DIST_TIMEOUT", "77")
+    env = {
+        "SLURM_JOB_ID": "20007",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_NODELIST": "cn[3-4]",
+    }
+    ctx = dist.setup(env=env, verbose=False)
+    assert (ctx.launcher, ctx.rank, ctx.local_rank, ctx.node_rank) == ("srun", 2, 0, 1)
+    assert {k: os.environ.get(k) for k in EXPORTED} == {
+        "MASTER_ADDR": "cn3",
+        "MASTER_PORT": "23456",
+        "RANK": "2",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+    }
+    assert seen["init"] == [
+        {"backend": "gloo", "rank": 2, "world_size": 4, "timeout": _timeout(77)}
+    ]
+
+
+def test_a_process_group_that_exists_is_not_created_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When the caller already initialised torch.distributed, setup neither exports the
+    variables nor calls init_process_group; verbose=False prints nothing, on rank 0 too."""
+    seen = _fake_torch(monkeypatch, initialized=True)
+    ctx = dist.setup(env=_torchrun(rank=0, world=2), verbose=False)
+    assert ctx.distributed and ctx.is_main
+    assert seen["init"] == []
+    assert [k for k in EXPORTED if k in os.environ] == []
+    assert capsys.readouterr().out == ""
+
+
+def test_each_local_rank_takes_its_gpu_and_names_it_as_the_nccl_device_id(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes on a node with two visible GPUs (faked): local rank 1 uses cuda:1 only,
+    sets it as the current device and passes it to init_process_group as device_id (nccl)."""
+    seen = _fake_torch(monkeypatch, gpus=2)
+    ctx = dist.setup(env=_torchrun(rank=1, world=2))
+    assert (ctx.backend, str(ctx.device), ctx.devices) == ("nccl", "cuda:1", [1])
+    assert seen["set_device"] == [torch.device("cuda", 1)]
+    assert seen["init"] == [
+        {
+            "backend": "nccl",
+            "rank": 1,
+            "world_size": 2,
+            "timeout": _timeout(600),
+            "device_id": torch.device("cuda", 1),
+        }
+    ]
+    assert _lines(capsys) == ["hpc_harness: rank 1/2 local_rank 1 host laptop started"]
+
+
+def test_rank_0_prints_the_nccl_summary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 of 2 with two GPUs (faked): the summary names nccl, cuda:0 and the launcher."""
+    _fake_torch(monkeypatch, gpus=2)
+    dist.setup(env=_torchrun(rank=0, world=2))
+    assert _lines(capsys) == [
+        "hpc_harness: world_size=2 rank=0 local_rank=0 node_rank=0 backend=nccl device=cuda:0 "
+        "launcher=torchrun",
+        "hpc_harness: rank 0/2 local_rank 0 host laptop started",
+    ]
+
+
+def test_two_tasks_that_each_see_one_gpu_both_use_device_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--gpus-per-task=1 with two tasks per node: each task sees one GPU (faked), which is
+    cuda:0 for local rank 1 too."""
+    seen = _fake_torch(monkeypatch, gpus=1)
+    ctx = dist.setup(env=_torchrun(rank=1, world=2), verbose=False)
+    assert (ctx.backend, str(ctx.device), ctx.devices) == ("nccl", "cuda:0", [0])
+    assert seen["init"][0]["device_id"] == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    "gpus, visible, local_rank, message",
+    [
+        (None, 2, 2, "local rank 2 has no GPU: 2 selected ([0, 1]); ask for one GPU per task"),
+        ("1", 4, 1, "local rank 1 has no GPU: 1 selected ([0]); ask for one GPU per task"),
+    ],
+)
+def test_a_local_rank_without_a_gpu_of_its_own_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: str | None,
+    visible: int,
+    local_rank: int,
+    message: str,
+) -> None:
+    """Four processes on a node where fewer GPUs are selected than local ranks (faked): the
+    first local rank past the last GPU gets one LaunchError saying what to ask for."""
+    seen = _fake_torch(monkeypatch, gpus=visible)
+    with pytest.raises(LaunchError) as refused:
+        dist.setup(gpus=gpus, env=_torchrun(rank=local_rank, world=4), verbose=False)
+    assert str(refused.value) == message
+    assert seen["init"] == []
+
+
+def test_gpus_that_cuda_cannot_use_mean_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node whose driver cannot run this torch's CUDA: NVML still counts the GPUs
+    (device_count 2) but is_available() is False (faked). setup trusts is_available: gloo on
+    the CPU, no set_device, and the warning that --gpus cannot be honoured."""
+    seen = _fake_torch(monkeypatch, gpus=2, cuda=False)
+    ctx = dist.setup(gpus="1", env={})
+    assert (ctx.backend, str(ctx.device), ctx.devices) == ("gloo", "cpu", [])
+    assert seen["set_device"] == []
+    assert _lines(capsys)[0] == (
+        "hpc_harness: warning: --gpus 1 but CUDA is not available; using CPU"
+    )
+
+
+@pytest.mark.parametrize(
+    "visible, gpus, warning",
+    [
+        (0, "1", "hpc_harness: warning: --gpus 1 but CUDA is not available; using CPU"),
+        (0, "-1", "hpc_harness: warning: --gpus -1 but CUDA is not available; using CPU"),
+        (0, "0", None),  # asked for none: nothing to warn about
+        (0, None, None),
+        (4, "2", None),  # CUDA is there: no CPU warning
+    ],
+)
+def test_rank_0_warns_when_gpus_were_asked_for_without_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    visible: int,
+    gpus: str | None,
+    warning: str | None,
+) -> None:
+    """The CPU warning is printed (by rank 0, before the summary) exactly when --gpus asks for
+    GPUs and torch reports no CUDA (faked)."""
+    _fake_torch(monkeypatch, gpus=visible)
+    ctx = dist.setup(gpus=gpus, env={})
+    lines = _lines(capsys)
+    assert lines[:-2] == ([warning] if warning else [])
+    assert lines[-2].startswith("hpc_harness: world_size=1 ")
+    assert ctx.devices == ([0, 1] if visible else [])
+
+
+def test_gpus_ignored_under_slurm_is_said_once_by_rank_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SLURM chose the GPUs (CUDA_VISIBLE_DEVICES in a job, 4 faked): --gpus 1 is ignored and
+    rank 0 says so in one exact line before its summary; rank 1 prints no such line."""
+    _fake_torch(monkeypatch, gpus=4)
+    slurm = {"SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    ctx = dist.setup(gpus="1", env=slurm)
+    assert ctx.devices == [0, 1, 2, 3]
+    lines = _lines(capsys)
+    assert lines[0] == "hpc_harness: --gpus ignored: SLURM set CUDA_VISIBLE_DEVICES"
+    assert len(lines) == 3
+    dist.setup(gpus="1", env={**slurm, **_torchrun(rank=1, world=2)})
+    assert _lines(capsys) == ["hpc_harness: rank 1/2 local_rank 1 host laptop started"]
+
+
+def test_more_gpus_asked_for_than_the_one_visible_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--gpus 2 where one GPU is visible is refused (as with 4 of 2), not cut down to one."""
+    with pytest.raises(ValueError) as refused:
+        dist.select_devices(2, 1)
+    assert str(refused.value) == "--gpus asks for 2 but only 1 GPU(s) visible"
+    _fake_torch(monkeypatch, gpus=1)
+    with pytest.raises(ValueError, match=r"^--gpus asks for 2 but only 1 GPU\(s\) visible$"):
+        dist.setup(gpus="2", env={}, verbose=False)
+
+
+@pytest.mark.parametrize("job_id, digits", [("12345+1", 123451), ("12345.batch", 12345)])
+def test_the_srun_port_comes_from_the_digits_of_the_job_id(job_id: str, digits: int) -> None:
+    """Characters of SLURM_JOB_ID that are not digits are dropped before choosing the port."""
+    env = {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_JOB_NODELIST": "n1",
+    }
+    assert detect_launch(env).master_port == 20000 + digits % 20000
