@@ -4,6 +4,7 @@
     .venv/bin/python tools/mutation.py   # fresh run of every core file, then the report
     .venv/bin/python tools/mutation.py --only 'hpc_harness.pieces*'   # re-test some, in place
     .venv/bin/python tools/mutation.py --report   # only rewrite MUTATION.md from .mutation/
+    .venv/bin/python tools/mutation.py --retest-survivors   # minutes: see below
 
 The core is the file list of tools/count_core_lines.py (one owner). The run happens in a
 scratch copy, ``.mutation/`` (git-ignored): the package, the Python tests and a pyproject.toml
@@ -18,6 +19,12 @@ Survivors that cannot change behaviour are listed in ``tests/mutation/equivalent
 line: ``<function>`` TAB ``<mutated line>`` TAB ``<reason>``, where ``<function>`` is the mutant
 name without its number (``hpc_harness.pieces.x_save_checkpoint``) and ``<mutated line>`` the
 changed source line, stripped (so an entry outlives renumbering but not a change of that line).
+
+``--retest-survivors`` is for new tests on an unchanged core when ``.mutation/`` is gone (every
+fresh clone): it re-tests only the survivors MUTATION.md lists, in a fresh scratch copy, and
+every other mutant keeps that report's verdict (killed; a timeout is counted as killed). It
+refuses, before writing anything, unless the mutants are the ones the report was made of: the
+same number in each file and the same mutated line for every survivor it lists.
 """
 
 from __future__ import annotations
@@ -123,6 +130,53 @@ def run_mutmut(workdir: Path, children: int, names: list[str]) -> tuple[float, f
     if code != 0:
         sys.exit(f"mutation.py: error: mutmut run exited {code} after {elapsed:.0f} s")
     return elapsed, cpu
+
+
+# --------------------------------------------------------------------------- --retest-survivors
+
+
+def split_row(line: str) -> list[str]:
+    """The cells of a Markdown table row (``\\|`` inside a cell is not a separator)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
+def previous_report(path: Path) -> tuple[dict[str, int], dict[str, str]]:
+    """What a report records: the mutants of each file, and each survivor's mutated-line cell."""
+    counts: dict[str, int] = {}
+    survivors: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        cells = split_row(line) if line.startswith("| hpc_harness") else []
+        if len(cells) == 9:  # the per-file table
+            counts[cells[0]] = int(cells[1])
+        elif len(cells) == 4:  # the survivors table: "name (status)", before, after, reason
+            survivors[cells[0].split(" ")[0]] = cells[2]
+    return counts, survivors
+
+
+def carry_verdicts(workdir: Path, report: Path) -> None:
+    """After the survivors of ``report`` were re-tested in ``workdir``: every mutant that was not
+    re-tested keeps the report's verdict, killed. Exits first, changing nothing, if the mutants
+    are not the ones the report was made of (the core changed since its run)."""
+    counts, survivors = previous_report(report)
+    changed = "the core changed since that run; run make mutation"
+    metas = {}
+    for name in CORE:
+        path = f"hpc_harness/{name}"
+        meta_path = workdir / "mutants" / "hpc_harness" / f"{name}.meta"
+        meta = json.loads(meta_path.read_text())
+        codes = meta["exit_code_by_key"]
+        if len(codes) != counts.get(path):
+            sys.exit(
+                f"mutation.py: error: {path} has {len(codes)} mutants, {report.name} counted "
+                f"{counts.get(path)}: {changed}"
+            )
+        for key in codes.keys() & survivors.keys():
+            if md_code(changed_line(workdir, key, path)[1]) != survivors[key]:
+                sys.exit(f"mutation.py: error: {key} is not the one {report.name} lists: {changed}")
+        meta["exit_code_by_key"] = {k: v if k in survivors else 1 for k, v in codes.items()}
+        metas[meta_path] = meta
+    for meta_path, meta in metas.items():  # 1: killed (or timed out) in the report's run
+        meta_path.write_text(json.dumps(meta, indent=4))
 
 
 # --------------------------------------------------------------------------- report
@@ -319,12 +373,21 @@ def main() -> int:
         default=[],
         help="mutant names or globs to (re-)test, e.g. 'hpc_harness.pieces*' (implies --keep)",
     )
+    parser.add_argument(
+        "--retest-survivors",
+        action="store_true",
+        help="fresh copy: re-test the survivors MUTATION.md lists, keep its other verdicts",
+    )
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--note", default="", help="one line for the report (e.g. the load)")
     args = parser.parse_args()
     timing = None
-    if not args.report:
+    if args.retest_survivors:
+        prepare(WORK)
+        run_mutmut(WORK, args.children, sorted(previous_report(REPORT)[1]))
+        carry_verdicts(WORK, REPORT)
+    elif not args.report:
         if not (args.keep or args.only) or not WORK.exists():
             prepare(WORK)
         else:  # refresh the sources and tests; mutmut re-tests what changed

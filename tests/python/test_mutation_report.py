@@ -1,0 +1,56 @@
+"""tools/mutation.py's reading of its own report, which --retest-survivors relies on: the
+mutants per file, and each survivor with its mutated line as the report shows it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+REPORT = """# Mutation testing of the training core
+
+| file | mutants | killed | timeout | survived | no tests | not checked | equivalent | kill ratio |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| hpc_harness/dist.py | 489 | 445 | 0 | 44 | 0 | 0 | 0 | 91.0% |
+| hpc_harness/trainer.py | 646 | 578 | 8 | 60 | 0 | 0 | 8 | 91.8% |
+| total | 1135 | 1023 | 8 | 104 | 0 | 0 | 8 | 91.5% |
+
+## Survivors
+
+| mutant | original | mutated | equivalent because |
+| --- | --- | --- | --- |
+| hpc_harness.dist.x_setup__mutmut_8 (survived) | `a = b` | `a = c` | not equivalent: needs a test |
+| hpc_harness.trainer.xǁTǁf__mutmut_76 (survived) | `x: str \\| None` | `x: str \\| int` | a \\| |
+"""
+
+
+def _mutation_tool():
+    sys.path.insert(0, str(TOOLS))  # mutation.py imports count_core_lines beside it
+    try:
+        spec = importlib.util.spec_from_file_location("mutation_under_test", TOOLS / "mutation.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(TOOLS))
+    return module
+
+
+def test_the_report_gives_the_mutants_per_file_and_every_survivors_mutated_line(tmp_path):
+    report = tmp_path / "MUTATION.md"
+    report.write_text(REPORT)
+    counts, survivors = _mutation_tool().previous_report(report)
+    assert counts == {"hpc_harness/dist.py": 489, "hpc_harness/trainer.py": 646}
+    assert survivors == {
+        "hpc_harness.dist.x_setup__mutmut_8": "`a = c`",
+        "hpc_harness.trainer.xǁTǁf__mutmut_76": "`x: str \\| int`",
+    }
+
+
+def test_a_survivors_cell_is_what_the_report_writes_for_its_mutated_line():
+    tool = _mutation_tool()
+    # the comparison --retest-survivors makes: md_code of the fresh mutant's line
+    assert tool.md_code('x: str | None = ""') == '`x: str \\| None = ""`'
+    assert tool.split_row("| a `b \\| c` | d |") == ["a `b \\| c`", "d"]
