@@ -1,0 +1,366 @@
+"""Trainer.train() from start to end, in-process: ``fresh`` and a requeue of the same SLURM job,
+``run.json``, a run resumed past its end, per-rank seeding (fresh and on a resume with another
+world size, that world faked in this process with test_pieces.TwoRanks), what a resume restores
+(metrics, scheduler), what the logger is given, the final line by exact text, and what the
+constructor hands on (strategy, stop agreement, the user's own loader, the disabled scaler)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+from conftest import gloo_context
+from test_metrics import FakeRun, wandb_runs  # noqa: F401  (wandb_runs: a fixture)
+from test_pieces import TwoRanks
+from test_trainer_outputs import classes, fixed_clock, make_trainer
+from test_trainer_requeue import SignalAtStep
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from hpc_harness import checkpoint as ckpt
+from hpc_harness import dist as hdist
+from hpc_harness import pieces
+from hpc_harness import trainer as trainer_mod
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+def build(
+    ck: str,
+    ctx: Any = None,
+    trainer_cls: type[Trainer] = Trainer,
+    make_scheduler: Any = None,
+    loader: DataLoader | None = None,
+    **cfg_kw: Any,
+) -> Trainer:
+    """test_trainer_outputs.make_trainer's run (8 samples, batch 2: 4 steps per epoch, evaluated
+    on 5), with the rank's context, the Trainer class, a scheduler or the loader given."""
+    cfg = TrainConfig(
+        **{"epochs": 1, "ckpt_dir": ck, "log_every": 0, "checkpoint_every_s": 0, **cfg_kw}
+    )
+    torch.manual_seed(0)
+    return trainer_cls(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        loader or DataLoader(classes(8, 0), batch_size=2, shuffle=True),
+        ctx or hdist.setup(verbose=False),
+        cfg,
+        make_scheduler=make_scheduler,
+        eval_data=classes(5, 1),
+    )
+
+
+def ckpt_files(ck: str) -> list[str]:
+    return sorted(f for f in os.listdir(ck) if f.startswith("ckpt_step"))
+
+
+def read_run_json(ck: str) -> dict[str, Any]:
+    with open(os.path.join(ck, ckpt.RUN_FILE)) as f:
+        return json.load(f)
+
+
+def draws(seed: int) -> torch.Tensor:
+    return torch.rand(4, generator=torch.Generator().manual_seed(seed))
+
+
+def metrics_text(metrics: dict[str, float]) -> str:
+    return "".join(f" {k}={v:.4f}" for k, v in metrics.items())
+
+
+# --------------------------------------------------------------------------- fresh, run.json
+
+
+def test_fresh_moves_an_earlier_jobs_folder_aside_but_keeps_its_own_jobs(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A requeued job runs its command again, --fresh included: the folder whose run.json this
+    same SLURM job wrote is resumed, not moved; another job's is moved aside, and said so."""
+    ck = str(tmp_path / "ck")
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    assert make_trainer(ck).train() == "finished"
+    capsys.readouterr()
+    assert make_trainer(ck, fresh=True).train() == "finished"  # the same job, requeued
+    out = capsys.readouterr().out
+    assert "starting fresh" not in out and "hpc_harness: already finished (finished)" in out
+    assert glob.glob(f"{ck}.old-*") == []
+
+    monkeypatch.setenv("SLURM_JOB_ID", "222")  # a new job with --fresh
+    trainer = make_trainer(ck, fresh=True)
+    assert trainer.train() == "finished" and trainer.global_step == 4
+    [aside] = glob.glob(f"{ck}.old-*")
+    out = capsys.readouterr().out
+    assert out.startswith(f"hpc_harness: starting fresh; the earlier run's files are in {aside}\n")
+    assert "resumed from" not in out  # trained from scratch
+    assert ckpt_files(aside) == ["ckpt_step00000004.pt"]
+    assert read_run_json(ck)["slurm_job_id"] == "222"
+
+
+def test_run_json_is_written_when_missing_or_different_and_left_alone_when_equal(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck)
+    assert trainer.train() == "finished"
+    assert read_run_json(ck)["fingerprint"] == trainer.fingerprint  # missing: written
+    record = {**read_run_json(ck), "note": "kept"}
+    with open(os.path.join(ck, ckpt.RUN_FILE), "w") as f:
+        json.dump(record, f)
+    assert make_trainer(ck).train() == "finished"  # resumed: the same run
+    assert read_run_json(ck) == record  # equal: not rewritten
+    # another run's run.json, not resumed (resume=False skips the identity check): replaced
+    with open(os.path.join(ck, ckpt.RUN_FILE), "w") as f:
+        json.dump({"fingerprint": {"lr": 5}, "note": "other run"}, f)
+    trainer = make_trainer(ck, resume=False)
+    assert trainer.train() == "finished"
+    assert read_run_json(ck)["fingerprint"] == trainer.fingerprint
+    assert "note" not in read_run_json(ck)
+
+
+def test_rank_1_seeds_its_own_stream_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    """Rank 1 of 2, faked in this process (pieces' collectives by TwoRanks, rank 0 having
+    found no checkpoint): it seeds seed + 1, and leaves run.json and every file to rank 0."""
+    ck = str(tmp_path / "ck")
+    rank1 = TwoRanks(rank=1, sent=[(None, None, None)])  # rank 0's answer: no checkpoint
+    monkeypatch.setattr(pieces, "_group", lambda: rank1)
+    seeds: list[int] = []
+    real = trainer_mod.seed_everything
+    monkeypatch.setattr(trainer_mod, "seed_everything", lambda s: seeds.append(s) or real(s))
+    trainer = build(ck, gloo_context(1, 2), seed=5)
+    assert trainer.train() == "finished" and trainer.global_step == 2  # 4 samples of 8
+    assert seeds == [6]
+    assert not os.path.exists(ck)  # no run.json, no checkpoint, no last.pt, no metrics.csv
+
+
+def test_a_fresh_run_seeds_seed_plus_rank_and_a_resumed_one_does_not(tmp_path, monkeypatch) -> None:
+    ck = str(tmp_path / "ck")
+    seeds: list[int] = []
+    real = trainer_mod.seed_everything
+    monkeypatch.setattr(trainer_mod, "seed_everything", lambda s: seeds.append(s) or real(s))
+    assert make_trainer(ck, seed=5, max_steps=2).train() == "max_steps"
+    assert seeds == [5]  # rank 0
+    assert make_trainer(ck, seed=5).train() == "finished"
+    assert seeds == [5]  # resumed: its RNG states come from the checkpoint instead
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_a_run_resumed_past_its_max_steps_is_already_finished_and_draws_nothing(
+    tmp_path, capsys
+) -> None:
+    ck = str(tmp_path / "ck")
+    assert make_trainer(ck, max_steps=3).train() == "max_steps"
+    capsys.readouterr()
+    trainer = make_trainer(ck, max_steps=3)
+    torch.manual_seed(123)
+    assert trainer.train() == "max_steps"
+    # the process's random streams are as the caller left them (the checkpoint's are not loaded)
+    drawn = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(drawn, torch.rand(3))
+    checkpoint, last = os.path.join(ck, "ckpt_step00000003.pt"), os.path.join(ck, "last.pt")
+    assert capsys.readouterr().out.endswith(
+        f"hpc_harness: already finished (max_steps) at global step 3: {checkpoint} and {last} "
+        "are kept as they are\n"
+    )
+
+
+def test_a_resume_with_another_world_size_seeds_each_rank_and_sends_no_model(
+    tmp_path, monkeypatch
+) -> None:
+    """A checkpoint of one rank resumed by two, both faked here (TwoRanks): rank 0 broadcasts
+    the state without model and optimizer (Strategy.load sends those itself); the saved RNG
+    states are for another world size, so each rank seeds seed + rank."""
+    ck = str(tmp_path / "ck")
+    assert make_trainer(ck, seed=5, max_steps=2).train() == "max_steps"
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(pieces, "_group", lambda: rank0)
+    trainer = build(ck, gloo_context(0, 2), seed=5)
+    assert trainer._resume() is True and trainer.global_step == 2
+    assert torch.equal(torch.rand(4), draws(5))
+    [(path, rest, error)] = rank0.sent
+    assert (path, error) == (os.path.join(ck, "ckpt_step00000002.pt"), None)
+    assert "model" not in rest and "optimizer" not in rest
+    assert {"global_step", "epoch", "scheduler", "metrics"} <= set(rest)
+
+    rank1 = TwoRanks(rank=1, sent=rank0.sent)
+    monkeypatch.setattr(pieces, "_group", lambda: rank1)
+    trainer = build(ck, gloo_context(1, 2), seed=5)
+    loaded: list[dict] = []
+    monkeypatch.setattr(trainer.strategy, "load", lambda m, o, state: loaded.append(state))
+    assert trainer._resume() is True and trainer.global_step == 2
+    assert torch.equal(torch.rand(4), draws(6))
+    assert (loaded[0]["model"], loaded[0]["optimizer"]) == (None, None)  # rank 0 sends them
+
+
+def test_a_resume_restores_the_metrics_and_the_scheduler(tmp_path, monkeypatch, capsys) -> None:
+    """The eval metrics of the last epoch end and the scheduler's state come back; a run
+    resumed without a scheduler ignores the saved one. The final line shows the metrics."""
+    ck = str(tmp_path / "ck")
+
+    def step_lr(opt: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    first = build(ck, make_scheduler=step_lr, epochs=2, max_steps=5)
+    assert first.train() == "max_steps"
+    saved = first.metrics
+    assert sorted(saved) == ["test_acc", "test_loss"]  # epoch 0 ended at step 4
+    capsys.readouterr()
+    fixed_clock(monkeypatch, [100.0])
+    resumed = build(ck, make_scheduler=step_lr, epochs=2, max_steps=6)
+    assert resumed.train() == "max_steps"
+    assert resumed.metrics == saved  # epoch 1 has not ended: the restored metrics
+    assert resumed.scheduler.last_epoch == 6
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**6)
+    assert capsys.readouterr().out.endswith(
+        f"hpc_harness: max_steps at global step 6 in 0.0s{metrics_text(saved)}\n"
+    )
+    without = build(ck, epochs=2, max_steps=7)
+    assert without.train() == "max_steps" and without.scheduler is None
+    # the optimizer's learning rate as saved, no longer halved at each step
+    assert without.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**6)
+
+
+def test_a_job_requeued_at_its_last_step_ends_without_a_second_checkpoint(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """SIGUSR1 at the last step: the resumed job trains no step; it evaluates, writes last.pt
+    and keeps the checkpoint as it was. The final line by exact text (a fixed clock)."""
+    ck = str(tmp_path / "ck")
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(tmp_path / "requeue.json"))
+    trainer = build(ck, trainer_cls=SignalAtStep, signal_check_every=1)
+    trainer.signal_at = 4
+    assert trainer.train() == "requeue"
+    capsys.readouterr()
+    fixed_clock(monkeypatch, [100.0])
+    resumed = build(ck)
+    assert resumed.train() == "finished" and resumed.global_step == 4
+    assert ckpt_files(ck) == ["ckpt_step00000004.pt"]
+    state = torch.load(os.path.join(ck, "ckpt_step00000004.pt"), weights_only=False)
+    assert (state["epoch"], state["step_in_epoch"], state["metrics"]) == (0, 4, {})
+    last = torch.load(os.path.join(ck, "last.pt"), weights_only=False)
+    assert (last["global_step"], last["epoch"], last["metrics"]) == (4, 1, resumed.metrics)
+    assert sorted(resumed.metrics) == ["test_acc", "test_loss"]
+    assert capsys.readouterr().out.endswith(
+        f"hpc_harness: finished at global step 4 in 0.0s{metrics_text(resumed.metrics)}\n"
+    )
+
+
+def test_a_run_with_nothing_to_train_still_checkpoints_step_0(tmp_path, capsys) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck, epochs=0)
+    assert trainer.last_checkpoint is None
+    assert trainer.train() == "finished"
+    assert trainer.last_checkpoint == os.path.join(ck, "ckpt_step00000000.pt")
+    assert ckpt_files(ck) == ["ckpt_step00000000.pt"]
+    assert capsys.readouterr().out.startswith("hpc_harness: finished at global step 0 in ")
+
+
+def test_the_final_line_gives_status_step_time_and_metrics(tmp_path, monkeypatch, capsys) -> None:
+    now = [250.0]
+    fixed_clock(monkeypatch, now)
+    trainer = make_trainer(str(tmp_path / "ck"))
+    real_end_epoch = trainer._end_epoch
+
+    def end_epoch() -> None:  # the epoch took 2.5 s of the fixed clock
+        now[0] += 2.5
+        real_end_epoch()
+
+    trainer._end_epoch = end_epoch
+    assert trainer.train() == "finished"
+    m = trainer.metrics
+    assert capsys.readouterr().out.endswith(
+        f"hpc_harness: finished at global step 4 in 2.5s test_acc={m['test_acc']:.4f} "
+        f"test_loss={m['test_loss']:.4f}\n"
+    )
+
+
+# --------------------------------------------------------------------------- logger
+
+
+def test_the_logger_gets_the_run_dir_hparams_and_wandb_project(
+    tmp_path,
+    wandb_runs: list[FakeRun],  # noqa: F811
+) -> None:
+    run_dir = str(tmp_path / "run")
+    trainer = make_trainer(
+        str(tmp_path / "ck"),
+        run_dir=run_dir,
+        wandb="offline",
+        wandb_project="proj",
+        hparams={"lr": 0.1, "hidden": 8},
+    )
+    assert trainer.train() == "finished"
+    [run] = wandb_runs
+    assert run.settings["project"] == "proj"
+    assert run.settings["config"] == {"lr": 0.1, "hidden": 8}
+    assert run.settings["dir"] == run_dir and os.path.isfile(os.path.join(run_dir, "metrics.csv"))
+    assert run.finished == [0]
+
+
+# --------------------------------------------------------------------------- construction
+
+
+def test_the_strategy_and_the_stop_agreement_get_the_config(tmp_path) -> None:
+    """Rank 1 of 2 (no process group: nothing is wrapped or reduced)."""
+    trainer = build(
+        str(tmp_path),
+        gloo_context(1, 2),
+        fsdp_wrap=(nn.Linear,),
+        checkpoint_every_s=5.0,
+        signal_check_s=0.25,
+        signal_check_every=3,
+    )
+    assert (trainer.strategy.name, trainer.strategy.fsdp_wrap) == ("ddp", (nn.Linear,))
+    agreement = trainer.agreement
+    assert (agreement.world_size, agreement.is_main) == (2, False)  # from the context
+    assert (agreement.check_s, agreement.check_every) == (0.25, 3)
+    assert agreement.checkpoint_every_s == 5.0
+
+
+def test_reduce_lr_on_plateau_without_eval_data_is_refused(tmp_path) -> None:
+    cfg = TrainConfig(ckpt_dir=str(tmp_path), monitor="test_mae")
+    with pytest.raises(ValueError) as info:
+        Trainer(
+            nn.Linear(3, 2),
+            lambda p: torch.optim.SGD(p, lr=0.1),
+            DataLoader(classes(8, 0), batch_size=2),
+            hdist.setup(verbose=False),
+            cfg,
+            make_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau,
+        )
+    assert str(info.value) == (
+        "ReduceLROnPlateau is stepped with test_mae at each epoch end: pass eval_data"
+    )
+
+
+def test_a_32_bit_run_has_a_disabled_scaler_also_where_cuda_is_available(
+    tmp_path, monkeypatch
+) -> None:
+    """torch.cuda.is_available faked True (no GPU here): GradScaler would scale the loss there."""
+    ctx = hdist.setup(verbose=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = build(str(tmp_path), ctx)
+    assert trainer.scaler.is_enabled() is False
+    loss = torch.tensor(2.0)
+    assert trainer.scaler.scale(loss) is loss
+
+
+def test_the_users_loader_is_kept_when_asked_or_when_it_has_a_batch_sampler(tmp_path) -> None:
+    """replace_sampler=False keeps a plain shuffling loader; a batch_sampler loader (its
+    batch_size is None) is kept too, and evaluation then goes one sample per batch."""
+    loader = DataLoader(classes(8, 0), batch_size=2, shuffle=True)
+    trainer = build(str(tmp_path / "a"), loader=loader, replace_sampler=False)
+    assert trainer.train_loader is loader and trainer.sampler is None
+
+    batches = BatchSampler(SequentialSampler(range(8)), batch_size=4, drop_last=False)
+    loader = DataLoader(classes(8, 0), batch_sampler=batches)
+    trainer = build(str(tmp_path / "b"), loader=loader)
+    assert trainer.train_loader is loader and trainer.sampler is None
+    assert (trainer.batch_size, trainer.steps_per_epoch) == (1, 2)
+    sizes: list[int] = []
+    real_eval_step = trainer.eval_step
+    trainer.eval_step = lambda batch: sizes.append(len(batch[1])) or real_eval_step(batch)
+    trainer.evaluate()
+    assert sizes == [1, 1, 1, 1, 1]  # the 5 eval samples
