@@ -19,7 +19,7 @@ step hook, raw_ddp.clocked, the same in the three workers). Beside it, rank 0's 
 (``time.process_time``) over the same steps: on a loaded machine the wall clock measures the
 scheduler as much as the loop, the CPU time much less so.
 
-    .venv/bin/python bench/loop_overhead.py [--reps 9] [--epochs 3] [--out section.md]
+    .venv/bin/python bench/loop_overhead.py [--reps 9] [--epochs 12] [--out section.md]
     .venv/bin/python bench/loop_overhead.py --smoke          # seconds: 1 rep, tiny data
 
 ``--worker harness|pieces`` is what torch.distributed.run starts; not for people.
@@ -186,7 +186,7 @@ def driver(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    args = tb.driver_args(__doc__, CONFIGS, ("harness", "pieces"), reps=9, epochs=3).parse_args()
+    args = tb.driver_args(__doc__, CONFIGS, ("harness", "pieces"), reps=9, epochs=12).parse_args()
     if args.worker == "harness":
         worker_harness(args)
     elif args.worker == "pieces":
