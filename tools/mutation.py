@@ -23,8 +23,8 @@ changed source line, stripped (so an entry outlives renumbering but not a change
 ``--retest-survivors`` is for new tests on an unchanged core when ``.mutation/`` is gone (every
 fresh clone): it re-tests only the survivors MUTATION.md lists, in a fresh scratch copy, and
 every other mutant keeps that report's verdict (killed; a timeout is counted as killed). It
-refuses, before writing anything, unless the mutants are the ones the report was made of: the
-same number in each file and the same mutated line for every survivor it lists.
+stops, before the report is rewritten, unless the mutants are the ones the report was made of:
+the same number in each file and the same mutated line for every survivor it lists.
 """
 
 from __future__ import annotations
@@ -153,11 +153,13 @@ def previous_report(path: Path) -> tuple[dict[str, int], dict[str, str]]:
     return counts, survivors
 
 
-def carry_verdicts(workdir: Path, report: Path) -> None:
-    """After the survivors of ``report`` were re-tested in ``workdir``: every mutant that was not
-    re-tested keeps the report's verdict, killed. Exits first, changing nothing, if the mutants
-    are not the ones the report was made of (the core changed since its run)."""
-    counts, survivors = previous_report(report)
+def carry_verdicts(
+    workdir: Path, report: str, counts: dict[str, int], survivors: dict[str, str]
+) -> None:
+    """After the ``survivors`` of ``report`` (:func:`previous_report`) were re-tested in
+    ``workdir``: every mutant that was not re-tested keeps the report's verdict, killed. Exits
+    first, changing nothing, if the mutants are not the ones the report was made of (the core
+    changed since its run)."""
     changed = "the core changed since that run; run make mutation"
     metas = {}
     for name in CORE:
@@ -167,12 +169,12 @@ def carry_verdicts(workdir: Path, report: Path) -> None:
         codes = meta["exit_code_by_key"]
         if len(codes) != counts.get(path):
             sys.exit(
-                f"mutation.py: error: {path} has {len(codes)} mutants, {report.name} counted "
+                f"mutation.py: error: {path} has {len(codes)} mutants, {report} counted "
                 f"{counts.get(path)}: {changed}"
             )
         for key in codes.keys() & survivors.keys():
             if md_code(changed_line(workdir, key, path)[1]) != survivors[key]:
-                sys.exit(f"mutation.py: error: {key} is not the one {report.name} lists: {changed}")
+                sys.exit(f"mutation.py: error: {key} is not the one {report} lists: {changed}")
         meta["exit_code_by_key"] = {k: v if k in survivors else 1 for k, v in codes.items()}
         metas[meta_path] = meta
     for meta_path, meta in metas.items():  # 1: killed (or timed out) in the report's run
@@ -384,9 +386,10 @@ def main() -> int:
     args = parser.parse_args()
     timing = None
     if args.retest_survivors:
+        counts, survivors = previous_report(REPORT)
         prepare(WORK)
-        run_mutmut(WORK, args.children, sorted(previous_report(REPORT)[1]))
-        carry_verdicts(WORK, REPORT)
+        run_mutmut(WORK, args.children, sorted(survivors))
+        carry_verdicts(WORK, REPORT.name, counts, survivors)
     elif not args.report:
         if not (args.keep or args.only) or not WORK.exists():
             prepare(WORK)
