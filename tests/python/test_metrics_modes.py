@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import JobLog, job_log
-from test_metrics import FakeRun, wandb_runs  # noqa: F401  (wandb_runs: a fixture)
+from conftest import JobLog
+from test_metrics import FakeRun, log, wandb_runs  # noqa: F401  (log, wandb_runs: fixtures)
 
 from hpc_harness import metrics, precision
 
@@ -200,11 +200,6 @@ def test_an_unknown_mode_is_refused_naming_the_choices(
 # --------------------------------------------------------------------------- MetricsLogger
 
 
-@pytest.fixture
-def log(monkeypatch: pytest.MonkeyPatch) -> JobLog:
-    return job_log(monkeypatch, metrics)
-
-
 def _csv_lines(path: Path) -> list[bytes]:
     return path.read_bytes().split(b"\r\n")
 
@@ -232,7 +227,11 @@ def test_the_csv_header_is_written_once_across_requeues(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["online", "offline"])
 def test_wandb_asked_for_but_not_installed_says_so_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wandb_env: Path, log: JobLog, mode: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wandb_env: Path,
+    log: JobLog,  # noqa: F811
+    mode: str,
 ) -> None:
     """--wandb online/offline without wandb: one flushed line says why it is disabled."""
     fake_wandb_installed(monkeypatch, installed=False)
@@ -246,7 +245,7 @@ def test_wandb_asked_for_but_not_installed_says_so_at_once(
 def test_wandb_off_by_default_or_request_is_silent(
     tmp_path: Path,
     wandb_runs: list[FakeRun],  # noqa: F811
-    log: JobLog,
+    log: JobLog,  # noqa: F811
     mode: str | None,
 ) -> None:
     """auto without a key, the default (None) and disabled: no wandb run and nothing printed
