@@ -4,8 +4,11 @@ mutants per file, and each survivor with its mutated line as the report shows it
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
@@ -54,3 +57,38 @@ def test_a_survivors_cell_is_what_the_report_writes_for_its_mutated_line():
     # the comparison --retest-survivors makes: md_code of the fresh mutant's line
     assert tool.md_code('x: str | None = ""') == '`x: str \\| None = ""`'
     assert tool.split_row("| a `b \\| c` | d |") == ["a `b \\| c`", "d"]
+
+
+def test_verdicts_are_not_carried_when_a_file_has_other_mutants_than_the_report(tmp_path):
+    """--retest-survivors stops, leaving every meta file as it was, when a core file has a
+    mutant count the report does not record (the core changed since that run)."""
+    tool = _mutation_tool()
+    folder = tmp_path / "mutants" / "hpc_harness"
+    folder.mkdir(parents=True)
+    counts = {}
+    for i, name in enumerate(tool.CORE):
+        meta = {"exit_code_by_key": {f"m{i}__mutmut_1": None, f"m{i}__mutmut_2": None}}
+        (folder / f"{name}.meta").write_text(json.dumps(meta))
+        counts[f"hpc_harness/{name}"] = 2
+    counts[f"hpc_harness/{tool.CORE[-1]}"] = 3
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        tool.carry_verdicts(tmp_path, "MUTATION.md", counts, {})
+    assert str(stop.value) == (
+        f"mutation.py: error: hpc_harness/{tool.CORE[-1]} has 2 mutants, MUTATION.md counted 3: "
+        "the core changed since that run; run make mutation"
+    )
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+
+
+def test_every_mutant_not_retested_is_carried_as_killed(tmp_path):
+    tool = _mutation_tool()
+    folder = tmp_path / "mutants" / "hpc_harness"
+    folder.mkdir(parents=True)
+    for i, name in enumerate(tool.CORE):
+        meta = {"exit_code_by_key": {f"m{i}__mutmut_1": None}, "durations_by_key": {}}
+        (folder / f"{name}.meta").write_text(json.dumps(meta))
+    counts = {f"hpc_harness/{name}": 1 for name in tool.CORE}
+    tool.carry_verdicts(tmp_path, "MUTATION.md", counts, {})
+    meta = json.loads((folder / f"{tool.CORE[0]}.meta").read_text())
+    assert meta == {"exit_code_by_key": {"m0__mutmut_1": 1}, "durations_by_key": {}}
