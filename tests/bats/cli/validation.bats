@@ -179,6 +179,13 @@ setup() {
   refuse "--signal-lead (3600 s) must be shorter than --time (60 = 3600 s)" -- -C "$ONE_LINE" -t 60 --signal-lead 3600
 }
 
+@test "signal lead: less than a minute before the wall time, where SLURM's 30 s checks can send it before the job starts" {
+  refuse "--signal-lead (50 s) must leave at least 60 s of --time (1 = 60 s): SLURM may send it up to 30 s early, before the job has started" -- -C "$ONE_LINE" -t 1 --signal-lead 50
+  refuse "--signal-lead (31 s) must leave at least 60 s of --time (1:30 = 90 s)" -- -C "$ONE_LINE" -t 1:30 --signal-lead 31
+  dry -C "$ONE_LINE" -t 1:30 --signal-lead 30
+  assert_output --partial '#SBATCH --signal=B:USR1@30'
+}
+
 @test "signal lead: zero" {
   refuse "--signal-lead must be at least 1, got '0'" -- -C "$ONE_LINE" --signal-lead 0
 }

@@ -103,9 +103,11 @@ setup() {
 }
 
 
-@test "wall time: --time 1 min with a 50 s lead sends USR1, the job requeues once and resumes with SLURM_RESTART_COUNT=1" {
-  submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --signal-lead 50 -e walltime -- "$PROGRAMS/requeue_probe.sh"
-  release_requeued "$job_id" 1
+# 90 s with a 30 s lead: slurmctld's 30 s checks send USR1 30-60 s after the
+# start, never at a check before the batch step runs (where it would be lost).
+@test "wall time: --time 1:30 with a 30 s lead sends USR1, the job requeues once and resumes with SLURM_RESTART_COUNT=1" {
+  submit -p notmpdir -n 1 -g 1 -W none -t 00:01:30 --signal-lead 30 -e walltime -- "$PROGRAMS/requeue_probe.sh"
+  release_requeued "$job_id" 1 150
   wait_job_done "$job_id" 90
   assert_job_state "$job_id" COMPLETED
   run job_log "$job_id"
@@ -121,7 +123,7 @@ setup() {
   assert_output ''
 }
 
-@test "--no-signal: a 1-minute job gets no USR1 where a 50 s lead would have sent it; the program runs on to its end" {
+@test "--no-signal: a 1-minute job gets no USR1, though it runs 40 s, past the time a 30 s lead would have sent one; the program runs on to its end" {
   submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --no-signal -e nosignal -- \
     bash -c 'trap "echo got USR1; exit 42" USR1; for i in $(seq 40); do sleep 1; done; echo ran 40 s'
   wait_job_done "$job_id" 120

@@ -61,9 +61,9 @@ sbatch_line_job() {
 
 @test "SBATCH_NO_REQUEUE, SBATCH_SIGNAL and SBATCH_OPEN_MODE in the submitting shell change nothing: USR1 comes, the job requeues once, one log" {
   SBATCH_NO_REQUEUE=1 SBATCH_SIGNAL=B:USR2@5 SBATCH_OPEN_MODE=truncate \
-    submit -p notmpdir -n 1 -g 1 -W none -t 00:01:00 --signal-lead 50 -e contract -- "$PROGRAMS/requeue_probe.sh"
+    submit -p notmpdir -n 1 -g 1 -W none -t 00:01:30 --signal-lead 30 -e contract -- "$PROGRAMS/requeue_probe.sh"
   assert_equal "$(job_field "$job_id" Requeue)" 1
-  release_requeued "$job_id" 1
+  release_requeued "$job_id" 1 150
   wait_job_done "$job_id" 90
   assert_job_state "$job_id" COMPLETED
   run job_log "$job_id"
