@@ -19,15 +19,24 @@ step hook, raw_ddp.clocked, the same in the three workers). Beside it, rank 0's 
 (``time.process_time``) over the same steps: on a loaded machine the wall clock measures the
 scheduler as much as the loop, the CPU time much less so.
 
-    .venv/bin/python bench/loop_overhead.py [--reps 9] [--epochs 12] [--out section.md]
+Then the same three loops epoch by epoch in ONE launch (``--worker interleaved``): the
+Trainer's ``train()`` runs ``--rounds`` epochs after a warm-up one, and after each of them (from
+its ``_end_epoch``) one raw and one pieces epoch run, in alternating order. A round's three
+epochs run seconds apart in the same processes, so the paired ratios do not carry the
+differences between launches minutes apart (CPU placement, neighbours) that the separate runs
+do; each epoch is timed from its first optimizer step to its last.
+
+    .venv/bin/python bench/loop_overhead.py [--reps 9] [--epochs 12] [--rounds 31] [--out F]
     .venv/bin/python bench/loop_overhead.py --smoke          # seconds: 1 rep, tiny data
 
-``--worker harness|pieces`` is what torch.distributed.run starts; not for people.
+``--worker harness|pieces|interleaved`` is what torch.distributed.run starts; not for people.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import statistics
 import sys
 import tempfile
@@ -104,6 +113,87 @@ def worker_pieces(args: argparse.Namespace) -> None:
     hp.cleanup()
 
 
+def worker_interleaved(args: argparse.Namespace) -> None:
+    """The three loops in the same two processes, one epoch of each in turn: ``args.epochs``
+    rounds, the first a discarded warm-up. The Trainer runs its own ``train()``; the raw and
+    pieces epochs run between two of its epochs (from its ``_end_epoch``, in alternating
+    order), so a round's three epochs are seconds apart on the same processes and cores."""
+    import torch
+    import torch.nn.functional as F
+    from raw_ddp import BATCH, SEED, clocked, make_dataset, make_model, make_optimizer
+    from torch import nn
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from hpc_harness import pieces as hp
+    from hpc_harness.trainer import TrainConfig, Trainer
+
+    clocks = {c: ([], []) for c in CONFIGS}  # wall, CPU at the end of every optimizer step
+    ctx = hp.setup(verbose=False)
+    data = make_dataset(args.samples)
+
+    raw_model = nn.parallel.DistributedDataParallel(make_model())
+    raw_sampler = DistributedSampler(data, shuffle=True, seed=SEED)
+    raw_loader = DataLoader(data, batch_size=BATCH, sampler=raw_sampler)
+    raw_opt = clocked(make_optimizer, *clocks["raw"])(raw_model.parameters())
+
+    def raw_epoch(epoch: int) -> None:
+        raw_sampler.set_epoch(epoch)
+        for x, y in raw_loader:
+            loss = F.cross_entropy(raw_model(x), y)
+            raw_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            raw_opt.step()
+
+    model = make_model()
+    opt = clocked(make_optimizer, *clocks["pieces"])(model.parameters())
+    sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=0)
+    loader = DataLoader(data, BATCH, sampler=sampler, generator=torch.Generator())
+    stop = hp.StopAgreement(ctx)
+
+    def pieces_epoch(epoch: int) -> None:
+        sampler.set_epoch(epoch)
+        sampler.set_start(0)
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            hp.average_gradients(model, ctx.world_size)
+            opt.step()
+            if stop.should_stop():
+                raise SystemExit("loop_overhead: a stop signal during the benchmark")
+
+    class Interleaved(Trainer):
+        def _end_epoch(self) -> None:
+            epoch = self.epoch
+            super()._end_epoch()
+            for run in (raw_epoch, pieces_epoch) if epoch % 2 else (pieces_epoch, raw_epoch):
+                run(epoch)
+
+    cfg = TrainConfig(epochs=args.epochs, seed=0, ckpt_dir=args.ckpt_dir)
+    shuffled = DataLoader(data, batch_size=BATCH, shuffle=True)
+    trainer = Interleaved(
+        make_model(), clocked(make_optimizer, *clocks["harness"]), shuffled, ctx, cfg
+    )
+    stop.install()  # the Trainer's own agreement takes the signals while it trains
+    trainer.train()
+    stop.uninstall()
+    if ctx.is_main:
+        per_epoch = {c: epoch_rates(*clocks[c], args.epochs) for c in CONFIGS}
+        Path(args.result).write_text(json.dumps(per_epoch))
+    hp.cleanup()
+
+
+def epoch_rates(wall: list[float], cpu: list[float], epochs: int) -> list[tuple[float, float]]:
+    """(steps/s, CPU ms per step) of each epoch, from its first optimizer step to its last."""
+    n = len(wall) // epochs
+    out = []
+    for e in range(epochs):
+        w, c = wall[e * n : (e + 1) * n], cpu[e * n : (e + 1) * n]
+        out.append(((n - 1) / (w[-1] - w[0]), 1000 * (c[-1] - c[0]) / (n - 1)))
+    return out
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -127,6 +217,43 @@ def run_once(config: str, args: argparse.Namespace, workdir: Path) -> tuple[floa
     steady = result["steps"][k - 1 :]
     cpu = result["cpu"][k - 1 :]
     return (len(steady) - 1) / (steady[-1] - steady[0]), 1000 * (cpu[-1] - cpu[0]) / (len(cpu) - 1)
+
+
+def run_interleaved(args: argparse.Namespace, workdir: Path) -> dict[str, list[list[float]]]:
+    """One launch of the interleaved worker: per config, (steps/s, CPU ms per step) of each
+    round after the warm-up."""
+    sized = copy.copy(args)
+    sized.epochs = args.rounds + 1
+    worker = [str(Path(__file__).resolve()), "--worker", "interleaved"]
+    result = tb.launch("interleaved", worker, sized, workdir).result
+    return {c: rounds[1:] for c, rounds in result.items()}
+
+
+def render_interleaved(per_round: dict[str, list[list[float]]]) -> str:
+    """Section 7's second part: the loops epoch by epoch in the same two processes."""
+    rounds = len(per_round["raw"])
+    out = [
+        f"\n**Epoch by epoch in the same two processes** (`--worker interleaved`: the Trainer's "
+        f"`train()` runs {rounds} epochs after a warm-up one, and after each of them one raw and "
+        "one pieces epoch run, in alternating order; a round's three epochs run seconds apart "
+        "on the same processes and cores. Per epoch, first to last optimizer step; ratio = "
+        "median of the per-round ratios)\n\n"
+    ]
+    wall = [Series(c, c, [r[0] for r in per_round[c]]) for c in CONFIGS]
+    cpu = [Series(c, c, [r[1] for r in per_round[c]]) for c in CONFIGS]
+    out.append(md_table(wall, "raw", "steps/s"))
+    out.append("\n")
+    out.append(md_table(cpu, "raw", "ms"))
+    out.append("\n")
+    for name in ("harness", "pieces"):
+        ratio = statistics.median(paired_ratios(wall[CONFIGS.index(name)], wall[0]))
+        speed = statistics.median(paired_ratios(cpu[0], cpu[CONFIGS.index(name)]))
+        out.append(
+            f"- `{name}`, epoch by epoch: {ratio:.3f}x raw in steps/s, {speed:.3f}x raw in CPU "
+            f"time per step (paired medians over {rounds} rounds; target {TARGET}x): "
+            f"{'meets' if min(ratio, speed) >= TARGET else 'below'}\n"
+        )
+    return "".join(out)
 
 
 def render(series: list[Series], cpu: list[Series], meta: dict[str, object]) -> str:
@@ -176,18 +303,30 @@ def driver(args: argparse.Namespace) -> int:
             if rep >= 0:
                 values[c].append(r)
                 cpu_ms[c].append(ms)
+        if set(configs) == set(CONFIGS):
+            per_round = run_interleaved(args, Path(tmp))
     text = render(
         [Series(c, display_command(c), values[c]) for c in configs],
         [Series(c, display_command(c), cpu_ms[c]) for c in configs],
         tb.run_meta(args, load_before),
     )
+    if set(configs) == set(CONFIGS):
+        text += render_interleaved(per_round)
     tb.write_section(text, args.out)
     return 0
 
 
 def main() -> int:
-    args = tb.driver_args(__doc__, CONFIGS, ("harness", "pieces"), reps=9, epochs=12).parse_args()
-    if args.worker == "harness":
+    parser = tb.driver_args(
+        __doc__, CONFIGS, ("harness", "pieces", "interleaved"), reps=9, epochs=12
+    )
+    parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds (default 31)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 3
+    if args.worker == "interleaved":
+        worker_interleaved(args)
+    elif args.worker == "harness":
         worker_harness(args)
     elif args.worker == "pieces":
         worker_pieces(args)
