@@ -179,11 +179,13 @@ setup() {
   refuse "--signal-lead (3600 s) must be shorter than --time (60 = 3600 s)" -- -C "$ONE_LINE" -t 60 --signal-lead 3600
 }
 
-@test "signal lead: less than a minute before the wall time, where SLURM's 30 s checks can send it before the job starts" {
+@test "signal lead: less than a minute before the wall time is refused (SLURM's 30 s checks can send it before the job starts); --no-signal takes any --time" {
   refuse "--signal-lead (50 s) must leave at least 60 s of --time (1 = 60 s): SLURM may send it up to 30 s early, before the job has started" -- -C "$ONE_LINE" -t 1 --signal-lead 50
   refuse "--signal-lead (31 s) must leave at least 60 s of --time (1:30 = 90 s)" -- -C "$ONE_LINE" -t 1:30 --signal-lead 31
   dry -C "$ONE_LINE" -t 1:30 --signal-lead 30
   assert_output --partial '#SBATCH --signal=B:USR1@30'
+  dry -C "$ONE_LINE" -t 1 --no-signal
+  refute_output --partial '#SBATCH --signal'
 }
 
 @test "signal lead: zero" {
