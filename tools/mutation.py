@@ -15,6 +15,10 @@ starts a process (``subprocess``, ``multiprocessing``: torchrun, spawned gloo ra
 the moment it tries (``mutation_plugin.py``). mutmut only sees which tests reach which function
 in its own process, so those tests would cost minutes and kill almost nothing.
 
+mutmut keeps only each mutant's exit code; the plugin also appends the failing test of every
+killed mutant to ``.mutation/mutants/mutmut-kills.tsv`` (mutant, test, phase, last line of the
+error), so a kill can be traced to the test that made it.
+
 Survivors that cannot change behaviour are listed in ``tests/mutation/equivalent.txt``, one a
 line: ``<function>`` TAB ``<mutated line>`` TAB ``<reason>``, where ``<function>`` is the mutant
 name without its number (``hpc_harness.pieces.x_save_checkpoint``) and ``<mutated line>`` the

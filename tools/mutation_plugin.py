@@ -1,4 +1,5 @@
-"""pytest plugin for the mutation run (tools/mutation.py): skip a test when it starts a process.
+"""pytest plugin for the mutation run (tools/mutation.py): skip a test when it starts a process,
+and record which test killed each mutant.
 
 mutmut records which tests reach which function in its own process only, and runs a mutant
 against those tests; a test that launches torchrun, a subprocess or spawned gloo ranks costs
@@ -70,3 +71,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     except (OSError, ValueError):
         return
     items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
+KILLS_FILE = "mutmut-kills.tsv"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Which test killed a mutant: one line per failing test, ``mutant<TAB>test<TAB>phase<TAB>
+    last line of the error``, appended to ``mutmut-kills.tsv`` beside mutmut's statistics (two
+    mutant runs append at once: one short write each). mutmut keeps only the exit code, and a
+    kill that a test's own flakiness caused is otherwise impossible to tell from a real one."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if not report.failed or mutant in ("", "fail", "stats", "list_all_tests"):
+        return
+    error = (str(report.longrepr).strip().splitlines() or [""])[-1].replace("\t", " ")[:300]
+    with open(KILLS_FILE, "a") as f:
+        f.write(f"{mutant}\t{report.nodeid}\t{report.when}\t{error}\n")

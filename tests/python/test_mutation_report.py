@@ -92,3 +92,30 @@ def test_every_mutant_not_retested_is_carried_as_killed(tmp_path):
     tool.carry_verdicts(tmp_path, "MUTATION.md", counts, {})
     meta = json.loads((folder / f"{tool.CORE[0]}.meta").read_text())
     assert meta == {"exit_code_by_key": {"m0__mutmut_1": 1}, "durations_by_key": {}}
+
+
+class _Report:
+    """What mutation_plugin.pytest_runtest_logreport reads of a pytest TestReport."""
+
+    def __init__(self, failed: bool, longrepr: str = "E   assert 1 == 2\nt.py:3: AssertionError"):
+        self.failed, self.longrepr = failed, longrepr
+        self.nodeid, self.when = "tests/python/test_x.py::test_y", "call"
+
+
+def test_the_plugin_records_which_test_killed_which_mutant(tmp_path, monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("plugin_under_test", TOOLS / "mutation_plugin.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "hpc_harness.precision.x__fp16_works__mutmut_18")
+    plugin.pytest_runtest_logreport(_Report(False))  # a test that passed: no line
+    assert not (tmp_path / plugin.KILLS_FILE).exists()
+    plugin.pytest_runtest_logreport(_Report(True, "E   assert x\nt.py:3:\tAssertionError"))
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "fail")  # mutmut's forced-fail check: not a kill
+    plugin.pytest_runtest_logreport(_Report(True))
+    monkeypatch.delenv("MUTANT_UNDER_TEST")  # not under mutmut at all
+    plugin.pytest_runtest_logreport(_Report(True))
+    assert (tmp_path / plugin.KILLS_FILE).read_text() == (
+        "hpc_harness.precision.x__fp16_works__mutmut_18\ttests/python/test_x.py::test_y\tcall\t"
+        "t.py:3: AssertionError\n"
+    )
