@@ -323,7 +323,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds (default 31)")
     args = parser.parse_args()
     if args.smoke:
-        args.rounds = 3
+        args.rounds = 1
     if args.worker == "interleaved":
         worker_interleaved(args)
     elif args.worker == "harness":

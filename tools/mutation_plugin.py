@@ -73,7 +73,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
 
 
-KILLS_FILE = "mutmut-kills.tsv"
+# Where mutmut runs the tests (<scratch copy>/mutants/), fixed at import: a test may chdir.
+KILLS_FILE = os.path.abspath("mutmut-kills.tsv")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

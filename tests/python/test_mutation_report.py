@@ -105,17 +105,19 @@ class _Report:
 def test_the_plugin_records_which_test_killed_which_mutant(tmp_path, monkeypatch) -> None:
     spec = importlib.util.spec_from_file_location("plugin_under_test", TOOLS / "mutation_plugin.py")
     plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     monkeypatch.chdir(tmp_path)
+    spec.loader.exec_module(plugin)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a test's own chdir: the file stays put
     monkeypatch.setenv("MUTANT_UNDER_TEST", "hpc_harness.precision.x__fp16_works__mutmut_18")
     plugin.pytest_runtest_logreport(_Report(False))  # a test that passed: no line
-    assert not (tmp_path / plugin.KILLS_FILE).exists()
+    assert not (tmp_path / "mutmut-kills.tsv").exists()
     plugin.pytest_runtest_logreport(_Report(True, "E   assert x\nt.py:3:\tAssertionError"))
     monkeypatch.setenv("MUTANT_UNDER_TEST", "fail")  # mutmut's forced-fail check: not a kill
     plugin.pytest_runtest_logreport(_Report(True))
     monkeypatch.delenv("MUTANT_UNDER_TEST")  # not under mutmut at all
     plugin.pytest_runtest_logreport(_Report(True))
-    assert (tmp_path / plugin.KILLS_FILE).read_text() == (
+    assert (tmp_path / "mutmut-kills.tsv").read_text() == (
         "hpc_harness.precision.x__fp16_works__mutmut_18\ttests/python/test_x.py::test_y\tcall\t"
         "t.py:3: AssertionError\n"
     )
