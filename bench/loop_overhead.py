@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import sys
@@ -120,7 +121,15 @@ def worker_interleaved(args: argparse.Namespace) -> None:
     order), so a round's three epochs are seconds apart on the same processes and cores."""
     import torch
     import torch.nn.functional as F
-    from raw_ddp import BATCH, SEED, clocked, make_dataset, make_model, make_optimizer
+    from raw_ddp import (
+        BATCH,
+        SEED,
+        clocked,
+        make_dataset,
+        make_model,
+        make_optimizer,
+        train_epoch,
+    )
     from torch import nn
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
@@ -136,14 +145,7 @@ def worker_interleaved(args: argparse.Namespace) -> None:
     raw_sampler = DistributedSampler(data, shuffle=True, seed=SEED)
     raw_loader = DataLoader(data, batch_size=BATCH, sampler=raw_sampler)
     raw_opt = clocked(make_optimizer, *clocks["raw"])(raw_model.parameters())
-
-    def raw_epoch(epoch: int) -> None:
-        raw_sampler.set_epoch(epoch)
-        for x, y in raw_loader:
-            loss = F.cross_entropy(raw_model(x), y)
-            raw_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            raw_opt.step()
+    raw_epoch = functools.partial(train_epoch, raw_model, raw_loader, raw_opt)  # raw_ddp.py's
 
     model = make_model()
     opt = clocked(make_optimizer, *clocks["pieces"])(model.parameters())

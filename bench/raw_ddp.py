@@ -80,6 +80,17 @@ def write_result(path: str | None, steps: list[float], steps_per_epoch: int, **e
     os.replace(tmp, path)
 
 
+def train_epoch(model: nn.Module, loader: DataLoader, optimizer, epoch: int) -> None:  # noqa: ANN001
+    """One epoch of the anchor loop (its DistributedSampler set to ``epoch``): forward, loss,
+    backward, step; nothing else."""
+    loader.sampler.set_epoch(epoch)
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
 def main() -> None:
     args = worker_args("Plain DDP loop (the anchor).").parse_args()
     dist.init_process_group("gloo")
@@ -92,12 +103,7 @@ def main() -> None:
     cpu: list[float] = []
     optimizer = clocked(make_optimizer, clock, cpu)(model.parameters())
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+        train_epoch(model, loader, optimizer, epoch)
     if rank == 0:
         write_result(args.result, clock, len(loader), cpu=cpu)
     dist.destroy_process_group()
