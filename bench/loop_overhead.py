@@ -73,9 +73,25 @@ def worker_harness(args: argparse.Namespace) -> None:
     hdist.cleanup()
 
 
+def pieces_step(world_size: int):  # noqa: ANN201
+    """The user's step of the pieces loop (``hpc_harness/pieces.py``'s docstring): forward,
+    loss, backward, ``average_gradients``, optimizer step. Both pieces workers call it."""
+    import torch.nn.functional as F
+
+    from hpc_harness import pieces as hp
+
+    def step(model, opt, x, y) -> None:  # noqa: ANN001
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        hp.average_gradients(model, world_size)
+        opt.step()
+
+    return step
+
+
 def worker_pieces(args: argparse.Namespace) -> None:
     import torch
-    import torch.nn.functional as F
     from raw_ddp import BATCH, clocked, make_dataset, make_model, make_optimizer, write_result
     from torch.utils.data import DataLoader
 
@@ -93,16 +109,13 @@ def worker_pieces(args: argparse.Namespace) -> None:
     step = state["global_step"] if state else 0
     steps_per_epoch = len(loader)
     stop = hp.StopAgreement(ctx).install()
+    train_step = pieces_step(ctx.world_size)
     while step < args.epochs * steps_per_epoch:
         epoch, start = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch)
         sampler.set_start(start * BATCH)
         for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            hp.average_gradients(model, ctx.world_size)
-            opt.step()
+            train_step(model, opt, x, y)
             step += 1
             if stop.should_stop():
                 path = hp.save_checkpoint(args.ckpt_dir, {"model": model.state_dict()}, step)
@@ -120,7 +133,6 @@ def worker_interleaved(args: argparse.Namespace) -> None:
     pieces epochs run between two of its epochs (from its ``_end_epoch``, in alternating
     order), so a round's three epochs are seconds apart on the same processes and cores."""
     import torch
-    import torch.nn.functional as F
     from raw_ddp import (
         BATCH,
         SEED,
@@ -152,16 +164,13 @@ def worker_interleaved(args: argparse.Namespace) -> None:
     sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(data, BATCH, sampler=sampler, generator=torch.Generator())
     stop = hp.StopAgreement(ctx)
+    train_step = pieces_step(ctx.world_size)
 
     def pieces_epoch(epoch: int) -> None:
         sampler.set_epoch(epoch)
         sampler.set_start(0)
         for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            hp.average_gradients(model, ctx.world_size)
-            opt.step()
+            train_step(model, opt, x, y)
             if stop.should_stop():
                 raise SystemExit("loop_overhead: a stop signal during the benchmark")
 
@@ -305,14 +314,13 @@ def driver(args: argparse.Namespace) -> int:
             if rep >= 0:
                 values[c].append(r)
                 cpu_ms[c].append(ms)
-        if set(configs) == set(CONFIGS):
-            per_round = run_interleaved(args, Path(tmp))
+        per_round = run_interleaved(args, Path(tmp)) if set(configs) == set(CONFIGS) else None
     text = render(
         [Series(c, display_command(c), values[c]) for c in configs],
         [Series(c, display_command(c), cpu_ms[c]) for c in configs],
         tb.run_meta(args, load_before),
     )
-    if set(configs) == set(CONFIGS):
+    if per_round is not None:
         text += render_interleaved(per_round)
     tb.write_section(text, args.out)
     return 0
