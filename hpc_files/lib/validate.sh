@@ -120,14 +120,16 @@ validate_settings() {
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
-  [[ -n "${opt_no_signal:-}" ]] || ((lead < seconds)) ||
-    usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
-  # slurmctld sends the signal at its time-limit check (every 30 s) once the
-  # time left is under lead + 30 s: with less than a minute between the two,
-  # that can be the first check, before the batch step has started, and the
-  # signal is lost (seen on the local cluster: a 1 min job with a 50 s lead).
-  [[ -n "${opt_no_signal:-}" ]] || ((seconds - lead >= 60)) ||
-    usage_error "--signal-lead ($lead s) must leave at least 60 s of --time ($opt_time = $seconds s): SLURM may send it up to 30 s early, before the job has started"
+  if [[ -z "${opt_no_signal:-}" ]]; then
+    ((lead < seconds)) ||
+      usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
+    # slurmctld sends the signal at its time-limit check (every 30 s) once the
+    # time left is under lead + 30 s: with less than a minute between the two,
+    # that can be the first check, before the batch step has started, and the
+    # signal is lost (seen on the local cluster: a 1 min job with a 50 s lead).
+    ((seconds - lead >= 60)) ||
+      usage_error "--signal-lead ($lead s) must leave at least 60 s of --time ($opt_time = $seconds s): SLURM may send it up to 30 s early, before the job has started"
+  fi
   require_uint --max-requeues "$opt_max_requeues" 0 1000
 
   validate_gpu_type
