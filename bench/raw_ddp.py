@@ -30,6 +30,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from torchrun_bench import worker_args  # noqa: E402
 
+from hpc_harness.dist import GIL_YIELD_S  # noqa: E402
+
 BATCH = 64
 LR = 0.01
 SEED = 0
@@ -106,6 +108,9 @@ def main() -> None:
         train_epoch(model, loader, optimizer, epoch)
     if rank == 0:
         write_result(args.result, clock, len(loader), cpu=cpu)
+    # As hpc_harness.dist.cleanup (see GIL_YIELD_S): let gloo's threads free the last
+    # all-reduce before the interpreter exits, or the process may abort after a finished run.
+    time.sleep(GIL_YIELD_S)
     dist.destroy_process_group()
 
 

@@ -72,6 +72,9 @@ version_of() {
   "$BENCH_PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null || echo "not installed"
 }
 
+# A failed torchrun launch prints its workers' log (up to 4000 characters) and then the
+# driver's traceback: keep enough lines that the workers' own error is among them.
+FAILED_LOG_LINES=200
 fragments=$(mktemp -d "${TMPDIR:-/tmp}/bench-run-all.XXXXXX")
 trap 'rm -rf -- "${fragments:?}"' EXIT
 failed=()
@@ -92,11 +95,11 @@ for name in "${BENCHES[@]}"; do
     failed+=("$name")
     {
       printf '## %s: FAILED (exit %s)\n\n```\n' "$name" "$status"
-      tail -n 30 "$fragments/$name.log"
+      tail -n "$FAILED_LOG_LINES" "$fragments/$name.log"
       printf '```\n'
     } >"$fragments/$name.md"
-    bench_note "$name FAILED (exit $status); last lines:"
-    tail -n 15 "$fragments/$name.log" >&2
+    bench_note "$name FAILED (exit $status); last $FAILED_LOG_LINES lines of its log:"
+    tail -n "$FAILED_LOG_LINES" "$fragments/$name.log" >&2
   fi
 done
 load_end=$(loadavg)

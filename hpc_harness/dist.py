@@ -38,6 +38,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +46,11 @@ from typing import Any
 from hpc_harness import MIN_TORCH
 
 DEFAULT_TIMEOUT_S = 600
+# cleanup() releases the GIL this long before destroying the group: gloo's worker threads
+# outlive destroy_process_group and free the work of the last DDP all-reduce only once they
+# hold the GIL; if the interpreter is already finalizing by then, the process aborts
+# ("terminate called without an active exception", SIGABRT) after a finished run.
+GIL_YIELD_S = 0.1
 
 
 class LaunchError(RuntimeError):
@@ -252,8 +258,9 @@ def barrier() -> None:
 
 
 def cleanup() -> None:
-    """Leave the process group (if any)."""
+    """Leave the process group (if any), first letting gloo's threads finish (GIL_YIELD_S)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        time.sleep(GIL_YIELD_S)
         dist.destroy_process_group()
