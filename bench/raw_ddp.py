@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from torchrun_bench import worker_args  # noqa: E402
 
-from hpc_harness.dist import GIL_YIELD_S  # noqa: E402
+from hpc_harness.dist import cleanup  # noqa: E402
 
 BATCH = 64
 LR = 0.01
@@ -108,10 +108,9 @@ def main() -> None:
         train_epoch(model, loader, optimizer, epoch)
     if rank == 0:
         write_result(args.result, clock, len(loader), cpu=cpu)
-    # As hpc_harness.dist.cleanup (see GIL_YIELD_S): let gloo's threads free the last
-    # all-reduce before the interpreter exits, or the process may abort after a finished run.
-    time.sleep(GIL_YIELD_S)
-    dist.destroy_process_group()
+    # not destroy_process_group() alone: cleanup() first lets gloo's threads free the last
+    # all-reduce, or the process may abort at exit after a finished run (dist.GIL_YIELD_S)
+    cleanup()
 
 
 if __name__ == "__main__":
