@@ -55,6 +55,13 @@ ruff: deps
 	@$(VENV)/bin/ruff check hpc_harness hpc_search hpc_files tests bench
 	@$(VENV)/bin/ruff format --check hpc_harness hpc_search hpc_files tests bench
 
+# $(call beside,BACKGROUND,FOREGROUND): both commands at once; BACKGROUND's
+# output is kept and printed when both have ended; fails if either failed.
+beside = log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+  $(1) >"$$log" 2>&1 & background=$$!; \
+  rc=0; $(2) || rc=$$?; \
+  wait "$$background" || rc=$$?; cat "$$log"; exit "$$rc"
+
 # Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
 bats-unit: deps
 	@bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
@@ -68,10 +75,7 @@ bats-unit-bash42: deps
 # (saves about 2 minutes of make test on 2 cores); the 4.2 run's output is
 # printed when both have ended.
 bats-unit-both: deps
-	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
-	  $(MAKE) --no-print-directory bats-unit-bash42 >"$$log" 2>&1 & bash42=$$!; \
-	  rc=0; $(MAKE) --no-print-directory bats-unit || rc=$$?; \
-	  wait "$$bash42" || rc=$$?; cat "$$log"; exit "$$rc"
+	@$(call beside,$(MAKE) --no-print-directory bats-unit-bash42,$(MAKE) --no-print-directory bats-unit)
 
 # Integration tests submit real jobs to the local cluster.
 INTEGRATION := bats -r tests/bats/integration tests/bats/reliability/security.bats tests/bats/reliability/hostile_inputs.bats
@@ -88,10 +92,7 @@ pytest: cluster-up
 # torchrun --standalone takes an ephemeral port); saves about 5 minutes of make
 # test. pytest's output is printed when both have ended.
 integration-and-pytest: cluster-up
-	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
-	  $(PYTEST) >"$$log" 2>&1 & tests=$$!; \
-	  rc=0; $(INTEGRATION) || rc=$$?; \
-	  wait "$$tests" || rc=$$?; echo "pytest:"; cat "$$log"; exit "$$rc"
+	@$(call beside,{ echo "pytest:"; $(PYTEST); },$(INTEGRATION))
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint bats-unit-both integration-and-pytest bench-smoke
