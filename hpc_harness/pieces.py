@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 from hpc_harness import checkpoint as ckpt
 from hpc_harness.data import ResumableSampler
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
 from hpc_harness.strategy import average_gradients
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "DistContext",
     "ResumableSampler",
     "StopAgreement",
+    "announce_requeue",
     "average_gradients",
     "barrier",
     "cleanup",
@@ -169,11 +170,19 @@ def load_checkpoint(
     return {**state, "path": path, "rng": mine}
 
 
-def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:
+def announce_requeue(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> None:
     """After a complete checkpoint at a signal: rank 0 writes the requeue marker
-    (``$HPC_REQUEUE_MARKER``), every rank leaves the process group together and exits 42."""
+    (``$HPC_REQUEUE_MARKER``) and says so; every rank returns once it is written. torchrun's
+    agent takes a worker's exit 42 for a failure and stops the others (SIGTERM): a rank that
+    left sooner could stop rank 0 before the marker exists, and the job would not be requeued.
+    Collective."""
     if _rank() == 0:
-        announce_requeue(step, epoch, checkpoint, stop.signal_name)
+        write_requeue_marker(step, epoch, checkpoint, stop.signal_name)
     barrier()
+
+
+def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:
+    """:func:`announce_requeue`, then every rank leaves the process group and exits 42."""
+    announce_requeue(step, epoch, checkpoint, stop)
     cleanup()
     sys.exit(REQUEUE_EXIT_CODE)

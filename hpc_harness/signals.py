@@ -137,8 +137,10 @@ class StopAgreement:
             self._unread = True
 
 
-def announce_requeue(step: int, epoch: int, checkpoint: str, signal_name: str = "") -> str | None:
-    """Rank 0, once the checkpoint is complete on every rank: the requeue marker named by
+def write_requeue_marker(
+    step: int, epoch: int, checkpoint: str, signal_name: str = ""
+) -> str | None:
+    """Rank 0's part of ``pieces.announce_requeue``: the requeue marker named by
     ``$HPC_REQUEUE_MARKER`` (when set; its path is returned) and the log line."""
     marker = os.environ.get(MARKER_ENV) or None
     if marker:

@@ -236,9 +236,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if ctx.is_main and status != "requeue" and trainer.metrics:
             dist.say(f"hpc_harness: final test accuracy {trainer.metrics['test_acc']:.4f}")
-        # Leave together: a rank tearing down gloo while a peer still talks to it makes the
-        # peer abort (SIGABRT) at exit.
-        dist.barrier()
         return exit_code(status)
     finally:
         dist.cleanup()

@@ -94,7 +94,7 @@ from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import make_precision
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, announce_requeue
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
 from hpc_harness.strategy import Strategy, average_gradients
 
 
@@ -539,9 +539,9 @@ class Trainer:
         return status
 
     def _requeue(self) -> str:
-        """Signal path: save, barrier, rank 0 writes the marker; caller exits 42."""
+        """Signal path: save, rank 0 writes the marker, every rank returns once it exists (the
+        caller exits 42)."""
         path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
         self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
-        if self.is_main:
-            announce_requeue(self.global_step, self.epoch, path, self.agreement.signal_name)
+        pieces.announce_requeue(self.global_step, self.epoch, path, self.agreement)
         return "requeue"

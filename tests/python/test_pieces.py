@@ -111,6 +111,22 @@ def test_requeue_exit_writes_the_marker_and_exits_42(tmp_path, monkeypatch) -> N
     }
 
 
+def test_announce_requeue_returns_only_once_rank_0_has_written_the_marker(
+    tmp_path, monkeypatch
+) -> None:
+    # every rank waits at a barrier that rank 0 reaches after writing the marker: torchrun
+    # stops the other workers when one exits 42, and a marker not yet written is no requeue
+    marker = tmp_path / "requeue.json"
+    monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
+    at_barrier: list[bool] = []
+    monkeypatch.setattr(hp, "barrier", lambda: at_barrier.append(marker.exists()))
+    assert hp.announce_requeue(7, 1, "/ck/a.pt", hp.StopAgreement()) is None
+    assert at_barrier == [True]
+    with pytest.raises(SystemExit):
+        hp.requeue_exit(8, 1, "/ck/b.pt", hp.StopAgreement())
+    assert at_barrier == [True, True] and json.loads(marker.read_text())["step"] == 8
+
+
 def test_requeue_exit_says_what_it_did_in_one_line(tmp_path, monkeypatch, capsys) -> None:
     marker = tmp_path / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
@@ -136,11 +152,11 @@ def test_requeue_exit_without_a_signal_or_a_marker(monkeypatch, capsys) -> None:
 
 
 def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch) -> None:
-    from hpc_harness.signals import announce_requeue
+    from hpc_harness.signals import write_requeue_marker
 
     marker = tmp_path / "m.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    assert announce_requeue(3, 1, "/x.pt") == str(marker)
+    assert write_requeue_marker(3, 1, "/x.pt") == str(marker)
     assert json.loads(marker.read_text())["signal"] == ""
 
 

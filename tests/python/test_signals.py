@@ -15,8 +15,8 @@ from hpc_harness import signals
 from hpc_harness.signals import (
     REQUEUE_EXIT_CODE,
     StopAgreement,
-    announce_requeue,
     exit_code,
+    write_requeue_marker,
 )
 from hpc_harness.testing import TestingHooks, TestingTrainer
 from hpc_harness.trainer import TrainConfig, Trainer
@@ -40,10 +40,10 @@ def test_handler_only_sets_a_flag() -> None:
 
 
 def test_marker_is_written_only_when_asked(tmp_path, monkeypatch) -> None:
-    assert announce_requeue(3, 1, "/x.pt") is None
+    assert write_requeue_marker(3, 1, "/x.pt") is None
     marker = tmp_path / "m" / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    assert announce_requeue(3, 1, "/x.pt", "SIGTERM") == str(marker)
+    assert write_requeue_marker(3, 1, "/x.pt", "SIGTERM") == str(marker)
     text = marker.read_text()
     assert text.count("\n") == 1
     assert json.loads(text) == {"step": 3, "epoch": 1, "checkpoint": "/x.pt", "signal": "SIGTERM"}
@@ -55,7 +55,7 @@ def test_the_requeue_line_is_in_the_job_log_before_the_ranks_meet(monkeypatch) -
     # that hangs, SLURM's KillWait) must still show why it stopped.
     monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
     log = job_log(monkeypatch, signals)
-    announce_requeue(5, 0, "/ck/a.pt", "SIGUSR1")
+    write_requeue_marker(5, 0, "/ck/a.pt", "SIGUSR1")
     assert log.shown == (
         "hpc_harness: SIGUSR1 received: checkpointed at global step 5 to /ck/a.pt; "
         "exiting 42 (requeue me)\n"
@@ -70,7 +70,7 @@ def test_a_marker_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch) ->
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
-        announce_requeue(3, 1, "/x.pt")
+        write_requeue_marker(3, 1, "/x.pt")
     assert os.listdir(tmp_path) == []
 
 

@@ -8,9 +8,11 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 
 import torch
+from conftest import gloo_context, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -115,3 +117,36 @@ def test_a_signal_at_an_epochs_last_step_requeues_and_the_resume_reads_only_the_
     resumed = make_trainer(ck, data)
     assert resumed.train() == "finished" and resumed.global_step == 16
     assert data.reads == 16  # epoch 0 was complete: none of its batches is read again
+
+
+def _requeue_with_a_slow_marker(rank: int, world_size: int, ck: str, marker: str):
+    """Both ranks signalled at step 3; rank 0's marker takes a second to write (a slow shared
+    file system). Returns the status and whether the marker existed when train() returned."""
+    from hpc_harness import signals
+
+    os.environ["HPC_REQUEUE_MARKER"] = marker
+    if rank == 0:
+        write = signals.atomic_write
+        signals.atomic_write = lambda *args: (time.sleep(1.0), write(*args))[1]
+    cfg = TrainConfig(epochs=2, ckpt_dir=ck, log_every=0, checkpoint_every_s=0)
+    cfg.signal_check_every = 1  # the flag is read at the step it was raised in
+    torch.manual_seed(0)
+    trainer = SignalAtStep(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(CountingData(), batch_size=2, shuffle=True),
+        gloo_context(rank, world_size),
+        cfg,
+    )
+    trainer.signal_at = 3
+    status = trainer.train()
+    return status, os.path.exists(marker)
+
+
+def test_no_rank_returns_from_a_requeue_before_rank_0_has_written_the_marker(tmp_path) -> None:
+    # torchrun's agent takes a worker's exit 42 for a failure and stops the other workers
+    # (SIGTERM): a rank that returned (and exited 42) before rank 0 wrote the marker would cost
+    # the job its requeue. Rank 1 returned at once here before the fix.
+    marker = str(tmp_path / "requeue.json")
+    results = spawn_gloo(_requeue_with_a_slow_marker, 2, str(tmp_path / "ck"), marker)
+    assert results == [("requeue", True), ("requeue", True)]
