@@ -107,10 +107,8 @@ class StopAgreement:
         self._check_time, self._steps = now, 0
         proposal = self.check_every or int(min(max(self.check_s / max(per_step, 1e-9), 1), 1000))
         every = self.checkpoint_every_s
-        local = (
-            self.signum is not None,
-            self.is_main and every > 0 and time.monotonic() - self._saved_time >= every,
-        )
+        elapsed = time.monotonic() - self._saved_time
+        local = (self.signum is not None, self.is_main and every > 0 and elapsed >= every)
         if not (self.world_size > 1 and dist.is_initialized()):
             self._interval = proposal
             stop, due = local
@@ -122,7 +120,9 @@ class StopAgreement:
                 flags = self._flags.tolist()
                 stop, due, self._interval = flags[0] > 0, flags[1] > 0, max(int(-flags[2]), 1)
             if not stop:
-                self._flags.copy_(self._flags.new_tensor([*map(float, local), -proposal]))
+                # a due agreed now is saved at this step: proposing it again would save twice
+                flags = [float(local[0]), float(local[1] and not due), -proposal]
+                self._flags.copy_(self._flags.new_tensor(flags))
                 self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
         self.checkpoint_due = self.checkpoint_due or due
         return stop

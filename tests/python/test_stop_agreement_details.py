@@ -224,3 +224,23 @@ def test_a_drained_reduction_is_read_once_at_the_next_check(group: OtherRank) ->
     assert [stop.should_stop() for _ in range(2)] == [False, False]  # read; a new one started
     assert (len(group.ops), group.waits) == (2, 1)
     assert [stop.should_stop() for _ in range(2)] == [False, True]
+
+
+def test_with_a_group_a_timed_checkpoint_is_saved_once_per_interval(
+    group: OtherRank, clock: FakeClock
+) -> None:
+    """The check that reads an agreed "due" must not propose it again: the save follows at
+    this step (and saved() restarts the interval), so a second reduction carrying the same due
+    would make every rank save again one check later (it did: every timed checkpoint of a
+    multi-rank run was written twice, five steps apart here)."""
+    stop = StopAgreement(_ctx(world_size=2), check_every=5, checkpoint_every_s=1.0)
+    saves = []
+    for step in range(1, 401):
+        clock.perf += 0.01
+        clock.mono += 0.01  # a 10 ms step
+        assert not stop.should_stop()
+        if stop.checkpoint_due:  # what the Trainer does: drain, save, saved()
+            stop.drain()
+            saves.append(step)
+            stop.saved()
+    assert saves == [105, 210, 315]
