@@ -127,6 +127,19 @@ class StopAgreement:
         self.checkpoint_due = self.checkpoint_due or due
         return stop
 
+    def stop_now(self) -> bool:
+        """True on every rank when a signal reached any of them, asked at once (one blocking
+        all-reduce after :meth:`drain`): for the points after which training goes a long way
+        before its next check, an epoch's evaluation. Collective."""
+        import torch.distributed as dist
+
+        if not (self.world_size > 1 and dist.is_initialized()):
+            return self.signum is not None
+        self.drain()
+        flag = self._flags.new_tensor([float(self.signum is not None)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
     def drain(self) -> None:
         """Finish an in-flight reduction (every rank has one at the same point) before other
         collectives wait on it; its result stays for the next check, so a stop is never lost

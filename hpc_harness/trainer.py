@@ -496,6 +496,8 @@ class Trainer:
             while self.epoch < cfg.epochs and status == "finished":
                 status = self._run_epoch(self.epoch)
                 self.agreement.drain()
+                if status == "finished" and self.agreement.stop_now():  # before evaluating
+                    status = "requeue"
                 if status == "requeue":
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch:

@@ -244,3 +244,31 @@ def test_with_a_group_a_timed_checkpoint_is_saved_once_per_interval(
             saves.append(step)
             stop.saved()
     assert saves == [105, 210, 315]
+
+
+def test_stop_now_waits_for_the_reduction_in_flight_then_asks_every_rank_at_once(
+    group: OtherRank, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop_now() (an epoch's end): the reduction in flight first (every rank issues the
+    collectives in the same order), then one blocking MAX all-reduce of the stop flag."""
+    stop = StopAgreement(_ctx(world_size=2), check_every=1)
+    assert stop.should_stop() is False  # one reduction in flight
+    asked: list[Any] = []
+
+    def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, async_op: bool = False):
+        if async_op:
+            return group.all_reduce(tensor, op, async_op)
+        asked.append((op, group.waits, tensor.tolist()))
+        tensor.fill_(1.0)  # rank 1 had a signal
+        return None
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    assert stop.stop_now() is True
+    assert asked == [(dist.ReduceOp.MAX, 1, [0.0])]
+
+
+def test_stop_now_alone_is_this_process_signal() -> None:
+    stop = StopAgreement(_ctx())
+    assert stop.stop_now() is False
+    stop.signum = 10
+    assert stop.stop_now() is True

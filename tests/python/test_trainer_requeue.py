@@ -119,6 +119,38 @@ def test_a_signal_at_an_epochs_last_step_requeues_and_the_resume_reads_only_the_
     assert data.reads == 16  # epoch 0 was complete: none of its batches is read again
 
 
+class CountingEvals(SignalAtStep):
+    evals = 0
+
+    def eval_step(self, batch):
+        self.evals += 1
+        return super().eval_step(batch)
+
+
+def test_a_signal_not_yet_read_at_an_epochs_end_requeues_before_the_evaluation(
+    tmp_path, monkeypatch
+) -> None:
+    # the evaluation (and the epochs after it) may outlast the signal's lead before the wall
+    # time: the epoch's end asks every rank at once instead of waiting for the next check
+    monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
+    data = CountingData()
+    cfg = TrainConfig(epochs=2, ckpt_dir=str(tmp_path), log_every=0, checkpoint_every_s=0)
+    cfg.signal_check_every = 1000  # no check inside these epochs
+    trainer = CountingEvals(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2, shuffle=True),
+        hdist.setup(verbose=False),
+        cfg,
+        eval_data=data,
+    )
+    trainer.signal_at = 5
+    assert trainer.train() == "requeue"
+    assert (trainer.global_step, trainer.evals) == (8, 0)
+    state = torch.load(trainer.last_checkpoint, weights_only=False)
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 8)  # the resume evaluates epoch 0
+
+
 def _requeue_with_a_slow_marker(rank: int, world_size: int, ck: str, marker: str):
     """Both ranks signalled at step 3; rank 0's marker takes a second to write (a slow shared
     file system). Returns the status and whether the marker existed when train() returned."""
