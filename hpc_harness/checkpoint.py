@@ -159,6 +159,22 @@ def _numpy_globals() -> list[Any]:
     return found
 
 
+def check_shards(folder: str) -> None:
+    """Raise ValueError when a file that a sharded checkpoint's ``.metadata`` names is missing
+    or shorter than the data it holds: damaged after the save (which is atomic), found before
+    the checkpoint is chosen rather than in ``dcp.load`` at every requeue."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ends: dict[str, int] = {}
+    for info in FileSystemReader(folder).read_metadata().storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in ends.items():
+        shard = os.path.join(folder, name)
+        size = os.path.getsize(shard) if os.path.isfile(shard) else -1
+        if size < end:
+            raise ValueError(f"damaged: {name} is {size} bytes, its data end at byte {end}")
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint.
     Of a sharded one (a folder) only the small part: ``model`` and ``optimizer`` are None and
@@ -166,6 +182,7 @@ def load_file(path: str) -> dict[str, Any]:
     import torch
 
     if os.path.isdir(path):
+        check_shards(path)
         return {**load_file(os.path.join(path, "meta.pt")), "sharded": path}
 
     # weights_only: tensors and plain python types only, so a file on shared scratch cannot

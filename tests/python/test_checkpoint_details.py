@@ -131,6 +131,35 @@ def test_a_sharded_save_is_one_folder_that_resumes_the_model_and_optimizer(tmp_p
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, capsys) -> None:
+    """load_file reads only meta.pt of a folder; the shards are read later, by Strategy.load.
+    A shard missing or shorter than its data (damaged after the save) is found at the choice,
+    so the resume falls back to the newest complete checkpoint instead of failing in dcp.load
+    at every requeue."""
+    from types import SimpleNamespace
+
+    from hpc_harness.strategy import Strategy
+
+    ctx = SimpleNamespace(world_size=1, local_world_size=1, device=torch.device("cpu"), devices=[])
+    model, opt = _model_and_optimizer(0)
+    msd, osd = Strategy("ddp", ctx).state(model, opt, sharded=True)
+    paths = []
+    for step in (4, 8, 12):
+        paths.append(ckpt.checkpoint_path(str(tmp_path), step, sharded=True))
+        state = {"model": dict(msd), "optimizer": dict(osd), "global_step": step}
+        ckpt.save_sharded(state, paths[-1])
+    shard = os.path.join(paths[2], "__0_0.distcp")
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 1)
+    os.unlink(os.path.join(paths[1], "__0_0.distcp"))
+    for damaged in paths[1:]:
+        with pytest.raises(ValueError, match="damaged"):
+            ckpt.load_file(damaged)
+    state, path = ckpt.load_latest(str(tmp_path))
+    assert path == paths[0] and state["global_step"] == 4
+    assert "skipping unreadable checkpoint " + paths[2] in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- identity
 
 
