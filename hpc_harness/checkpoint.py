@@ -118,16 +118,30 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
         dist.barrier()
 
 
-def prune(ckpt_dir: str, keep_last: int) -> list[str]:
+def _step(path: str) -> int:
+    return int(_NAME_RE.match(os.path.basename(path)).group(1))  # type: ignore[union-attr]
+
+
+def prune(
+    ckpt_dir: str, keep_last: int, saved_step: int | None = None, log: Any = print
+) -> list[str]:
     """Delete all but the newest ``keep_last`` checkpoints (0 or less keeps all), and the
     temporary files of interrupted saves of steps up to the newest complete checkpoint.
 
     Called by the one writer right after a save: a run's saves follow one another, so a
-    temporary file of an earlier (or the same) step belongs to a save that was killed.
+    temporary file of an earlier (or the same) step belongs to a save that was killed. With
+    ``saved_step`` (the step just saved) checkpoints of later steps go too, with a line each:
+    they are not this run's newest (a run started over them with ``resume=False``, or they did
+    not load), and by step they would outrank it: kept, they took the newest places (the save
+    just written was deleted) and a resume would choose them.
     """
     complete = list_checkpoints(ckpt_dir)
-    old = complete[:-keep_last] if keep_last > 0 else []
-    newest = int(_NAME_RE.match(os.path.basename(complete[-1])).group(1)) if complete else -1
+    later = [p for p in complete if saved_step is not None and _step(p) > saved_step]
+    for p in later:
+        log(f"hpc_harness: removing {p}: a later step than this run's newest ({saved_step})")
+    complete = complete[: len(complete) - len(later)]
+    old = later + (complete[:-keep_last] if keep_last > 0 else [])
+    newest = _step(complete[-1]) if complete else -1
     for tmp in stale_temp_files(ckpt_dir):
         m = _TEMP_RE.match(os.path.basename(tmp))
         if m and int(m.group(1)) <= newest:

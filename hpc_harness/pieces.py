@@ -117,7 +117,7 @@ def save_checkpoint(
     elif _rank() == 0:
         write({**(state or {}), "rng": rng}, path)
     if _rank() == 0:
-        ckpt.prune(ckpt_dir, keep_last)
+        ckpt.prune(ckpt_dir, keep_last, step, log=say)
     barrier()
     return path
 

@@ -160,6 +160,24 @@ def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch)
     assert json.loads(marker.read_text())["signal"] == ""
 
 
+def test_a_save_removes_checkpoints_of_later_steps_not_the_one_it_wrote(tmp_path, capsys) -> None:
+    """Later steps than the one just saved are not this run's newest: a run started over them
+    (--no-resume), or one that did not load. Kept, they took the newest keep_last places and
+    the save just written was deleted at once (its path, returned for the requeue marker, did
+    not exist), and a later resume would pick them over this run's checkpoints."""
+    d = str(tmp_path)
+    for step in (12, 16):
+        hp.save_checkpoint(d, _state(step), step, keep_last=2)
+    path = hp.save_checkpoint(d, _state(2), 2, keep_last=2)
+    assert ckpt.list_checkpoints(d) == [path]
+    out = capsys.readouterr().out
+    for step in (12, 16):
+        later = ckpt.checkpoint_path(d, step)
+        assert f"hpc_harness: removing {later}: a later step than this run's newest (2)\n" in out
+    hp.save_checkpoint(d, _state(4), 4, keep_last=2)
+    assert ckpt.list_checkpoints(d) == [path, ckpt.checkpoint_path(d, 4)]
+
+
 def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, capsys) -> None:
     hp.save_checkpoint(str(tmp_path), _state(4), 4)
     broken = ckpt.checkpoint_path(str(tmp_path), 6)
