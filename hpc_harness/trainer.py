@@ -436,12 +436,29 @@ class Trainer:
         self.precision.load_state_dict(state.get("scaler"))
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
+        saved_world = int(state.get("world_size") or self.world_size)
+        if saved_world != self.world_size and 0 < self.step_in_epoch < self.steps_per_epoch:
+            self._rescale_position(saved_world)
         self.metrics = dict(state.get("metrics") or {})
         self._pending_rng = state["rng"]  # restored once the epoch's iterator exists
         if self._pending_rng is None:  # another world size (load_checkpoint warned)
             torch.manual_seed(self.cfg.seed + self.rank)
         self.last_checkpoint = state["path"]
         return True
+
+    def _rescale_position(self, saved_world: int) -> None:
+        """Mid-epoch under another world size: rank r reads every W-th sample of the epoch's
+        order (the same at any W) from r, so the saved ranks have read its first ``read``
+        samples; go on after as many of them as whole steps of this world cover."""
+        per_step = self.cfg.accumulate * self.batch_size
+        read = self.step_in_epoch * per_step * saved_world
+        self.step_in_epoch = read // (per_step * self.world_size)
+        covered = self.step_in_epoch * per_step * self.world_size
+        self._print(
+            f"hpc_harness: warning: world size {saved_world} -> {self.world_size} in epoch "
+            f"{self.epoch}: {read} of its samples were read; going on after {covered} (step "
+            f"{self.step_in_epoch} of {self.world_size} ranks), {read - covered} read again"
+        )
 
     def _final_path(self) -> str:
         return os.path.join(

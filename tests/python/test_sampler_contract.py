@@ -75,3 +75,18 @@ def test_shuffled_order_depends_on_seed_and_epoch_only() -> None:
 def test_the_default_seed_is_distributed_samplers_0() -> None:
     assert list(ResumableSampler(30)) == list(ResumableSampler(30, seed=0))
     assert list(ResumableSampler(30)) == list(DistributedSampler(range(30), 1, 0))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_k_samples_on_every_rank_are_the_first_k_times_world_of_the_epochs_order(world) -> None:
+    """What a resume under another world size relies on (Trainer._resume): the order does not
+    depend on the world size and rank r reads every world-th sample of it from r."""
+    order = ResumableSampler(50, 1, 0, seed=4)
+    order.set_epoch(2)
+    for k in range(1, 50 // world):
+        read = set()
+        for rank in range(world):
+            sampler = ResumableSampler(50, world, rank, seed=4)
+            sampler.set_epoch(2)
+            read |= set(sampler.indices()[:k])
+        assert read == set(order.indices()[: k * world])

@@ -194,6 +194,36 @@ def test_a_resume_with_another_world_size_seeds_each_rank_and_sends_no_model(
     assert (loaded[0]["model"], loaded[0]["optimizer"]) == (None, None)  # rank 0 sends them
 
 
+def test_a_resume_with_another_world_size_goes_on_from_the_epochs_samples_all_ranks_read(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Rank r reads every W-th sample of the epoch's order from r, so k steps of batch B read
+    its first k*B*W samples (test_sampler_contract). Under another world size the resume goes
+    on after as many of them as whole steps of the new world cover: none skipped, fewer than
+    one step's samples read twice. Counted per rank as before, 1 -> 2 ranks at step 3 read 6
+    samples twice, and 2 -> 1 skipped 6."""
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(24, 0), batch_size=2, shuffle=True)  # 12 steps of 1 rank, 6 of 2
+    assert build(ck, loader=data, max_steps=3).train() == "max_steps"
+    monkeypatch.setattr(pieces, "_group", lambda: TwoRanks(rank=0))
+    two = build(ck, gloo_context(0, 2), loader=data)
+    assert two._resume() is True and (two.global_step, two.step_in_epoch) == (3, 1)
+    assert (
+        "hpc_harness: warning: world size 1 -> 2 in epoch 0: 6 of its samples were read; "
+        "going on after 4 (step 1 of 2 ranks), 2 read again\n"
+    ) in capsys.readouterr().out
+
+    path = os.path.join(ck, "ckpt_step00000003.pt")
+    state = torch.load(path, weights_only=False)
+    ckpt.atomic_save({**state, "world_size": 2}, path)  # as if 2 ranks had saved it
+    monkeypatch.setattr(pieces, "_group", lambda: None)
+    one = build(ck, loader=data)
+    assert one._resume() is True and (one.global_step, one.step_in_epoch) == (3, 6)
+    assert "world size 2 -> 1 in epoch 0: 12 of its samples were read; going on after 12 " in (
+        capsys.readouterr().out
+    )
+
+
 def test_a_resume_restores_the_metrics_and_the_scheduler(tmp_path, monkeypatch, capsys) -> None:
     """The eval metrics of the last epoch end and the scheduler's state come back; a run
     resumed without a scheduler ignores the saved one. The final line shows the metrics."""
