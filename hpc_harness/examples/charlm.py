@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
+from hpc_harness.checkpoint import RunMismatch, fingerprint
 from hpc_harness.testing import TestingHooks
 from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
 
@@ -142,18 +143,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             data, args.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator()
         )
         steps_per_epoch = len(loader)
-        state = hp.load_checkpoint(ckpt_dir)
+        run = fingerprint(vars(args))  # a resume with other arguments stops (RunMismatch)
+        try:
+            state = hp.load_checkpoint(ckpt_dir, fingerprint=run)
+        except RunMismatch as exc:
+            if ctx.is_main:
+                print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
+            return 2
         step = 0
         if state is not None:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             step = state["global_step"]
         stop = hp.StopAgreement(ctx, checkpoint_every_s=args.checkpoint_every_s).install()
-        loss_sum = torch.zeros((), device=ctx.device)
+        loss_sum, summed = torch.zeros((), device=ctx.device), 0
 
         def save() -> str:
             keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-            path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
+            saved = {**keep, "global_step": step, "fingerprint": run}
+            path = hp.save_checkpoint(ckpt_dir, saved, step)
             stop.saved()
             return path
 
@@ -172,14 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 opt.step()
                 step += 1
                 loss_sum += loss.detach()
+                summed += 1
                 hooks.after_step(step, ctx.rank)
                 if step % args.log_every == 0:
-                    if ctx.is_main:  # rank 0's mean loss since the last line
+                    if ctx.is_main:  # rank 0's mean loss since the last line (or the resume)
                         hp.say(
                             f"hpc_harness: step {step}/{args.steps} epoch {epoch} "
-                            f"loss {loss_sum.item() / args.log_every:.4f}"
+                            f"loss {loss_sum.item() / summed:.4f}"
                         )
-                    loss_sum.zero_()
+                    loss_sum, summed = loss_sum.zero_(), 0
                 if stop.should_stop():
                     hp.requeue_exit(step, epoch, save(), stop)
                 if stop.checkpoint_due:

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import PY, bitwise_equal, clean_env, load_model, wait_for
 from test_torchrun import _workers
 
@@ -112,3 +113,46 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout
     assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))
+
+
+def _run_in_process(monkeypatch, argv: list[str], losses: list[float]) -> int:
+    """charlm.main in this process (world size 1), every step's loss recorded."""
+    from hpc_harness.examples import charlm
+
+    class Recording:  # torch.nn.functional, with cross_entropy recording its value
+        def __getattr__(self, name: str):
+            return getattr(F, name)
+
+        def cross_entropy(self, *args, **kwargs):
+            loss = F.cross_entropy(*args, **kwargs)
+            losses.append(loss.item())
+            return loss
+
+    monkeypatch.setattr(charlm, "F", Recording())
+    return charlm.main(argv)
+
+
+def test_a_resumed_run_logs_the_mean_loss_of_the_steps_since_the_resume(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Resumed at step 7 and logging every 5: the line at step 10 is the mean of steps 8-10
+    (it divided their sum by 5)."""
+    args = ["--log-every", "5", "--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, ["--steps", "7", *args], []) == 0
+    losses: list[float] = []
+    capsys.readouterr()
+    assert _run_in_process(monkeypatch, ["--steps", "12", *args], losses) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "step 10/12" in x)
+    assert line.endswith(f"loss {sum(losses[:3]) / 3:.4f}"), (line, losses)
+
+
+def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypatch, capsys) -> None:
+    args = ["--steps", "3", "--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, args, []) == 0
+    capsys.readouterr()
+    losses: list[float] = []
+    assert _run_in_process(monkeypatch, [*args, "--lr", "0.1"], losses) == 2
+    assert losses == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"hpc_harness: error: {tmp_path} holds checkpoints of another run: lr ")
+    assert err.count("\n") == 1
