@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -229,6 +230,11 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
 # --------------------------------------------------------------------------- run identity
 
 RUN_FILE = "run.json"
+# This process's mark in the run.json it writes: the folder is this run's while run.json holds
+# it; another mark (a later job resuming there) or no run.json (--fresh moved the folder aside)
+# means another run took it over (takeover_error).
+RUN_MARK = secrets.token_hex(8)
+_claimed: set[str] = set()  # the folders this process wrote run.json into
 
 # Arguments that may change across a resume without making it another run (README "Resuming,
 # and starting fresh"). The world size is not an argument; it may change too.
@@ -270,14 +276,32 @@ def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
 
 
 def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> None:
-    """Write ``run.json`` (the fingerprint, the time, the SLURM job id) atomically."""
+    """Claim ``ckpt_dir`` for this run: write ``run.json`` (the fingerprint, the time, the SLURM
+    job id, :data:`RUN_MARK`) atomically."""
     record = {
         "fingerprint": dict(fp),
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "writer": RUN_MARK,
     }
     text = json.dumps(record, indent=1, sort_keys=True)
     atomic_write(os.path.join(ckpt_dir, RUN_FILE), lambda f: f.write(text.encode() + b"\n"))
+    _claimed.add(os.path.abspath(ckpt_dir))
+
+
+def takeover_error(ckpt_dir: str) -> str | None:
+    """Why this process must not save into ``ckpt_dir`` any more: it claimed the folder
+    (:func:`write_run_file`) and another run has taken it over since (a later job resuming
+    there, or ``--fresh`` moving it aside); None while it is this run's or was never claimed."""
+    folder = os.path.abspath(ckpt_dir)
+    run = read_run_file(folder)
+    if folder not in _claimed or (run is not None and run.get("writer") == RUN_MARK):
+        return None
+    by = f"SLURM job {run.get('slurm_job_id')}" if run else "run.json is gone: --fresh?"
+    return (
+        f"{ckpt_dir} was taken over by another run ({by}) since this one started: stopping "
+        "without saving (one folder holds one run's checkpoints)"
+    )
 
 
 def identity_error(

@@ -110,6 +110,9 @@ def save_checkpoint(
     of ``model`` and ``optimizer`` (``Strategy.state(..., sharded=True)``) and writes it into the
     folder ``ckpt_step<step>.dcp`` (checkpoint.save_sharded). Collective: call on every rank at
     the same step."""
+    error = from_rank0(ckpt.takeover_error(ckpt_dir) if _rank() == 0 else None)
+    if error:
+        raise ckpt.RunMismatch(error)
     rng = gather_rng(rng_extra)
     path = ckpt.checkpoint_path(ckpt_dir, step, sharded)
     if sharded:
@@ -149,6 +152,8 @@ def load_checkpoint(
                     "wrote it): resuming without checking that it belongs to this run"
                 )
             error = ckpt.identity_error(ckpt_dir, fingerprint, saved)
+            if error is None:
+                ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
     rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
     path, rest, error = from_rank0((path, rest, error))
     if error:

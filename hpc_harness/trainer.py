@@ -493,8 +493,7 @@ class Trainer:
                     )
             pieces.barrier()
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
-            run = ckpt.read_run_file(cfg.ckpt_dir) if self.is_main else None
-            if self.is_main and (run is None or run["fingerprint"] != self.fingerprint):
+            if self.is_main and not cfg.resume:  # else load_checkpoint claimed the folder
                 ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint)
             if resumed and self.epoch >= cfg.epochs:
                 return self._finish_again("finished")

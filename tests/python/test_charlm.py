@@ -129,7 +129,13 @@ def _run_in_process(monkeypatch, argv: list[str], losses: list[float]) -> int:
             return loss
 
     monkeypatch.setattr(charlm, "F", Recording())
-    return charlm.main(argv)
+    # main installs its StopAgreement's handlers for good (a process of its own); put back
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        return charlm.main(argv)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def test_a_resumed_run_logs_the_mean_loss_of_the_steps_since_the_resume(

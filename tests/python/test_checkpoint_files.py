@@ -36,8 +36,10 @@ def test_run_json_holds_the_sorted_fingerprint_the_utc_time_and_the_job_id(
     tmp_path, monkeypatch
 ) -> None:
     """run.json is indented by one, keys sorted at every level, the time in UTC ISO form,
-    the SLURM job id from $SLURM_JOB_ID (null outside a job), and a final newline."""
+    the SLURM job id from $SLURM_JOB_ID (null outside a job), this process's writer mark, and
+    a final newline."""
     _freeze_utc(monkeypatch)
+    monkeypatch.setattr(ckpt, "RUN_MARK", "0123456789abcdef")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     ckpt.write_run_file(str(tmp_path), {"lr": 0.1, "hidden": [8, 4]})
     assert (tmp_path / "run.json").read_text() == (
@@ -50,6 +52,7 @@ def test_run_json_holds_the_sorted_fingerprint_the_utc_time_and_the_job_id(
         '  "lr": 0.1\n'
         " },\n"
         ' "slurm_job_id": "4242",\n'
+        ' "writer": "0123456789abcdef",\n'
         ' "written": "2026-11-23T20:05:09Z"\n'
         "}\n"
     )
@@ -60,6 +63,7 @@ def test_run_json_holds_the_sorted_fingerprint_the_utc_time_and_the_job_id(
     assert ckpt.read_run_file(str(tmp_path)) == {
         "fingerprint": {"lr": 0.2},
         "slurm_job_id": None,
+        "writer": "0123456789abcdef",
         "written": "2026-11-23T20:05:09Z",
     }
 

@@ -178,6 +178,23 @@ def test_a_save_removes_checkpoints_of_later_steps_not_the_one_it_wrote(tmp_path
     assert ckpt.list_checkpoints(d) == [path, ckpt.checkpoint_path(d, 4)]
 
 
+def test_load_checkpoint_with_a_fingerprint_claims_the_folder_for_this_run(tmp_path) -> None:
+    """run.json names this run (fingerprint, writer mark), so a later run that takes the
+    folder over is seen at this run's next save."""
+    d = str(tmp_path / "ck")
+    assert hp.load_checkpoint(d, fingerprint={"lr": 0.1}) is None
+    run = ckpt.read_run_file(d)
+    assert run is not None and (run["fingerprint"], run["writer"]) == ({"lr": 0.1}, ckpt.RUN_MARK)
+    hp.save_checkpoint(d, _state(1), 1)
+    with open(os.path.join(d, ckpt.RUN_FILE), "w") as f:
+        json.dump({**run, "writer": "another job's"}, f)
+    with pytest.raises(ckpt.RunMismatch, match="taken over"):
+        hp.save_checkpoint(d, _state(2), 2)
+    assert ckpt.list_checkpoints(d) == [ckpt.checkpoint_path(d, 1)]
+    assert hp.load_checkpoint(str(tmp_path / "other")) is None  # no fingerprint: no claim
+    assert not os.path.exists(tmp_path / "other")
+
+
 def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, capsys) -> None:
     hp.save_checkpoint(str(tmp_path), _state(4), 4)
     broken = ckpt.checkpoint_path(str(tmp_path), 6)
@@ -193,10 +210,18 @@ def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, caps
 class TwoRanks:
     """torch.distributed as one rank of two sees it, for the object collectives pieces uses:
     faked in this process (no second process). ``other_rank`` is what rank 1 contributes to a
-    gather; ``sent`` is what rank 0 broadcast (recorded by its own fake), handed to rank 1's."""
+    gather; ``sent`` is what rank 0 broadcast (recorded by its own fake), handed to rank 1's,
+    after ``replies``: what rank 0 sent at rank 1's first broadcasts, in order."""
 
-    def __init__(self, other_rank: object = None, rank: int = 0, sent: list | None = None):
+    def __init__(
+        self,
+        other_rank: object = None,
+        rank: int = 0,
+        sent: list | None = None,
+        replies: list[list] | None = None,
+    ):
         self.other_rank, self.rank, self.sent = other_rank, rank, sent
+        self.replies = list(replies or [])
 
     def get_world_size(self) -> int:
         return 2
@@ -213,7 +238,7 @@ class TwoRanks:
         if self.rank == src:
             self.sent = copy.deepcopy(box)
         else:
-            box[:] = copy.deepcopy(self.sent)
+            box[:] = copy.deepcopy(self.replies.pop(0) if self.replies else self.sent)
 
 
 def test_gather_rng_collects_every_ranks_states_in_rank_order(monkeypatch) -> None:

@@ -98,16 +98,16 @@ def test_fresh_moves_an_earlier_jobs_folder_aside_but_keeps_its_own_jobs(
     assert read_run_json(ck)["slurm_job_id"] == "222"
 
 
-def test_run_json_is_written_when_missing_or_different_and_left_alone_when_equal(tmp_path) -> None:
+def test_run_json_is_this_runs_claim_written_at_every_start(tmp_path) -> None:
     ck = str(tmp_path / "ck")
     trainer = make_trainer(ck)
     assert trainer.train() == "finished"
-    assert read_run_json(ck)["fingerprint"] == trainer.fingerprint  # missing: written
-    record = {**read_run_json(ck), "note": "kept"}
+    first = read_run_json(ck)
+    assert first["fingerprint"] == trainer.fingerprint and first["writer"] == ckpt.RUN_MARK
     with open(os.path.join(ck, ckpt.RUN_FILE), "w") as f:
-        json.dump(record, f)
-    assert make_trainer(ck).train() == "finished"  # resumed: the same run
-    assert read_run_json(ck) == record  # equal: not rewritten
+        json.dump({**first, "writer": "an earlier process"}, f)
+    assert make_trainer(ck).train() == "finished"  # resumed: the same run, claimed again
+    assert read_run_json(ck)["writer"] == ckpt.RUN_MARK
     # another run's run.json, not resumed (resume=False skips the identity check): replaced
     with open(os.path.join(ck, ckpt.RUN_FILE), "w") as f:
         json.dump({"fingerprint": {"lr": 5}, "note": "other run"}, f)
@@ -117,11 +117,48 @@ def test_run_json_is_written_when_missing_or_different_and_left_alone_when_equal
     assert "note" not in read_run_json(ck)
 
 
+class TakenOverAtStep3(Trainer):
+    """At step 3 another run takes the folder: a later job claims it (``how="job"``: its
+    run.json), or a job with --fresh moves it aside (``how="fresh"``)."""
+
+    how = "job"
+
+    def _run_batch(self, batches: Any) -> None:
+        super()._run_batch(batches)
+        if self.global_step + 1 == 3:
+            ck = self.cfg.ckpt_dir
+            if self.how == "job":
+                record = {**read_run_json(ck), "writer": "job 2's", "slurm_job_id": "2"}
+                with open(os.path.join(ck, ckpt.RUN_FILE), "w") as f:
+                    json.dump(record, f)
+            else:
+                os.rename(ck, ck + ".old-20261124T000000Z")
+
+
+@pytest.mark.parametrize("how", ["job", "fresh"])
+def test_a_run_whose_folder_another_run_took_over_stops_without_saving(tmp_path, how) -> None:
+    """Two runs saving into one folder interleave their checkpoints (and prune each other's);
+    a resume then picks whichever is newest. The run that lost the folder stops at its next
+    save (RunMismatch: exit 2 in the examples), before writing anything."""
+    ck = str(tmp_path / "ck")
+    trainer = build(ck, trainer_cls=TakenOverAtStep3, checkpoint_every=2)
+    trainer.how = how
+    with pytest.raises(ckpt.RunMismatch, match="taken over by another run") as stopped:
+        trainer.train()
+    assert ("SLURM job 2" in str(stopped.value)) == (how == "job")
+    assert trainer.global_step == 4
+    if how == "job":
+        assert ckpt_files(ck) == ["ckpt_step00000002.pt"]
+    else:
+        assert not os.path.exists(ck)  # not made again by the save
+
+
 def test_rank_1_seeds_its_own_stream_and_writes_nothing(tmp_path, monkeypatch) -> None:
     """Rank 1 of 2, faked in this process (pieces' collectives by TwoRanks, rank 0 having
     found no checkpoint): it seeds seed + 1, and leaves run.json and every file to rank 0."""
     ck = str(tmp_path / "ck")
-    rank1 = TwoRanks(rank=1, sent=[(None, None, None)])  # rank 0's answer: no checkpoint
+    # rank 0's answers: no checkpoint, then (at the final save) the folder is still this run's
+    rank1 = TwoRanks(rank=1, sent=[None], replies=[[(None, None, None)]])
     monkeypatch.setattr(pieces, "_group", lambda: rank1)
     seeds: list[int] = []
     real = trainer_mod.seed_everything
