@@ -15,7 +15,9 @@ Run identity: a checkpoint folder belongs to one run. Its ``fingerprint`` (the r
 arguments minus :data:`RESUME_FREE_KEYS`) is stored in every checkpoint and in ``run.json``
 beside them; resuming with another fingerprint raises :class:`RunMismatch` before training
 (the example exits 2 naming the keys). :func:`move_aside` is ``--fresh``: it renames the
-folder to ``<folder>.old-<UTC time>`` and never deletes anything.
+folder to ``<folder>.old-<UTC time>`` and never deletes anything. ``run.json`` also holds the
+mark of the process that claimed the folder (:data:`RUN_MARK`); a run whose folder another run
+has taken over since stops at its next save (:func:`takeover_error`).
 """
 
 from __future__ import annotations
