@@ -486,11 +486,7 @@ class Trainer:
         self.agreement.install()
         try:
             if cfg.fresh and self.is_main:
-                aside = ckpt.move_aside(cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))
-                if aside:
-                    self._print(
-                        f"hpc_harness: starting fresh; the earlier run's files are in {aside}"
-                    )
+                self._move_aside()
             pieces.barrier()
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
             if self.is_main and not cfg.resume:  # else load_checkpoint claimed the folder
@@ -531,6 +527,21 @@ class Trainer:
             self.agreement.uninstall()
             if self.logger is not None:
                 self.logger.close()
+
+    def _move_aside(self) -> None:
+        """``fresh``: the checkpoint folder (unless this same job's, see checkpoint.move_aside)
+        and with it a separate ``run_dir`` (metrics.csv, the W&B run id) go aside."""
+        folders = [self.cfg.ckpt_dir]
+        run_dir = os.path.abspath(self.cfg.run_dir or self.cfg.ckpt_dir)
+        ck = os.path.abspath(self.cfg.ckpt_dir)
+        if os.path.commonpath([run_dir, ck]) not in (run_dir, ck):  # neither holds the other
+            folders.append(run_dir)
+        aside = ckpt.move_aside(folders[0], os.environ.get("SLURM_JOB_ID"))
+        if aside:
+            moved = [aside, *filter(None, map(ckpt.move_aside, folders[1:]))]
+            self._print(
+                f"hpc_harness: starting fresh; the earlier run's files are in {' and '.join(moved)}"
+            )
 
     def _end_epoch(self) -> None:
         """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch."""

@@ -98,6 +98,28 @@ def test_fresh_moves_an_earlier_jobs_folder_aside_but_keeps_its_own_jobs(
     assert read_run_json(ck)["slurm_job_id"] == "222"
 
 
+def test_fresh_moves_a_separate_run_dir_aside_with_the_checkpoints(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """metrics.csv and wandb_run_id live in --run-dir: left in place, the fresh run appended
+    to the earlier run's rows and logged into its W&B run."""
+    ck, runs = str(tmp_path / "ck"), str(tmp_path / "runs")
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    assert make_trainer(ck, run_dir=runs, log_every=1).train() == "finished"
+    capsys.readouterr()
+    assert make_trainer(ck, run_dir=runs, fresh=True).train() == "finished"  # requeued
+    assert glob.glob(f"{runs}.old-*") == [] and "starting fresh" not in capsys.readouterr().out
+    monkeypatch.setenv("SLURM_JOB_ID", "222")
+    assert make_trainer(ck, run_dir=runs, fresh=True, log_every=1).train() == "finished"
+    [ck_aside], [runs_aside] = glob.glob(f"{ck}.old-*"), glob.glob(f"{runs}.old-*")
+    assert f"the earlier run's files are in {ck_aside} and {runs_aside}\n" in (
+        capsys.readouterr().out
+    )
+    for folder in (runs, runs_aside):  # 4 steps logged by each run, each in its own file
+        with open(os.path.join(folder, "metrics.csv")) as f:
+            assert f.read().count(",train_loss,") == 4
+
+
 def test_run_json_is_this_runs_claim_written_at_every_start(tmp_path) -> None:
     ck = str(tmp_path / "ck")
     trainer = make_trainer(ck)
