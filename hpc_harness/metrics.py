@@ -9,7 +9,8 @@ row for each (name, step).
 wandb modes (``--wandb``):
     auto      (default) online when wandb is importable and an API key is configured
               (``WANDB_API_KEY`` or ``wandb login``'s netrc entry for the server),
-              otherwise disabled;
+              otherwise disabled; ``WANDB_MODE=disabled`` (``offline``, ``dryrun``) in the
+              environment makes it disabled (offline);
               ``HPC_WANDB`` in the environment overrides the default.
     online    needs a key and a reachable server (``WANDB_BASE_URL`` for a self-hosted one,
               else api.wandb.ai); otherwise falls back to offline.
@@ -73,6 +74,9 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         return "disabled", "requested"
     if importlib.util.find_spec("wandb") is None:
         return "disabled", "wandb is not installed"
+    kept_off = os.environ.get("WANDB_MODE", "")  # wandb's own opt-out; init(mode=) beats it
+    if requested == "auto" and kept_off in ("disabled", "offline", "dryrun"):
+        return ("disabled" if kept_off == "disabled" else "offline"), f"auto: WANDB_MODE={kept_off}"
     if requested == "auto" and not _has_api_key():
         return "disabled", "auto: no wandb API key"
     if requested in ("auto", "online"):

@@ -44,8 +44,8 @@ What it does for you:
   torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
 
 The logged ``train_loss`` is the mean of the per-step losses since the previous log line
-(or the resume; epoch boundaries do not reset it), averaged over all ranks: every ``log_every`` steps one
-all-reduce of the summed loss, the only collective the logging adds.
+(or the resume; epoch boundaries do not reset it), averaged over all ranks: every
+``log_every`` steps one all-reduce of the summed loss, the only collective the logging adds.
 
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
 ``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced

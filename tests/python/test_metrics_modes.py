@@ -43,7 +43,7 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "HPC_WANDB"):
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "HPC_WANDB", "WANDB_MODE"):
         monkeypatch.delenv(name, raising=False)
     return home
 
@@ -179,6 +179,30 @@ def test_hpc_wandb_sets_the_default_and_an_argument_overrides_it(
     monkeypatch.setenv("hpc_wandb", "disabled")  # a lower-case name is another variable
     assert metrics.resolve_wandb_mode(None) == expected
     assert metrics.resolve_wandb_mode("disabled") == ("disabled", "requested")
+
+
+@pytest.mark.parametrize(
+    "wandb_mode, expected",
+    [
+        ("disabled", ("disabled", "auto: WANDB_MODE=disabled")),
+        ("offline", ("offline", "auto: WANDB_MODE=offline")),
+        ("dryrun", ("offline", "auto: WANDB_MODE=dryrun")),
+        ("online", ("online", "requested")),
+    ],
+)
+def test_auto_follows_a_wandb_mode_that_keeps_the_run_off_the_server(
+    monkeypatch: pytest.MonkeyPatch, wandb_env: Path, wandb_mode: str, expected: tuple[str, str]
+) -> None:
+    """WANDB_MODE=disabled is how wandb users opt out (a site profile may set offline): with a
+    key and the server reachable, auto went online anyway (wandb.init's mode= beats the
+    variable). An explicit --wandb still wins."""
+    fake_wandb_installed(monkeypatch, installed=True)
+    probe = fake_network(monkeypatch, reachable=True)
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setenv("WANDB_MODE", wandb_mode)
+    assert metrics.resolve_wandb_mode("auto") == expected
+    assert len(probe.calls) == (wandb_mode == "online")  # no network probe when kept off it
+    assert metrics.resolve_wandb_mode("online") == ("online", "requested")
 
 
 @pytest.mark.parametrize("requested", ["bogus", "Disabled", "DISABLED"])
