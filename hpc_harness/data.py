@@ -62,7 +62,8 @@ def prepare_dataloader(
     """Return a copy of ``loader`` sharded for this rank with a :class:`ResumableSampler`.
 
     The loader is left alone (and ``None`` returned as sampler) when ``replace_sampler`` is
-    False, or when the user gave their own sampler or batch sampler: then resume replays the
+    False, or when the user gave their own sampler or batch sampler, or a RandomSampler that
+    is not a permutation (``replacement``, ``num_samples``): then resume replays the
     epoch's order and skips the batches already trained, and sharding is the user's job.
     Shuffling is kept if the original loader shuffled (``shuffle=True`` = RandomSampler).
     """
@@ -71,6 +72,8 @@ def prepare_dataloader(
         not replace_sampler
         or loader.batch_size is None  # the user's batch_sampler (DataLoader sets None then)
         or not isinstance(sampler, (RandomSampler, SequentialSampler))
+        or getattr(sampler, "replacement", False)  # not a permutation of the data
+        or len(sampler) != len(loader.dataset)
     ):
         if world_size > 1 and rank == 0:
             print(
@@ -83,9 +86,9 @@ def prepare_dataloader(
     new = ResumableSampler(len(loader.dataset), world_size, rank, shuffle, seed, loader.drop_last)
     # the user's settings are kept; the sampler and the generator are the harness's
     names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout")
-    kwargs = {k: getattr(loader, k) for k in (*names, "worker_init_fn")}
-    if loader.num_workers > 0:  # DataLoader refuses these two without workers
-        kwargs.update(persistent_workers=loader.persistent_workers)
-        kwargs.update(prefetch_factor=loader.prefetch_factor)
+    names += ("worker_init_fn", "pin_memory_device", "in_order")
+    if loader.num_workers > 0:  # DataLoader refuses these without workers
+        names += ("persistent_workers", "prefetch_factor", "multiprocessing_context")
+    kwargs = {k: getattr(loader, k) for k in names}
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(loader.dataset, sampler=new, generator=generator, **kwargs), new

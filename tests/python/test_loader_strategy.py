@@ -83,6 +83,39 @@ def test_the_rebuilt_loader_keeps_the_users_settings_with_workers() -> None:
     }
 
 
+def test_the_rebuilt_loader_keeps_the_workers_start_method_pinning_device_and_order() -> None:
+    """spawn workers (h5py, fork after threads), the pinning device and out-of-order batches
+    were dropped: the rebuilt loader forked its workers."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    loader = DataLoader(
+        _dataset(10),
+        batch_size=2,
+        shuffle=True,
+        num_workers=1,
+        multiprocessing_context=spawn,
+        pin_memory=True,
+        pin_memory_device="cpu",
+        in_order=False,
+    )
+    wrapped, sampler = prepare_dataloader(loader, world_size=2, rank=0)
+    assert isinstance(sampler, ResumableSampler)
+    assert wrapped.multiprocessing_context is spawn
+    assert (wrapped.pin_memory_device, wrapped.in_order) == ("cpu", False)
+
+
+def test_a_random_sampler_that_draws_with_replacement_or_a_subset_is_kept(capsys) -> None:
+    """Not a permutation of the data: replaced by one, the epochs changed size and content."""
+    data = _dataset(10)
+    for sampler in (
+        torch.utils.data.RandomSampler(data, replacement=True),
+        torch.utils.data.RandomSampler(data, num_samples=4),
+    ):
+        loader = DataLoader(data, batch_size=2, sampler=sampler)
+        assert prepare_dataloader(loader, world_size=1, rank=0) == (loader, None)
+
+
 def test_a_loader_whose_workers_were_turned_off_is_rebuilt_without_worker_options() -> None:
     """A loader built with workers, then set to ``num_workers = 0`` (to debug in the main
     process): DataLoader refuses a prefetch_factor without workers, so it is not handed on."""
