@@ -105,12 +105,14 @@ class Strategy:
                     "--strategy ddp"
                 ) from None
         self.needs_grad_sync = name == "ddp2" and self.distributed  # average_gradients
+        # one process over several GPUs: DataParallel, its replicas each run in a thread
+        self.data_parallel = name in ("dp", "ddp2") and len(ctx.devices) > 1
 
     # -- model ----------------------------------------------------------------
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.ctx.device)
-        if self.name in ("dp", "ddp2") and len(self.ctx.devices) > 1:
+        if self.data_parallel:
             model = nn.DataParallel(model, device_ids=self.ctx.devices)
         if not self.distributed:
             return model

@@ -93,7 +93,7 @@ from hpc_harness import pieces
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import say
 from hpc_harness.metrics import MetricsLogger
-from hpc_harness.precision import make_precision
+from hpc_harness.precision import PrecisionError, make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
 from hpc_harness.strategy import Strategy, average_gradients
 
@@ -164,6 +164,14 @@ class Trainer:
         if config.accumulate < 1:
             raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
         self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
+        self.precision = make_precision(config.precision, self.device)
+        if self.precision.dtype == torch.bfloat16 and self.strategy.data_parallel:
+            raise PrecisionError(
+                f"--precision bf16-mixed does not reach DataParallel's replicas (--strategy "
+                f"{config.strategy} on {len(ctx.devices)} GPUs): torch runs each in a thread "
+                "that autocasts to float16, without a scaler; use --strategy ddp, or "
+                "--precision 16-mixed"
+            )
         self.model = self.strategy.wrap(model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
@@ -173,7 +181,6 @@ class Trainer:
                 f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
                 "pass eval_data"
             )
-        self.precision = make_precision(config.precision, self.device)
         # fp16's scaler, or a disabled one whose scale/step/update are the plain calls
         self.scaler = self.precision.scaler or torch.amp.GradScaler(enabled=False)
         self.train_loader, self.sampler = prepare_dataloader(

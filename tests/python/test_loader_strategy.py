@@ -221,7 +221,9 @@ def test_strategy_checks_ddp2_against_the_nodes_process_count_on_gpus_only() -> 
     with pytest.raises(StrategyError) as refused:
         Strategy("ddp2", gpu)
     assert "but this node has 2 processes" in str(refused.value)
-    one_per_node = SimpleNamespace(world_size=2, local_world_size=1, device=torch.device("cuda"))
+    one_per_node = SimpleNamespace(
+        world_size=2, local_world_size=1, device=torch.device("cuda"), devices=[0]
+    )
     assert Strategy("ddp2", one_per_node).name == "ddp2"
     assert Strategy("ddp2", _ctx(world_size=2)).name == "ddp2"
 
@@ -295,3 +297,28 @@ def test_a_sharded_checkpoint_is_read_into_this_ranks_own_state(
     assert read == [(names, names), "ck/step5.dcp"]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), source.parameters()))
     assert _same_optimizer_state(opt, source_opt)
+
+
+@pytest.mark.parametrize("strategy", ["dp", "ddp2"])
+def test_bf16_with_dataparallel_over_several_gpus_is_refused_before_touching_them(
+    strategy: str,
+) -> None:
+    """DataParallel runs each replica in a thread that enters autocast without a dtype, and
+    the dtype is per thread: bf16-mixed ran in float16 there, without a scaler (no GPU here:
+    the context names two and nothing may touch them)."""
+    from hpc_harness.precision import PrecisionError
+    from hpc_harness.trainer import TrainConfig, Trainer
+
+    ctx = SimpleNamespace(
+        rank=0, world_size=1, local_world_size=1, is_main=True,
+        device=torch.device("cuda", 0), devices=[0, 1],
+    )  # fmt: skip
+    cfg = TrainConfig(strategy=strategy, precision="bf16-mixed")
+    loader = DataLoader(_dataset(4), batch_size=2)
+    with pytest.raises(PrecisionError) as refused:
+        Trainer(nn.Linear(1, 2), lambda p: torch.optim.SGD(p, lr=0.1), loader, ctx, cfg)
+    assert str(refused.value) == (
+        f"--precision bf16-mixed does not reach DataParallel's replicas (--strategy {strategy} "
+        "on 2 GPUs): torch runs each in a thread that autocasts to float16, without a scaler; "
+        "use --strategy ddp, or --precision 16-mixed"
+    )
