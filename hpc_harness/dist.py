@@ -12,8 +12,9 @@ Three ways a training process is started, and what each one tells us:
               and more than one task)                   SLURM_STEP_NUM_TASKS or SLURM_NTASKS
                                                         -> world size, SLURM_NODEID -> node rank,
                                                         MASTER_ADDR <- first host of
-                                                        SLURM_JOB_NODELIST, MASTER_PORT <-
-                                                        20000 + SLURM_JOB_ID % 20000
+                                                        SLURM_STEP_NODELIST (else the job's),
+                                                        MASTER_PORT <- 15000 + (SLURM_JOB_ID
+                                                        + 1000 * SLURM_STEP_ID) % 14000
     single    python train.py (laptop, or one task)     nothing: world size 1, no process group
 
 Variables already in the environment always win (the batch script exports MASTER_ADDR and
@@ -144,12 +145,16 @@ def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
         rank, local, node = num("SLURM_PROCID"), num("SLURM_LOCALID"), num("SLURM_NODEID", 0)
         tpn = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         local_world = tasks_on_node(tpn, node) if tpn else world
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        # this step's nodes and a port of its own: steps of one job may run side by side
+        nodes = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        nodelist = next((env[k] for k in nodes if env.get(k)), "")
         if "MASTER_ADDR" not in env and not nodelist:
             raise LaunchError("srun launch but neither MASTER_ADDR nor SLURM_JOB_NODELIST set")
-        addr = env.get("MASTER_ADDR") or first_host(nodelist or "")
+        addr = env.get("MASTER_ADDR") or first_host(nodelist)
         job = int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "")) or 0)
-        port = num("MASTER_PORT", 20000 + job % 20000)  # jobs sharing a node rarely collide
+        step = int(re.sub(r"\D", "", env.get("SLURM_STEP_ID", "")) or 0)
+        # hpc_files/node/lib.sh's range (below the ephemeral ports), step 0 its very port
+        port = num("MASTER_PORT", 15000 + (job + 1000 * step) % 14000)
     if not 0 <= rank < world:
         raise LaunchError(f"rank {rank} is outside world size {world}")
     if not 0 <= local < max(local_world, 1):

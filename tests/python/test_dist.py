@@ -49,7 +49,13 @@ def test_srun_variables() -> None:
     assert (info.launcher, info.rank, info.local_rank, info.world_size) == ("srun", 3, 1, 4)
     assert (info.node_rank, info.local_world_size) == (1, 2)
     assert info.master_addr == "gpu07"
-    assert info.master_port == 20000 + 123457 % 20000
+    assert info.master_port == 15000 + 123457 % 14000  # hpc_files/node/lib.sh's for step 0
+    # A second step running beside it (sweeps packed into one job) on its own node: its own
+    # address and port. From the job's node list and id alone, its ranks joined step 0's
+    # rendezvous (or waited for a rank 0 on a node outside the step).
+    step1 = {**env, "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "gpu[08-09]"}
+    info = detect_launch(step1)
+    assert (info.master_addr, info.master_port) == ("gpu08", 15000 + (123457 + 1000) % 14000)
     # the batch script's exports win
     info = detect_launch({**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456"})
     assert (info.master_addr, info.master_port) == ("127.0.0.1", 23456)
@@ -276,13 +282,13 @@ def test_every_rank_of_srun_on_two_nodes_of_two(rank: int) -> None:
         4,
     )
     assert (info.node_rank, info.local_world_size) == (rank // 2, 2)
-    assert (info.master_addr, info.master_port) == ("gpu07", 20000 + 43217 % 20000)
+    assert (info.master_addr, info.master_port) == ("gpu07", 15000 + 43217 % 14000)
 
 
-def test_srun_defaults_node_0_one_node_and_port_20000_without_a_job_id() -> None:
+def test_srun_defaults_node_0_one_node_and_port_15000_without_a_job_id() -> None:
     env = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1"}
     info = detect_launch({**env, "SLURM_TASKS_PER_NODE": "2", "MASTER_ADDR": "10.1.1.1"})
-    assert (info.node_rank, info.local_world_size, info.master_port) == (0, 2, 20000)
+    assert (info.node_rank, info.local_world_size, info.master_port) == (0, 2, 15000)
     info = detect_launch({**env, "SLURM_JOB_NODELIST": "n1"})  # no tasks per node: one node
     assert (info.local_world_size, info.master_addr) == (2, "n1")
     # the step's task count wins over the job's
