@@ -182,14 +182,15 @@ def check_shards(folder: str) -> None:
     the checkpoint is chosen rather than in ``dcp.load`` at every requeue."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    ends: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for info in FileSystemReader(folder).read_metadata().storage_data.values():
-        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
-    for name, end in ends.items():
-        shard = os.path.join(folder, name)
-        size = os.path.getsize(shard) if os.path.isfile(shard) else -1
-        if size < end:
-            raise ValueError(f"damaged: {name} is {size} bytes, its data end at byte {end}")
+        name, end = info.relative_path, info.offset + info.length
+        if name not in sizes:
+            if not os.path.isfile(os.path.join(folder, name)):
+                raise ValueError(f"damaged: {name} is missing")
+            sizes[name] = os.path.getsize(os.path.join(folder, name))
+        if sizes[name] < end:
+            raise ValueError(f"damaged: {name} is {sizes[name]} bytes, its data end at byte {end}")
 
 
 def load_file(path: str) -> dict[str, Any]:

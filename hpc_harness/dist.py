@@ -152,7 +152,7 @@ def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
             raise LaunchError("srun launch but neither MASTER_ADDR nor SLURM_JOB_NODELIST set")
         addr = env.get("MASTER_ADDR") or first_host(nodelist)
         job = int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "")) or 0)
-        step = int(re.sub(r"\D", "", env.get("SLURM_STEP_ID", "")) or 0)
+        step = num("SLURM_STEP_ID")  # set: an srun launch of several tasks has a step
         # hpc_files/node/lib.sh's range (below the ephemeral ports), step 0 its very port
         port = num("MASTER_PORT", 15000 + (job + 1000 * step) % 14000)
     if not 0 <= rank < world:

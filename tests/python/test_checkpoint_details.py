@@ -149,12 +149,18 @@ def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, c
         state = {"model": dict(msd), "optimizer": dict(osd), "global_step": step}
         ckpt.save_sharded(state, paths[-1])
     shard = os.path.join(paths[2], "__0_0.distcp")
+    size = os.path.getsize(shard)
     with open(shard, "r+b") as f:
-        f.truncate(os.path.getsize(shard) - 1)
+        f.truncate(size - 1)  # the data of every entry ends by the file's end
     os.unlink(os.path.join(paths[1], "__0_0.distcp"))
-    for damaged in paths[1:]:
-        with pytest.raises(ValueError, match="damaged"):
-            ckpt.load_file(damaged)
+    with pytest.raises(ValueError) as missing:
+        ckpt.load_file(paths[1])
+    assert str(missing.value) == "damaged: __0_0.distcp is missing"
+    with pytest.raises(ValueError) as short:
+        ckpt.load_file(paths[2])
+    assert str(short.value) == (
+        f"damaged: __0_0.distcp is {size - 1} bytes, its data end at byte {size}"
+    )
     state, path = ckpt.load_latest(str(tmp_path))
     assert path == paths[0] and state["global_step"] == 4
     assert "skipping unreadable checkpoint " + paths[2] in capsys.readouterr().out

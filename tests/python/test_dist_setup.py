@@ -313,8 +313,7 @@ def test_more_gpus_asked_for_than_the_one_visible_is_an_error(
 
 @pytest.mark.parametrize("job_id, digits", [("12345+1", 123451), ("12345.batch", 12345)])
 def test_the_srun_port_comes_from_the_digits_of_the_job_id(job_id: str, digits: int) -> None:
-    """Characters of SLURM_JOB_ID (and SLURM_STEP_ID) that are not digits are dropped before
-    choosing the port."""
+    """Characters of SLURM_JOB_ID that are not digits are dropped before choosing the port."""
     env = {
         "SLURM_JOB_ID": job_id,
         "SLURM_STEP_ID": "0",

@@ -195,6 +195,16 @@ def test_load_checkpoint_with_a_fingerprint_claims_the_folder_for_this_run(tmp_p
     assert not os.path.exists(tmp_path / "other")
 
 
+def test_only_rank_0_reads_run_json_before_a_save(tmp_path, monkeypatch) -> None:
+    """Rank 0 reads run.json and sends its verdict (TwoRanks: rank 1 of a faked pair)."""
+    read: list[str] = []
+    monkeypatch.setattr(ckpt, "takeover_error", lambda d: read.append(d))
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=[None]))
+    monkeypatch.setattr(hp, "barrier", lambda: None)
+    hp.save_checkpoint(str(tmp_path), None, 1)
+    assert read == [] and os.listdir(tmp_path) == []
+
+
 def test_an_unreadable_newer_checkpoint_is_skipped_with_a_warning(tmp_path, capsys) -> None:
     hp.save_checkpoint(str(tmp_path), _state(4), 4)
     broken = ckpt.checkpoint_path(str(tmp_path), 6)

@@ -265,6 +265,11 @@ def test_stop_now_waits_for_the_reduction_in_flight_then_asks_every_rank_at_once
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     assert stop.stop_now() is True
     assert asked == [(dist.ReduceOp.MAX, 1, [0.0])]
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: asked.append(t.tolist()))
+    assert stop.stop_now() is False  # no rank had a signal: the MAX is 0
+    alone = StopAgreement(_ctx(world_size=1))  # a group of one (initialized): no collective
+    alone.signum = 10
+    assert alone.stop_now() is True and asked[1:] == [[0.0]]
 
 
 def test_stop_now_alone_is_this_process_signal() -> None:

@@ -165,9 +165,13 @@ def test_a_run_whose_folder_another_run_took_over_stops_without_saving(tmp_path,
     ck = str(tmp_path / "ck")
     trainer = build(ck, trainer_cls=TakenOverAtStep3, checkpoint_every=2)
     trainer.how = how
-    with pytest.raises(ckpt.RunMismatch, match="taken over by another run") as stopped:
+    with pytest.raises(ckpt.RunMismatch) as stopped:
         trainer.train()
-    assert ("SLURM job 2" in str(stopped.value)) == (how == "job")
+    by = "SLURM job 2" if how == "job" else "run.json is gone: --fresh?"
+    assert str(stopped.value) == (
+        f"{ck} was taken over by another run ({by}) since this one started: stopping without "
+        "saving (one folder holds one run's checkpoints)"
+    )
     assert trainer.global_step == 4
     if how == "job":
         assert ckpt_files(ck) == ["ckpt_step00000002.pt"]
@@ -175,17 +179,19 @@ def test_a_run_whose_folder_another_run_took_over_stops_without_saving(tmp_path,
         assert not os.path.exists(ck)  # not made again by the save
 
 
-def test_rank_1_seeds_its_own_stream_and_writes_nothing(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("resume", [True, False])
+def test_rank_1_seeds_its_own_stream_and_writes_nothing(tmp_path, monkeypatch, resume) -> None:
     """Rank 1 of 2, faked in this process (pieces' collectives by TwoRanks, rank 0 having
     found no checkpoint): it seeds seed + 1, and leaves run.json and every file to rank 0."""
     ck = str(tmp_path / "ck")
-    # rank 0's answers: no checkpoint, then (at the final save) the folder is still this run's
-    rank1 = TwoRanks(rank=1, sent=[None], replies=[[(None, None, None)]])
+    # rank 0's answers: no checkpoint (when resuming), then (at the final save) the folder is
+    # still this run's
+    rank1 = TwoRanks(rank=1, sent=[None], replies=[[(None, None, None)]] if resume else [])
     monkeypatch.setattr(pieces, "_group", lambda: rank1)
     seeds: list[int] = []
     real = trainer_mod.seed_everything
     monkeypatch.setattr(trainer_mod, "seed_everything", lambda s: seeds.append(s) or real(s))
-    trainer = build(ck, gloo_context(1, 2), seed=5)
+    trainer = build(ck, gloo_context(1, 2), seed=5, resume=resume)
     assert trainer.train() == "finished" and trainer.global_step == 2  # 4 samples of 8
     assert seeds == [6]
     assert not os.path.exists(ck)  # no run.json, no checkpoint, no last.pt, no metrics.csv
@@ -281,6 +287,30 @@ def test_a_resume_with_another_world_size_goes_on_from_the_epochs_samples_all_ra
     assert "world size 2 -> 1 in epoch 0: 12 of its samples were read; going on after 12 " in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize(
+    "saved_world, saved_step, at",
+    [
+        (1, 3, 3),  # mid-epoch, the same world size
+        (2, 12, 12),  # at the epoch's end (2 ranks would not get there; the bound is tested)
+        (2, 0, 0),  # at an epoch's start
+        (2, 1, 2),  # after one step: 2 samples of each of 2 ranks are 2 steps of 1
+    ],
+)
+def test_only_a_mid_epoch_resume_under_another_world_size_is_rescaled(
+    tmp_path, capsys, saved_world, saved_step, at
+) -> None:
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(24, 0), batch_size=2, shuffle=True)  # 12 steps of 1 rank
+    build(ck, loader=data, max_steps=3).train()
+    path = os.path.join(ck, "ckpt_step00000003.pt")
+    state = torch.load(path, weights_only=False)
+    ckpt.atomic_save({**state, "world_size": saved_world, "step_in_epoch": saved_step}, path)
+    capsys.readouterr()
+    one = build(ck, loader=data)
+    assert one._resume() is True and one.step_in_epoch == at
+    assert ("world size" in capsys.readouterr().out) == (saved_step == 1)
 
 
 def test_a_resume_restores_the_metrics_and_the_scheduler(tmp_path, monkeypatch, capsys) -> None:
