@@ -186,9 +186,10 @@ def check_shards(folder: str) -> None:
     for info in FileSystemReader(folder).read_metadata().storage_data.values():
         name, end = info.relative_path, info.offset + info.length
         if name not in sizes:
-            if not os.path.isfile(os.path.join(folder, name)):
+            shard = os.path.join(folder, name)
+            if not os.path.isfile(shard):
                 raise ValueError(f"damaged: {name} is missing")
-            sizes[name] = os.path.getsize(os.path.join(folder, name))
+            sizes[name] = os.path.getsize(shard)
         if sizes[name] < end:
             raise ValueError(f"damaged: {name} is {sizes[name]} bytes, its data end at byte {end}")
 
@@ -297,8 +298,10 @@ def takeover_error(ckpt_dir: str) -> str | None:
     (:func:`write_run_file`) and another run has taken it over since (a later job resuming
     there, or ``--fresh`` moving it aside); None while it is this run's or was never claimed."""
     folder = os.path.abspath(ckpt_dir)
+    if folder not in _claimed:  # never claimed: no run.json to read at every save
+        return None
     run = read_run_file(folder)
-    if folder not in _claimed or (run is not None and run.get("writer") == RUN_MARK):
+    if run is not None and run.get("writer") == RUN_MARK:
         return None
     by = f"SLURM job {run.get('slurm_job_id')}" if run else "run.json is gone: --fresh?"
     return (

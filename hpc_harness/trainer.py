@@ -538,17 +538,15 @@ class Trainer:
     def _move_aside(self) -> None:
         """``fresh``: the checkpoint folder (unless this same job's, see checkpoint.move_aside)
         and with it a separate ``run_dir`` (metrics.csv, the W&B run id) go aside."""
-        folders = [self.cfg.ckpt_dir]
-        run_dir = os.path.abspath(self.cfg.run_dir or self.cfg.ckpt_dir)
+        moved = [ckpt.move_aside(self.cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))]
+        if moved[0] is None:
+            return
         ck = os.path.abspath(self.cfg.ckpt_dir)
+        run_dir = os.path.abspath(self.cfg.run_dir or ck)
         if os.path.commonpath([run_dir, ck]) not in (run_dir, ck):  # neither holds the other
-            folders.append(run_dir)
-        aside = ckpt.move_aside(folders[0], os.environ.get("SLURM_JOB_ID"))
-        if aside:
-            moved = [aside, *filter(None, map(ckpt.move_aside, folders[1:]))]
-            self._print(
-                f"hpc_harness: starting fresh; the earlier run's files are in {' and '.join(moved)}"
-            )
+            moved.append(ckpt.move_aside(run_dir))
+        where = " and ".join(m for m in moved if m)
+        self._print(f"hpc_harness: starting fresh; the earlier run's files are in {where}")
 
     def _end_epoch(self) -> None:
         """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch."""
