@@ -122,8 +122,8 @@ class Strategy:
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
             return DDP(model, device_ids=ids)
         if self.name == "ddp2":
-            for p in model.parameters():  # start identical on every node
-                dist.broadcast(p.data, src=0)
+            for t in [*model.parameters(), *model.buffers()]:  # start identical on every node
+                dist.broadcast(t.data, src=0)
             return model
         if self.name == "fsdp":
             from torch.distributed.fsdp import fully_shard

@@ -209,6 +209,29 @@ def test_ddp_and_ddp2_keep_every_rank_identical_after_a_step() -> None:
     assert spawn_gloo(_one_step, 2, "ddp2") == [(True, False)] * 2
 
 
+def _buffers_after_wrap(rank: int, world_size: int, name: str) -> bool:
+    """Rank-different BatchNorm statistics before wrap(); True if every rank holds rank 0's
+    after it."""
+    import torch.distributed as dist
+
+    from hpc_harness.strategy import Strategy
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    model[1].running_mean.fill_(rank)
+    model[1].num_batches_tracked.fill_(rank)
+    model = Strategy(name, gloo_context(rank, world_size)).wrap(model)
+    mine = [b.detach().clone() for b in model.buffers()]
+    every: list = [None] * world_size
+    dist.all_gather_object(every, mine)
+    return all(torch.equal(a, b) for other in every for a, b in zip(every[0], other))
+
+
+def test_ddp_and_ddp2_start_every_rank_from_rank_0s_buffers() -> None:
+    # ddp2's wrap broadcast the parameters only: each node kept its own BatchNorm statistics
+    assert spawn_gloo(_buffers_after_wrap, 2, "ddp") == [True, True]
+    assert spawn_gloo(_buffers_after_wrap, 2, "ddp2") == [True, True]
+
+
 def test_fsdp_shards_parameters_and_keeps_ranks_identical_after_a_step() -> None:
     assert spawn_gloo(_one_step, 2, "fsdp") == [(True, True)] * 2
 
