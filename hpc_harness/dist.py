@@ -254,6 +254,15 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def group() -> Any:
+    """torch.distributed when a process group of more than one rank exists, else None: the one
+    test for "collectives are needed" (pieces, StopAgreement, the Trainer's log and evaluate)."""
+    import torch.distributed as dist
+
+    ok = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return dist if ok else None
+
+
 def barrier() -> None:
     """Barrier when a process group exists, else nothing."""
     import torch.distributed as dist

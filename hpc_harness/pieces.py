@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 from hpc_harness import checkpoint as ckpt
 from hpc_harness.data import ResumableSampler
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
+from hpc_harness.dist import group as _group
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
 from hpc_harness.strategy import average_gradients
 
@@ -61,14 +62,6 @@ __all__ = [
     "save_checkpoint",
     "setup",
 ]
-
-
-def _group() -> Any:
-    """torch.distributed when a process group of more than one rank exists, else None."""
-    import torch.distributed as dist
-
-    ok = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return dist if ok else None
 
 
 def _rank() -> int:

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from hpc_harness.checkpoint import atomic_write
+from hpc_harness.dist import group
 
 REQUEUE_EXIT_CODE = 42
 MARKER_ENV = "HPC_REQUEUE_MARKER"
@@ -55,7 +56,6 @@ class StopAgreement:
     ) -> None:
         import torch
 
-        self.world_size = ctx.world_size if ctx is not None else 1
         self.is_main = ctx.is_main if ctx is not None else True
         self.signum: int | None = None  # set by the handler, which does nothing else
         self._previous: dict[int, Any] = {}  # the handlers install() replaced
@@ -97,8 +97,6 @@ class StopAgreement:
     def should_stop(self) -> bool:
         """True (on every rank at the same step) when the ranks agreed to stop. Collective:
         call once per step on every rank."""
-        import torch.distributed as dist
-
         self._steps += 1
         if self._steps < self._interval:
             return False
@@ -109,7 +107,7 @@ class StopAgreement:
         every = self.checkpoint_every_s
         elapsed = time.monotonic() - self._saved_time
         local = (self.signum is not None, self.is_main and every > 0 and elapsed >= every)
-        if not (self.world_size > 1 and dist.is_initialized()):
+        if (dist := group()) is None:
             self._interval = proposal
             stop, due = local
         else:
@@ -131,9 +129,7 @@ class StopAgreement:
         """True on every rank when a signal reached any of them, asked at once (one blocking
         all-reduce after :meth:`drain`): for the points after which training goes a long way
         before its next check, an epoch's evaluation. Collective."""
-        import torch.distributed as dist
-
-        if not (self.world_size > 1 and dist.is_initialized()):
+        if (dist := group()) is None:
             return self.signum is not None
         self.drain()
         flag = self._flags.new_tensor([float(self.signum is not None)])

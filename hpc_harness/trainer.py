@@ -82,7 +82,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map_only
@@ -91,7 +90,7 @@ from torch.utils.data import DataLoader, Dataset
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pieces
 from hpc_harness.data import prepare_dataloader
-from hpc_harness.dist import say
+from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import PrecisionError, make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
@@ -326,8 +325,8 @@ class Trainer:
         now = time.perf_counter()
         names = sorted(self._sums)
         total = torch.stack([self._sums[k] for k in names])
-        if self.world_size > 1 and dist.is_initialized():
-            dist.all_reduce(total)
+        if (torch_dist := group()) is not None:
+            torch_dist.all_reduce(total)
         # the only host sync, every log_every steps
         values = {k: v / (self._counts[k] * self.world_size) for k, v in zip(names, total.tolist())}
         self._sums, self._counts = {}, {}
@@ -384,8 +383,8 @@ class Trainer:
             count += len(idx)
         names, zero = sorted(sums), torch.zeros((), dtype=torch.float64, device=self.device)
         totals = torch.stack([*(sums[k] for k in names), zero + count])
-        if self.world_size > 1 and dist.is_initialized():
-            dist.all_reduce(totals)
+        if (torch_dist := group()) is not None:
+            torch_dist.all_reduce(totals)
         self.model.train()
         *values, samples = totals.tolist()
         return {k: v / max(samples, 1.0) for k, v in zip(names, values)}

@@ -93,6 +93,7 @@ def group(monkeypatch: pytest.MonkeyPatch) -> OtherRank:
     """A process group that is initialized (faked): the distributed path, no second process."""
     fake = OtherRank()
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "all_reduce", fake.all_reduce)
     return fake
 
@@ -101,7 +102,7 @@ def test_the_defaults_check_every_half_second_and_never_checkpoint(clock: FakeCl
     """StopAgreement() alone: world size 1 on rank 0, no checkpoint due, a check about every
     0.5 s of steps (4 steps of 125 ms), and no timed checkpoint however long it runs."""
     stop = StopAgreement()
-    assert (stop.world_size, stop.is_main, stop.check_s, stop.check_every) == (1, True, 0.5, 0)
+    assert (stop.is_main, stop.check_s, stop.check_every) == (True, 0.5, 0)
     assert stop.checkpoint_every_s == 0.0 and stop.checkpoint_due is False
     assert _steps(stop, clock, 0.125, limit=1) == -1  # the first check: 125 ms a step
     clock.mono += 1e6
@@ -168,6 +169,7 @@ def test_without_two_ranks_in_a_group_the_agreement_is_local(
     """Only world size > 1 with an initialized process group reduces anything (ctx None is
     world size 1): otherwise a signal stops at the very check it came before, no all-reduce."""
     monkeypatch.setattr(dist, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: ctx.world_size if ctx else 1)
     stop = StopAgreement(ctx, check_every=2)
     assert [stop.should_stop() for _ in range(4)] == [False] * 4
     stop.signum = signal.SIGUSR1
@@ -267,6 +269,7 @@ def test_stop_now_waits_for_the_reduction_in_flight_then_asks_every_rank_at_once
     assert asked == [(dist.ReduceOp.MAX, 1, [0.0])]
     monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: asked.append(t.tolist()))
     assert stop.stop_now() is False  # no rank had a signal: the MAX is 0
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
     alone = StopAgreement(_ctx(world_size=1))  # a group of one (initialized): no collective
     alone.signum = 10
     assert alone.stop_now() is True and asked[1:] == [[0.0]]

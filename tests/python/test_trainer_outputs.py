@@ -141,8 +141,9 @@ def test_the_progress_line_and_rows_by_value(tmp_path, monkeypatch, capsys) -> N
         reduced.append(t.clone())
         t += torch.tensor([10.0, 12.0][: len(t)])
 
-    monkeypatch.setattr(trainer_mod.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(trainer_mod.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
     now = [100.5]
     fixed_clock(monkeypatch, now)
     trainer._log_step, trainer._log_time, trainer.global_step = 10, 100.0, 30
@@ -187,8 +188,9 @@ def test_progress_needs_no_collective_without_a_group_of_several_ranks(
     def all_reduce(t):
         raise AssertionError("no all-reduce expected")
 
-    monkeypatch.setattr(trainer_mod.dist, "is_initialized", lambda: initialized)
-    monkeypatch.setattr(trainer_mod.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: world_size)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
     trainer._log_step, trainer._log_time = 0, time.perf_counter()
     trainer.log("train_loss", 2.0 * world_size)
     trainer._log_progress(0)
