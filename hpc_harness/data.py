@@ -8,6 +8,7 @@ DataLoader (unless the user set their own sampler or opted out).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -16,6 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 # The example's dataset lives in digits.py; importable from here too (tools/demo.sh, tests).
 from hpc_harness.digits import DigitsDataset, ensure_digits, write_digits  # noqa: F401
+from hpc_harness.signals import shielded_worker_init
 
 
 class ResumableSampler(DistributedSampler):
@@ -81,7 +83,7 @@ def prepare_dataloader(
                 "the data across ranks",
                 flush=True,
             )
-        return loader, None
+        return shield_workers(loader), None
     shuffle = isinstance(sampler, RandomSampler)
     new = ResumableSampler(len(loader.dataset), world_size, rank, shuffle, seed, loader.drop_last)
     # the user's settings are kept; the sampler and the generator are the harness's
@@ -91,4 +93,17 @@ def prepare_dataloader(
         names += ("persistent_workers", "prefetch_factor", "multiprocessing_context")
     kwargs = {k: getattr(loader, k) for k in names}
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(loader.dataset, sampler=new, generator=generator, **kwargs), new
+    return shield_workers(
+        DataLoader(loader.dataset, sampler=new, generator=generator, **kwargs)
+    ), new
+
+
+def shield_workers(loader: DataLoader) -> DataLoader:
+    """``loader`` with workers that outlive the signals SLURM sends every process of a step
+    (signals.shielded_worker_init wraps its ``worker_init_fn``); returns it. Not covered: a
+    SIGTERM to a ``forkserver`` worker, which has a thread (started before its
+    ``worker_init_fn``) that does not block it."""
+    init = loader.worker_init_fn
+    if loader.num_workers > 0 and getattr(init, "func", None) is not shielded_worker_init:
+        loader.worker_init_fn = functools.partial(shielded_worker_init, init)
+    return loader

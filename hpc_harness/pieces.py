@@ -7,6 +7,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
     ctx = hp.setup()                                      # rank, device, process group
     sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
+    loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
     state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
     step = state["global_step"] if state else 0           # (and load model/optimizer state)
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
@@ -30,7 +31,9 @@ the load and the step (give the DataLoader its own ``generator``: an epoch's ite
 seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
 pieces with the loop written for you. ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from
 ``checkpoint.fingerprint(your_args)``, also stored in your checkpoints) refuses, on every rank,
-to resume another run's checkpoints (``checkpoint.RunMismatch``).
+to resume another run's checkpoints (``checkpoint.RunMismatch``). With a ``spawn`` or
+``forkserver`` multiprocessing context, start each epoch's iterator inside ``with
+hp.signals_blocked(): batches = iter(loader)`` (workers take seconds to start).
 """
 
 from __future__ import annotations
@@ -40,10 +43,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from hpc_harness import checkpoint as ckpt
-from hpc_harness.data import ResumableSampler
+from hpc_harness.data import ResumableSampler, shield_workers
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
 from hpc_harness.dist import group as _group
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, write_requeue_marker
+from hpc_harness.signals import (
+    REQUEUE_EXIT_CODE,
+    StopAgreement,
+    signals_blocked,
+    write_requeue_marker,
+)
 from hpc_harness.strategy import average_gradients
 
 __all__ = [
@@ -61,6 +69,8 @@ __all__ = [
     "requeue_exit",
     "save_checkpoint",
     "setup",
+    "shield_workers",
+    "signals_blocked",
 ]
 
 

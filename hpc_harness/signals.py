@@ -20,10 +20,13 @@ is complete and before exiting: one line of JSON,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpc_harness.checkpoint import atomic_write
@@ -31,6 +34,38 @@ from hpc_harness.dist import group
 
 REQUEUE_EXIT_CODE = 42
 MARKER_ENV = "HPC_REQUEUE_MARKER"
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_blocked(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Block ``signals`` in this thread while the body starts processes: DataLoader workers
+    (and a forkserver) are then born with them blocked, through the seconds a spawned worker
+    takes to start. Here a signal that came meanwhile is handled on leaving."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def shielded_worker_init(init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    """A DataLoader worker's start (data.shield_workers): SLURM signals every process of a
+    step, and a worker that dies of it (torch's worker handler ends on a SIGTERM not sent by
+    its parent; a spawned worker has no handler for SIGUSR1) crashes the training before it
+    can checkpoint. The worker blocks them; a thread takes them and ends the worker only at
+    its parent's SIGTERM (how torch stops a worker that does not exit)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    threading.Thread(target=_exit_at_parents_sigterm, daemon=True).start()
+    if init_fn is not None:
+        init_fn(worker_id)
+
+
+def _exit_at_parents_sigterm() -> None:
+    while True:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        if info.si_signo == signal.SIGTERM and info.si_pid == os.getppid():
+            os._exit(0)
 
 
 class StopAgreement:
@@ -41,8 +76,9 @@ class StopAgreement:
     steps when that is set) the ranks start an asynchronous all-reduce (MAX) of [stop flag,
     timed checkpoint due, -(steps to the next check)], read at the next check, so training never
     waits for it. Each rank proposes the step count that takes ``check_s`` at its measured
-    pace; the smallest wins, so a 5 ms step and a 10 s step both react within about
-    ``2 * check_s`` seconds plus one step. With ``checkpoint_every_s`` > 0, ``checkpoint_due``
+    pace; the smallest wins, so a step reacts within about ``2 * max(check_s, one step)``:
+    a flag raised after one check rides the reduction started at the next, read at the one
+    after. With ``checkpoint_every_s`` > 0, ``checkpoint_due``
     turns True on every rank at the same step once that long has passed on rank 0's clock
     since the last :meth:`saved`.
     """
@@ -78,7 +114,7 @@ class StopAgreement:
     def _handler(self, signum: int, frame: Any) -> None:
         self.signum = signum
 
-    def install(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> StopAgreement:
+    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> StopAgreement:
         """Install the handlers (main thread only); returns self."""
         self._previous.update({s: signal.signal(s, self._handler) for s in signals})
         return self

@@ -52,7 +52,7 @@ Per step it does no host synchronisation: the loss is read (``.item()``) only ev
 asynchronously at each check: the reduction started at one check is read at the next, so
 training never waits for it and every rank acts at the same step. Checks are spaced by time,
 not by a step count, so a 5 ms step and a 10 s step both react to the wall-time signal within
-about ``2 * signal_check_s`` seconds plus one step: each rank proposes the step count that
+about ``2 * max(signal_check_s, one step)``: each rank proposes the step count that
 takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
 smallest wins), and every rank reads the same interval at the same step. A fixed
 ``signal_check_every`` (steps) turns that off.
@@ -93,7 +93,7 @@ from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import PrecisionError, make_precision
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, signals_blocked
 from hpc_harness.strategy import Strategy, average_gradients
 
 
@@ -270,7 +270,8 @@ class Trainer:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start(done * self.batch_size)
             self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
-            batches = iter(self.train_loader)
+            with signals_blocked():  # workers are born with them blocked (shield_workers)
+                batches = iter(self.train_loader)
         else:
             batches = self._user_sampler_batches(epoch, done)
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
@@ -314,7 +315,8 @@ class Trainer:
         elif self._pending_rng is not None:  # the RNG of this epoch's start
             torch.set_rng_state(self._pending_rng["epoch_start_torch"])
         self._epoch_rng = torch.get_rng_state()
-        batches = iter(self.train_loader)
+        with signals_blocked():
+            batches = iter(self.train_loader)
         for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
             pass
         return batches

@@ -69,7 +69,8 @@ def test_the_rebuilt_loader_keeps_the_users_settings_with_workers() -> None:
     assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.seed) == (2, 1, True, 11)
     assert wrapped.generator.initial_seed() == 11
     kept = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout")
-    kept += ("worker_init_fn", "persistent_workers", "prefetch_factor")
+    kept += ("persistent_workers", "prefetch_factor")
+    assert wrapped.worker_init_fn.args == (_init_worker,)  # run by the signal shield
     assert {k: getattr(wrapped, k) for k in kept} == {
         "batch_size": 3,
         "num_workers": 1,
@@ -77,7 +78,6 @@ def test_the_rebuilt_loader_keeps_the_users_settings_with_workers() -> None:
         "pin_memory": True,
         "drop_last": True,
         "timeout": 7,
-        "worker_init_fn": _init_worker,
         "persistent_workers": True,
         "prefetch_factor": 5,
     }
@@ -322,3 +322,21 @@ def test_bf16_with_dataparallel_over_several_gpus_is_refused_before_touching_the
         "on 2 GPUs): torch runs each in a thread that autocasts to float16, without a scaler; "
         "use --strategy ddp, or --precision 16-mixed"
     )
+
+
+def test_loaders_with_workers_get_the_shield_once_and_keep_the_users_init() -> None:
+    from hpc_harness.signals import shielded_worker_init
+
+    def users_init(worker_id: int) -> None: ...
+
+    data = TensorDataset(torch.arange(8.0))
+    replaced, _ = prepare_dataloader(DataLoader(data, num_workers=1, worker_init_fn=users_init))
+    kept, _ = prepare_dataloader(
+        DataLoader(data, num_workers=1, worker_init_fn=users_init), replace_sampler=False
+    )
+    for loader in (replaced, kept):
+        init = loader.worker_init_fn
+        assert (init.func, init.args) == (shielded_worker_init, (users_init,))
+        assert data_module.shield_workers(loader).worker_init_fn is init  # not wrapped twice
+    without_workers, _ = prepare_dataloader(DataLoader(data, worker_init_fn=users_init))
+    assert without_workers.worker_init_fn is users_init  # nothing runs in another process

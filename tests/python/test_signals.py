@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -167,3 +168,31 @@ def test_a_fixed_check_interval_is_kept(tmp_path) -> None:
     trainer = _tiny_trainer(tmp_path, 0.02, signal_check_every=7)
     assert trainer.train() == "finished"
     assert trainer.agreement._interval == 7
+
+
+def _shielded_worker(ready) -> None:
+    from hpc_harness.signals import shielded_worker_init
+
+    shielded_worker_init(
+        lambda worker_id: ready.set(), 0
+    )  # the user's worker_init_fn runs after the shield
+    time.sleep(60)
+
+
+def test_a_shielded_worker_outlives_every_signal_but_its_parents_sigterm() -> None:
+    import multiprocessing
+    import subprocess
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_shielded_worker, args=(ready,), daemon=True)
+    worker.start()
+    assert ready.wait(30)
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # not its parent: SLURM's
+    subprocess.run(["kill", "-USR1", str(worker.pid)], check=True)
+    os.kill(worker.pid, signal.SIGUSR1)  # the parent's USR1: not a request to end
+    worker.join(1.0)
+    assert worker.is_alive()
+    worker.terminate()  # the parent's SIGTERM: how torch ends a worker that does not exit
+    worker.join(30)
+    assert worker.exitcode == 0
