@@ -407,6 +407,7 @@ class Trainer:
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
             "world_size": self.world_size,
             "strategy": self.strategy.name,
             "precision": self.precision.name,
@@ -445,8 +446,11 @@ class Trainer:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         saved_world = int(state.get("world_size") or self.world_size)
-        if saved_world != self.world_size and 0 < self.step_in_epoch < self.steps_per_epoch:
-            self._rescale_position(saved_world)
+        if saved_world != self.world_size and self.step_in_epoch > 0:
+            if self.step_in_epoch >= state.get("steps_per_epoch", math.inf):  # it had ended
+                self.step_in_epoch = self.steps_per_epoch
+            else:
+                self._rescale_position(saved_world)
         self.metrics = dict(state.get("metrics") or {})
         self._pending_rng = state["rng"]  # restored once the epoch's iterator exists
         if self._pending_rng is None:  # another world size (load_checkpoint warned)

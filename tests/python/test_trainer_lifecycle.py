@@ -289,6 +289,37 @@ def test_a_resume_with_another_world_size_goes_on_from_the_epochs_samples_all_ra
     )
 
 
+def test_a_resume_on_more_ranks_past_their_epoch_length_goes_on_in_the_epoch(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """1 rank saved at step 8 of 12; 2 ranks have 6 steps an epoch. Before, step 8 >= 6 read
+    as the epoch's end, unrescaled and unannounced: 8 of its 24 samples never trained."""
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(24, 0), batch_size=2, shuffle=True)
+    assert build(ck, loader=data, max_steps=8).train() == "max_steps"
+    capsys.readouterr()
+    monkeypatch.setattr(pieces, "_group", lambda: TwoRanks(rank=0))
+    two = build(ck, gloo_context(0, 2), loader=data)
+    assert two._resume() is True and (two.epoch, two.step_in_epoch) == (0, 4)
+    assert "world size 1 -> 2 in epoch 0: 16 of its samples were read" in capsys.readouterr().out
+
+
+def test_an_epoch_ended_under_another_world_size_stays_ended(tmp_path) -> None:
+    """A checkpoint at the last of an epoch's 7 steps on 2 ranks (stored: steps_per_epoch),
+    resumed on 1 rank (13 steps an epoch): the epoch is over, step 13 of 13."""
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(25, 0), batch_size=2, shuffle=True)
+    first = build(ck, loader=data, max_steps=3)
+    first.train()
+    path = os.path.join(ck, "ckpt_step00000003.pt")
+    state = torch.load(path, weights_only=False)
+    assert state["steps_per_epoch"] == first.steps_per_epoch == 13
+    saved = {"world_size": 2, "step_in_epoch": 7, "steps_per_epoch": 7}
+    ckpt.atomic_save({**state, **saved}, path)
+    one = build(ck, loader=data)
+    assert one._resume() is True and (one.epoch, one.step_in_epoch) == (0, 13)
+
+
 @pytest.mark.parametrize(
     "saved_world, saved_step, at",
     [
