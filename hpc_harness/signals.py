@@ -101,6 +101,7 @@ class StopAgreement:
         self._flags = torch.zeros(3, device=ctx.device if ctx is not None else "cpu")
         self._work: Any = None  # the in-flight all-reduce of _flags
         self._unread = False  # a finished (drained) reduction the next check must read
+        self._due_stale = False  # saved() since the reduction in flight proposed its due
         self._interval = max(check_every, 1)  # steps between checks, the same on every rank
         self._steps = 0  # steps since the last check
         self._check_time = time.perf_counter()  # this rank's clock at the last check
@@ -129,6 +130,7 @@ class StopAgreement:
         """A checkpoint was written: the timed interval starts again."""
         self.checkpoint_due = False
         self._saved_time = time.monotonic()
+        self._due_stale = True
 
     def should_stop(self) -> bool:
         """True (on every rank at the same step) when the ranks agreed to stop. Collective:
@@ -153,11 +155,13 @@ class StopAgreement:
                 self._unread = False
                 flags = self._flags.tolist()
                 stop, due, self._interval = flags[0] > 0, flags[1] > 0, max(int(-flags[2]), 1)
+                due = due and not self._due_stale  # proposed before a save since
             if not stop:
                 # a due agreed now is saved at this step: proposing it again would save twice
                 flags = [float(local[0]), float(local[1] and not due), -proposal]
                 self._flags.copy_(self._flags.new_tensor(flags))
                 self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, async_op=True)
+                self._due_stale = False
         self.checkpoint_due = self.checkpoint_due or due
         return stop
 

@@ -197,6 +197,7 @@ class Trainer:
         self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
         self._counts: dict[str, int] = {}
         self.last_checkpoint: str | None = None
+        self._saved_at: tuple[int, int] | None = None  # (step, epoch) of last_checkpoint
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
         self.fingerprint = ckpt.fingerprint(self.run_config())
@@ -394,8 +395,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self) -> str:
-        """Save (atomically) and prune; every rank calls it; returns the path."""
+        """Save (atomically) and prune; every rank calls it; returns the path. A state already
+        saved (or resumed from: the same step and epoch) is not written again."""
         self.agreement.drain()
+        if self._saved_at == (self.global_step, self.epoch):
+            self.agreement.saved()
+            return self.last_checkpoint
         sharded = self.cfg.sharded_checkpoint
         model, optim = self.strategy.state(self.model, self.optimizer, sharded)
         state = {
@@ -424,7 +429,7 @@ class Trainer:
             self._write,
             sharded,
         )
-        self.last_checkpoint = path
+        self.last_checkpoint, self._saved_at = path, (self.global_step, self.epoch)
         self.agreement.saved()
         return path
 
@@ -455,7 +460,7 @@ class Trainer:
         self._pending_rng = state["rng"]  # restored once the epoch's iterator exists
         if self._pending_rng is None:  # another world size (load_checkpoint warned)
             torch.manual_seed(self.cfg.seed + self.rank)
-        self.last_checkpoint = state["path"]
+        self.last_checkpoint, self._saved_at = state["path"], (self.global_step, self.epoch)
         return True
 
     def _rescale_position(self, saved_world: int) -> None:

@@ -248,6 +248,25 @@ def test_with_a_group_a_timed_checkpoint_is_saved_once_per_interval(
     assert saves == [105, 210, 315]
 
 
+def test_a_save_between_two_checks_makes_the_due_in_flight_stale(
+    group: OtherRank, clock: FakeClock
+) -> None:
+    """A step checkpoint (checkpoint_every) right after the check that proposed a timed one:
+    the due read at the next check was proposed before that save, so it is not acted on (it
+    was: every rank saved again one check later, steps 5 and 6 here)."""
+    stop = StopAgreement(_ctx(world_size=2), check_every=1, checkpoint_every_s=4.5)
+    saves = []
+    for step in range(1, 13):
+        clock.perf += 1.0
+        clock.mono += 1.0  # a 1 s step
+        assert not stop.should_stop()
+        if stop.checkpoint_due or step % 5 == 0:  # what the Trainer does: drain, save, saved()
+            stop.drain()
+            saves.append(step)
+            stop.saved()
+    assert saves == [5, 10]
+
+
 def test_stop_now_waits_for_the_reduction_in_flight_then_asks_every_rank_at_once(
     group: OtherRank, monkeypatch: pytest.MonkeyPatch
 ) -> None:

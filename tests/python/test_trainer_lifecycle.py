@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -514,3 +515,52 @@ def test_the_users_loader_is_kept_when_asked_or_when_it_has_a_batch_sampler(tmp_
     trainer.eval_step = lambda batch: sizes.append(len(batch[1])) or real_eval_step(batch)
     trainer.evaluate()
     assert sizes == [1, 1, 1, 1, 1]  # the 5 eval samples
+
+
+def _counting_writes(trainer: Trainer) -> list[str]:
+    writes: list[str] = []
+
+    def write(state: dict, path: str) -> None:
+        writes.append(os.path.basename(path))
+        ckpt.atomic_save(state, path)
+
+    trainer._write = write  # type: ignore[method-assign]
+    return writes
+
+
+def test_a_state_already_saved_is_not_saved_again(tmp_path) -> None:
+    """max_steps on a step checkpoint: saved once (before: twice, the second within the
+    signal's lead at a requeue, and a .dcp rewrite left no checkpoint for a moment)."""
+    ck = str(tmp_path / "ck")
+    first = build(ck, epochs=3, max_steps=6, checkpoint_every=3)
+    writes = _counting_writes(first)
+    assert first.train() == "max_steps"
+    assert writes == ["ckpt_step00000003.pt", "ckpt_step00000006.pt"]
+    # a signal at an epoch's last step (4 of 4) saves before the evaluation; resumed with a
+    # signal already there, the checkpoint it loaded is the one the marker names
+    ck = str(tmp_path / "ck2")
+    stopped = build(ck, trainer_cls=SignalAtStep4, epochs=3, signal_check_every=1)
+    assert stopped.train() == "requeue" and (stopped.epoch, stopped.step_in_epoch) == (0, 4)
+    again = build(ck, epochs=3)
+    writes = _counting_writes(again)
+    again.agreement.signum = signal.SIGUSR1
+    assert again.train() == "requeue" and writes == []
+    assert again.last_checkpoint == stopped.last_checkpoint
+
+
+class SignalAtStep4(Trainer):
+    def _compute_loss(self, batch: Any) -> torch.Tensor:
+        if self.global_step == 3:
+            self.agreement.signum = signal.SIGUSR1
+        return super()._compute_loss(batch)
+
+
+def test_the_end_of_an_epoch_is_saved_at_the_same_step_again(tmp_path) -> None:
+    """Saved at an epoch's last step before its evaluation, the end of the run saves that step
+    again: the epoch's end and its metrics are new."""
+    ck = str(tmp_path / "ck")
+    trainer = build(ck, epochs=1, checkpoint_every=4)
+    writes = _counting_writes(trainer)
+    assert trainer.train() == "finished"
+    assert writes == ["ckpt_step00000004.pt", "ckpt_step00000004.pt"]
+    assert torch.load(os.path.join(ck, writes[0]), weights_only=False)["epoch"] == 1
