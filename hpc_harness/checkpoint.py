@@ -107,18 +107,29 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp.0")
     main = not dist.is_initialized() or dist.get_rank() == 0
     if main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_folder(tmp)
         os.makedirs(tmp)
     if dist.is_initialized():
         dist.barrier()
     dcp.save({k: state.pop(k) for k in ("model", "optimizer") if k in state}, checkpoint_id=tmp)
     if main:  # dcp.save returned: every rank's part is written
         atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_folder(path)
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
     if dist.is_initialized():  # every rank returns once ``path`` is complete
         dist.barrier()
+
+
+def _remove_folder(path: str) -> None:
+    """Rename ``path`` (if there) aside, then delete it: its name is free at once, even with a
+    file inside held open (on NFS a .nfs* file stays until closed; rmtree then leaves the
+    folder); a checkpoint's leftover goes with prune's temporary files (_TEMP_RE)."""
+    if os.path.exists(path):
+        name = f".{os.path.basename(path)}.tmp.{secrets.randbelow(10**9) + 1}"
+        aside = os.path.join(os.path.dirname(path), name)
+        os.replace(path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _step(path: str) -> int:

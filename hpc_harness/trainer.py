@@ -32,7 +32,8 @@ What it does for you:
 - run identity: every checkpoint and ``<ckpt_dir>/run.json`` hold the run's fingerprint
   (``run_config()`` minus checkpoint.RESUME_FREE_KEYS); resuming with another raises
   checkpoint.RunMismatch before training; ``fresh`` moves the old folder aside; a run resumed
-  at its end says "already finished" and keeps ``last.pt``;
+  at its end says "already finished" and keeps ``last.pt`` (writes it if missing or of
+  another step);
 - SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
   ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
   checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
@@ -572,15 +573,30 @@ class Trainer:
 
     def _finish_again(self, status: str) -> str:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.
-        ``last.pt`` (``last.dcp``) is written only if it is missing (the job died before)."""
+        ``last.pt`` (``last.dcp``) is written again only if it is missing or of another step
+        (the job died between its last checkpoint and it)."""
         path = self._final_path()
-        if pieces.from_rank0(not os.path.exists(path)):
+        step = pieces.from_rank0(self._final_step() if self.is_main else None)
+        kept = f"{self.last_checkpoint} and {path} are kept as they are"
+        if step != self.global_step:
             self._save_final()
+            was = "missing" if step is None else f"of step {step}"
+            kept = f"{self.last_checkpoint} is kept, {path} written again from it (it was {was})"
         self._print(
-            f"hpc_harness: already finished ({status}) at global step {self.global_step}: "
-            f"{self.last_checkpoint} and {path} are kept as they are"
+            f"hpc_harness: already finished ({status}) at global step {self.global_step}: {kept}"
         )
         return status
+
+    def _final_step(self) -> int | None:
+        """The global step ``last.pt`` (``last.dcp``) holds; None if it is missing or unreadable."""
+        path = self._final_path()
+        meta = os.path.join(path, "meta.pt") if self.cfg.sharded_checkpoint else path
+        try:  # mmap: a model's tensors are not read
+            return int(
+                torch.load(meta, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+            )
+        except Exception:  # noqa: BLE001 - any unreadable file is written again
+            return None
 
     def _requeue(self) -> str:
         """Signal path: save, rank 0 writes the marker, every rank returns once it exists (the

@@ -4,6 +4,7 @@ run only, the name ``--fresh`` gives the old folder, and the CUDA RNG hand-back.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -129,6 +130,36 @@ def test_a_sharded_save_is_one_folder_that_resumes_the_model_and_optimizer(tmp_p
         assert torch.equal(p, q), name
     for a, b in zip(opt.state.values(), other_opt.state.values()):
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypatch) -> None:
+    """The folder of the same name (a rewrite of last.dcp) and a leftover temporary folder each
+    hold a file that cannot be deleted (on NFS, a .nfs* file another process holds open:
+    EBUSY, faked). Before, the save deleted what it could and failed: "Directory not empty"
+    at the rename (or at the next save, FileExistsError), the old model gone. Now each goes
+    aside by a rename first (which a busy file does not stop) and the save completes."""
+    from types import SimpleNamespace
+
+    from hpc_harness.strategy import Strategy
+
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs) -> None:
+        if os.path.basename(path).startswith(".nfs"):
+            raise OSError(errno.EBUSY, "Device or resource busy", path)
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    ctx = SimpleNamespace(world_size=1, local_world_size=1, device=torch.device("cpu"), devices=[])
+    model, opt = _model_and_optimizer(0)
+    msd, osd = Strategy("ddp", ctx).state(model, opt, sharded=True)
+    path = str(tmp_path / "last.dcp")
+    for folder in (path, str(tmp_path / ".last.dcp.tmp.0")):
+        os.makedirs(folder)
+        (tmp_path / folder / ".nfs0000000000000001").write_text("open elsewhere")
+    ckpt.save_sharded({"model": msd, "optimizer": osd, "global_step": 3}, path)
+    assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert ckpt.load_file(path)["global_step"] == 3
 
 
 def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, capsys) -> None:

@@ -564,3 +564,26 @@ def test_the_end_of_an_epoch_is_saved_at_the_same_step_again(tmp_path) -> None:
     assert trainer.train() == "finished"
     assert writes == ["ckpt_step00000004.pt", "ckpt_step00000004.pt"]
     assert torch.load(os.path.join(ck, writes[0]), weights_only=False)["epoch"] == 1
+
+
+def test_a_finished_run_whose_last_pt_is_of_an_earlier_step_writes_it_again(
+    tmp_path, capsys
+) -> None:
+    """last.pt of an earlier piece (max_steps 2), then a piece killed between its last
+    checkpoint and its last.pt: the run finished again rewrites last.pt from that checkpoint.
+    Before, "kept as they are": a model of step 2 published as the result of step 4."""
+    ck = str(tmp_path / "ck")
+    assert build(ck, max_steps=2).train() == "max_steps"
+    killed = build(ck)
+    killed._save_final = lambda: None  # type: ignore[method-assign]  # killed before last.pt
+    assert killed.train() == "finished"
+    capsys.readouterr()
+    again = build(ck)
+    assert again.train() == "finished"
+    last = torch.load(os.path.join(ck, "last.pt"), weights_only=False)
+    assert (last["global_step"], last["epoch"]) == (4, 1)
+    for name, p in killed.model.state_dict().items():
+        assert torch.equal(last["model"][name], p), name
+    assert capsys.readouterr().out.endswith(
+        f"{os.path.join(ck, 'last.pt')} written again from it (it was of step 2)\n"
+    )

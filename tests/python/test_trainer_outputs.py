@@ -85,16 +85,21 @@ def test_a_finished_run_resumed_keeps_last_pt_or_writes_it_when_missing(tmp_path
     ck = str(tmp_path / "ck")
     assert make_trainer(ck).train() == "finished"
     last = os.path.join(ck, "last.pt")
-    torch.save({"kept": True}, last)  # stands for the run's own last.pt
+    torch.save({"kept": True, "global_step": 4}, last)  # stands for the run's own last.pt
     capsys.readouterr()
     assert make_trainer(ck).train() == "finished"
-    assert torch.load(last) == {"kept": True}
+    assert torch.load(last) == {"kept": True, "global_step": 4}
     checkpoint = os.path.join(ck, "ckpt_step00000004.pt")
     assert capsys.readouterr().out.endswith(
         f"hpc_harness: already finished (finished) at global step 4: {checkpoint} and {last} "
         "are kept as they are\n"
     )
     os.remove(last)  # the job died between the last checkpoint and last.pt
+    assert make_trainer(ck).train() == "finished"
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+    assert capsys.readouterr().out.endswith(f"{last} written again from it (it was missing)\n")
+    with open(last, "wb") as f:
+        f.write(b"cut short")  # unreadable: written again too
     assert make_trainer(ck).train() == "finished"
     assert torch.load(last, weights_only=False)["global_step"] == 4
 
