@@ -362,11 +362,13 @@ class Trainer:
         return metrics
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, stoppable: bool = False) -> dict[str, float] | None:
         """:meth:`eval_step`'s metrics averaged over ``eval_data``, sharded over ranks, every
         sample counted once. Batches are built with the training DataLoader's ``collate_fn``.
         Every rank runs the same number of forward passes (a rank short of samples repeats a
-        batch and discards it): ddp and fsdp forwards are collective."""
+        batch and discards it): ddp and fsdp forwards are collective. ``stoppable``: the stop
+        agreement is checked at every batch, and None returned once the ranks agreed to stop
+        (an evaluation can last longer than the signal's lead)."""
         if self.eval_data is None:
             return {}
         self.model.eval()
@@ -375,6 +377,9 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         count = 0
         for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
+            if stoppable and self.agreement.should_stop():
+                self.model.train()
+                return None
             idx = mine[b : b + size]
             samples = [self.eval_data[i] for i in idx or mine[:size] or [0]]
             batch = self.train_loader.collate_fn(samples)
@@ -530,8 +535,8 @@ class Trainer:
                     status = "requeue"
                 if status == "requeue":
                     return self._requeue()
-                if self.step_in_epoch >= self.steps_per_epoch:
-                    self._end_epoch()
+                if self.step_in_epoch >= self.steps_per_epoch and not self._end_epoch():
+                    return self._requeue()  # stopped in the evaluation: evaluated again after
             if self.global_step != start_step or self.last_checkpoint is None:
                 self._save_checkpoint()
             self._save_final()
@@ -559,9 +564,13 @@ class Trainer:
         where = " and ".join(m for m in moved if m)
         self._print(f"hpc_harness: starting fresh; the earlier run's files are in {where}")
 
-    def _end_epoch(self) -> None:
-        """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch."""
-        self.metrics = self.evaluate()
+    def _end_epoch(self) -> bool:
+        """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch; False
+        (and nothing changed) when the ranks agreed to stop during the evaluation."""
+        metrics = self.evaluate(stoppable=True)
+        if metrics is None:
+            return False
+        self.metrics = metrics
         if self.metrics:
             values = " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
             self._print(f"hpc_harness: epoch {self.epoch} {values}")
@@ -570,6 +579,7 @@ class Trainer:
             self.scheduler.step(self.metrics[self.cfg.monitor])
         self.epoch += 1
         self.step_in_epoch = 0
+        return True
 
     def _finish_again(self, status: str) -> str:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.

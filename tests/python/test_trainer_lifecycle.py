@@ -414,9 +414,9 @@ def test_the_final_line_gives_status_step_time_and_metrics(tmp_path, monkeypatch
     trainer = make_trainer(str(tmp_path / "ck"))
     real_end_epoch = trainer._end_epoch
 
-    def end_epoch() -> None:  # the epoch took 2.5 s of the fixed clock
+    def end_epoch() -> bool:  # the epoch took 2.5 s of the fixed clock
         now[0] += 2.5
-        real_end_epoch()
+        return real_end_epoch()
 
     trainer._end_epoch = end_epoch
     assert trainer.train() == "finished"
@@ -587,3 +587,33 @@ def test_a_finished_run_whose_last_pt_is_of_an_earlier_step_writes_it_again(
     assert capsys.readouterr().out.endswith(
         f"{os.path.join(ck, 'last.pt')} written again from it (it was of step 2)\n"
     )
+
+
+class SignalInEvaluation(Trainer):
+    """The signal comes at the second evaluation batch of the first epoch's end."""
+
+    evaluated = 0
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        self.evaluated += 1
+        if self.evaluated == 2 and self.epoch == 0:
+            self.agreement.signum = signal.SIGUSR1
+        return super().eval_step(batch)
+
+
+def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_again(
+    tmp_path, capsys
+) -> None:
+    """Before, the evaluation ran to its end and training went on to the next check: an
+    evaluation longer than the signal's lead meant a kill with no checkpoint, no requeue."""
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(8, 0), batch_size=1, shuffle=True)  # 8 steps; 5 eval batches
+    stopped = build(ck, trainer_cls=SignalInEvaluation, loader=data, epochs=2, signal_check_every=1)
+    assert stopped.train() == "requeue"
+    assert stopped.evaluated < 5 and (stopped.epoch, stopped.step_in_epoch) == (0, 8)
+    resumed = build(ck, loader=data, epochs=2)
+    assert resumed.train() == "finished"
+    whole = build(str(tmp_path / "whole"), loader=data, epochs=2)
+    assert whole.train() == "finished" and resumed.metrics == whole.metrics
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        assert torch.equal(a, b)
