@@ -290,13 +290,20 @@ def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict) else None
 
 
+def slurm_attempt() -> tuple[str | None, int]:
+    """This run of a SLURM job: its id and how often it was requeued (0 on the first)."""
+    return os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def write_run_file(ckpt_dir: str, fp: Mapping[str, Any]) -> None:
     """Claim ``ckpt_dir`` for this run: write ``run.json`` (the fingerprint, the time, the SLURM
     job id, :data:`RUN_MARK`) atomically."""
+    job_id, restarts = slurm_attempt()
     record = {
         "fingerprint": dict(fp),
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_job_id": job_id,
+        "slurm_restart_count": restarts,
         "writer": RUN_MARK,
     }
     text = json.dumps(record, indent=1, sort_keys=True)
@@ -346,19 +353,22 @@ def identity_error(
     )
 
 
-def move_aside(ckpt_dir: str, job_id: str | None = None) -> str | None:
+def move_aside(ckpt_dir: str, attempt: tuple[str | None, int] = (None, 0)) -> str | None:
     """``--fresh``: rename ``ckpt_dir`` to ``<ckpt_dir>.old-<UTC time>`` (never deletes);
     returns the new name, or None when there was nothing to move.
 
     A requeued job runs its command again, ``--fresh`` included: when ``run.json`` was written
-    by this same SLURM job (``job_id``), the folder is this run's own and is left alone, so
-    the requeued job resumes instead of starting over again."""
+    by an earlier run of this same SLURM job (``attempt``: :func:`slurm_attempt`, the job id
+    and a higher restart count), the folder is this run's own and is left alone, so the
+    requeued job resumes instead of starting over again. The same job and restart count is
+    a command run again in the job's allocation (a second ``srun``): moved aside."""
     folder = os.path.abspath(ckpt_dir)
     if not os.path.isdir(folder) or not os.listdir(folder):
         return None
-    run = read_run_file(folder)
+    run, (job_id, restarts) = read_run_file(folder), attempt
     if job_id and run is not None and run.get("slurm_job_id") == job_id:
-        return None
+        if run.get("slurm_restart_count", -1) < restarts:
+            return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside = f"{folder}.old-{stamp}"
     n = 1

@@ -554,7 +554,7 @@ class Trainer:
     def _move_aside(self) -> None:
         """``fresh``: the checkpoint folder (unless this same job's, see checkpoint.move_aside)
         and with it a separate ``run_dir`` (metrics.csv, the W&B run id) go aside."""
-        moved = [ckpt.move_aside(self.cfg.ckpt_dir, os.environ.get("SLURM_JOB_ID"))]
+        moved = [ckpt.move_aside(self.cfg.ckpt_dir, ckpt.slurm_attempt())]
         if moved[0] is None:
             return
         ck = os.path.abspath(self.cfg.ckpt_dir)

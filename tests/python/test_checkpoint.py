@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import signal
@@ -141,9 +142,18 @@ def test_fresh_moves_the_folder_aside_but_not_for_a_requeue_of_the_same_job(
     folder = str(tmp_path / "ck")
     ckpt.atomic_save(_state(4), ckpt.checkpoint_path(folder, 4))
     monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)  # the job's first run: 0
     ckpt.write_run_file(folder, {"lr": 0.1})
-    assert ckpt.move_aside(folder, job_id="77") is None  # requeued: this job's own run
-    aside = ckpt.move_aside(folder, job_id="78")
+    assert ckpt.read_run_file(folder)["slurm_restart_count"] == 0
+    assert ckpt.move_aside(folder, ("77", 1)) is None  # requeued: this job's own run
+    assert ckpt.move_aside(folder, ("77", 2)) is None  # twice
+    # the same job and run again in its allocation (a second srun --fresh): moved, as it
+    # was not before (it resumed)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    ckpt.write_run_file(folder, {"lr": 0.1})
+    assert ckpt.move_aside(folder, ("77", 1)) is not None
+    os.rename(glob.glob(f"{folder}.old-*")[0], folder)
+    aside = ckpt.move_aside(folder, ("78", 0))
     assert aside and os.path.basename(aside).startswith("ck.old-")
     assert not os.path.exists(folder)
     assert sorted(os.listdir(aside)) == ["ckpt_step00000004.pt", "run.json"]

@@ -52,6 +52,7 @@ def test_run_json_holds_the_sorted_fingerprint_the_utc_time_and_the_job_id(
         '  "lr": 0.1\n'
         " },\n"
         ' "slurm_job_id": "4242",\n'
+        ' "slurm_restart_count": 0,\n'
         ' "writer": "0123456789abcdef",\n'
         ' "written": "2026-11-23T20:05:09Z"\n'
         "}\n"
@@ -63,6 +64,7 @@ def test_run_json_holds_the_sorted_fingerprint_the_utc_time_and_the_job_id(
     assert ckpt.read_run_file(str(tmp_path)) == {
         "fingerprint": {"lr": 0.2},
         "slurm_job_id": None,
+        "slurm_restart_count": 0,
         "writer": "0123456789abcdef",
         "written": "2026-11-23T20:05:09Z",
     }

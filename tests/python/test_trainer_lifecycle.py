@@ -83,6 +83,7 @@ def test_fresh_moves_an_earlier_jobs_folder_aside_but_keeps_its_own_jobs(
     monkeypatch.setenv("SLURM_JOB_ID", "111")
     assert make_trainer(ck).train() == "finished"
     capsys.readouterr()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert make_trainer(ck, fresh=True).train() == "finished"  # the same job, requeued
     out = capsys.readouterr().out
     assert "starting fresh" not in out and "hpc_harness: already finished (finished)" in out
@@ -108,6 +109,7 @@ def test_fresh_moves_a_separate_run_dir_aside_with_the_checkpoints(
     monkeypatch.setenv("SLURM_JOB_ID", "111")
     assert make_trainer(ck, run_dir=runs, log_every=1).train() == "finished"
     capsys.readouterr()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert make_trainer(ck, run_dir=runs, fresh=True).train() == "finished"  # requeued
     assert glob.glob(f"{runs}.old-*") == [] and "starting fresh" not in capsys.readouterr().out
     monkeypatch.setenv("SLURM_JOB_ID", "222")
