@@ -361,8 +361,10 @@ def move_aside(ckpt_dir: str, attempt: tuple[str | None, int] = (None, 0)) -> st
     by an earlier run of this same SLURM job (``attempt``: :func:`slurm_attempt`, the job id
     and a higher restart count), the folder is this run's own and is left alone, so the
     requeued job resumes instead of starting over again. The same job and restart count is
-    a command run again in the job's allocation (a second ``srun``): moved aside."""
-    folder = os.path.abspath(ckpt_dir)
+    a command run again in the job's allocation (a second ``srun``): moved aside. Through a
+    symlink (checkpoints on scratch), the folder it points to goes aside beside itself and
+    an empty one takes its place: the link stays."""
+    folder = os.path.realpath(ckpt_dir)
     if not os.path.isdir(folder) or not os.listdir(folder):
         return None
     run, (job_id, restarts) = read_run_file(folder), attempt
@@ -376,6 +378,8 @@ def move_aside(ckpt_dir: str, attempt: tuple[str | None, int] = (None, 0)) -> st
         n += 1
         aside = f"{folder}.old-{stamp}-{n}"
     os.rename(folder, aside)
+    if os.path.islink(ckpt_dir.rstrip("/")):
+        os.mkdir(folder)
     return aside
 
 

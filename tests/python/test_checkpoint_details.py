@@ -254,6 +254,21 @@ def test_fresh_numbers_the_old_folder_when_that_name_is_taken(tmp_path, monkeypa
         assert aside == str(tmp_path / f"ck.old-20261123T200509Z-{number}")
 
 
+def test_fresh_through_a_symlink_moves_the_folder_it_points_to(tmp_path) -> None:
+    """~/ckpts -> /scratch/exp1 (checkpoints on scratch): the data goes aside beside itself
+    and the link keeps pointing at an empty folder. Before, the link was renamed and the
+    fresh run wrote its checkpoints into a new folder on home (quota, slow file system)."""
+    scratch, link = tmp_path / "scratch" / "exp1", tmp_path / "home" / "ckpts"
+    scratch.mkdir(parents=True)
+    (scratch / "run.json").write_text("{}")
+    link.parent.mkdir()
+    link.symlink_to(scratch)
+    aside = ckpt.move_aside(str(link))
+    assert aside is not None and os.path.dirname(aside) == str(scratch.parent)
+    assert os.listdir(aside) == ["run.json"]
+    assert os.path.islink(link) and os.path.samefile(link, scratch) and os.listdir(scratch) == []
+
+
 # --------------------------------------------------------------------------- RNG
 
 
