@@ -23,7 +23,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
                 path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
 
-A checkpoint is a dict with at least ``model`` and ``global_step``; plain tensors and python
+This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
+resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another;
+the Trainer rescales). A checkpoint is a dict with at least ``model`` and ``global_step``; plain tensors and python
 types only (it is loaded with ``weights_only=True``). :func:`save_checkpoint` adds every
 rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomness in the model
 (dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between

@@ -151,6 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
             return 2
         step = 0
+        if state is not None and state["world_size"] != ctx.world_size:
+            if ctx.is_main:  # the position below is a step count: the same ranks only
+                print(
+                    f"hpc_harness: error: {state['path']} was written by {state['world_size']} "
+                    "ranks; this loop resumes with as many (its position is a step count): run "
+                    f"with {state['world_size']}, or start another --ckpt-dir",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 2
         if state is not None:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
@@ -160,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def save() -> str:
             keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-            saved = {**keep, "global_step": step, "fingerprint": run}
+            saved = {**keep, "global_step": step, "fingerprint": run, "world_size": ctx.world_size}
             path = hp.save_checkpoint(ckpt_dir, saved, step)
             stop.saved()
             return path

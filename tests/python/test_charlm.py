@@ -162,3 +162,27 @@ def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.startswith(f"hpc_harness: error: {tmp_path} holds checkpoints of another run: lr ")
     assert err.count("\n") == 1
+
+
+def test_a_resume_under_another_world_size_stops_before_training(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """The loop's position is its step count (divmod by the steps of an epoch, which depend on
+    the world size): resumed by another number of ranks it trained the wrong part of the data
+    (2 ranks at step 40 had read epoch 2 to sample 64; 1 rank went on in epoch 1 after 32)."""
+    from hpc_harness import checkpoint as ckpt
+
+    args = ["--steps", "3", "--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, args, []) == 0
+    path = str(tmp_path / "ckpt_step00000003.pt")
+    state = torch.load(path, weights_only=False)
+    assert state["world_size"] == 1
+    ckpt.atomic_save({**state, "world_size": 2}, path)
+    capsys.readouterr()
+    losses: list[float] = []
+    assert _run_in_process(monkeypatch, [*args[:1], "6", *args[2:]], losses) == 2
+    assert losses == []
+    assert capsys.readouterr().err == (
+        f"hpc_harness: error: {path} was written by 2 ranks; this loop resumes with as many "
+        "(its position is a step count): run with 2, or start another --ckpt-dir\n"
+    )
