@@ -24,18 +24,19 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
 
 This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
-resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another;
-the Trainer rescales). A checkpoint is a dict with at least ``model`` and ``global_step``; plain tensors and python
-types only (it is loaded with ``weights_only=True``). :func:`save_checkpoint` adds every
-rank's RNG states and :func:`load_checkpoint` restores this rank's, so randomness in the model
-(dropout) continues as if uninterrupted, provided nothing else draws from the global RNG between
-the load and the step (give the DataLoader its own ``generator``: an epoch's iterator draws a
-seed from it, else from the global RNG). :class:`~hpc_harness.trainer.Trainer` is the same
-pieces with the loop written for you. ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from
-``checkpoint.fingerprint(your_args)``, also stored in your checkpoints) refuses, on every rank,
-to resume another run's checkpoints (``checkpoint.RunMismatch``). With a ``spawn`` or
-``forkserver`` multiprocessing context, start each epoch's iterator inside ``with
-hp.signals_blocked(): batches = iter(loader)`` (workers take seconds to start).
+resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another; the
+Trainer rescales). A checkpoint is a dict with at least ``model`` and ``global_step``; plain
+tensors and python types only (it is loaded with ``weights_only=True``).
+:func:`save_checkpoint` adds every rank's RNG states and :func:`load_checkpoint` restores this
+rank's, so randomness in the model (dropout) continues as if uninterrupted, provided nothing
+else draws from the global RNG between the load and the step (give the DataLoader its own
+``generator``: an epoch's iterator draws a seed from it, else from the global RNG).
+:class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
+``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
+also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
+(``checkpoint.RunMismatch``). With a ``spawn`` or ``forkserver`` multiprocessing context, start
+each epoch's iterator inside ``with hp.signals_blocked(): batches = iter(loader)`` (workers
+take seconds to start).
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ def shielded_worker_init(init_fn: Callable[[int], None] | None, worker_id: int) 
     its parent; a spawned worker has no handler for SIGUSR1) crashes the training before it
     can checkpoint. The worker blocks them; a thread takes them and ends the worker only at
     its parent's SIGTERM (how torch stops a worker that does not exit)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    threading.Thread(target=_exit_at_parents_sigterm, daemon=True).start()
+    if hasattr(signal, "sigwaitinfo"):  # Linux (not macOS, a laptop: no SLURM to shield from)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        threading.Thread(target=_exit_at_parents_sigterm, daemon=True).start()
     if init_fn is not None:
         init_fn(worker_id)
 

@@ -196,3 +196,16 @@ def test_a_shielded_worker_outlives_every_signal_but_its_parents_sigterm() -> No
     worker.terminate()  # the parent's SIGTERM: how torch ends a worker that does not exit
     worker.join(30)
     assert worker.exitcode == 0
+
+
+def test_without_sigwaitinfo_a_worker_is_not_shielded(monkeypatch) -> None:
+    """macOS has no sigwaitinfo: nothing is blocked (nothing could end the worker then), the
+    user's worker_init_fn still runs."""
+    from hpc_harness.signals import shielded_worker_init
+
+    monkeypatch.delattr(signal, "sigwaitinfo")
+    blocked: list = []
+    monkeypatch.setattr(signal, "pthread_sigmask", lambda *a: blocked.append(a))
+    ran: list[int] = []
+    shielded_worker_init(ran.append, 3)
+    assert ran == [3] and blocked == []
