@@ -256,7 +256,7 @@ _claimed: set[str] = set()  # the folders this process wrote run.json into
 RESUME_FREE_KEYS = frozenset(
     " ".join(
         [
-            "gpus strategy fsdp_wrap sharded_checkpoint precision",  # hardware, distribution
+            "gpus strategy fsdp_wrap sharded_checkpoint precision num_workers",  # hardware
             "ckpt_dir data_dir run_dir",  # paths (a requeued job stages its data elsewhere)
             "max_steps steps",  # where this piece stops (a run may go on in pieces; charlm)
             "log_every wandb wandb_project",  # logging

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32")
     g.add_argument("--strategy", choices=("ddp", "dp", "ddp2", "fsdp"), default="ddp")
     g.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader worker processes per rank"
+    )
+    g.add_argument(
         "--gpus",
         default=None,
         help="count (2), -1 for all, 0 for none; ignored when SLURM set CUDA_VISIBLE_DEVICES",
@@ -190,7 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         torch.manual_seed(args.seed)  # same initial weights on every rank
         model = make_model(args.layers, args.hidden)
-        loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
+        loader = DataLoader(
+            train_set, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers
+        )
         cfg = TrainConfig(
             epochs=args.epochs,
             max_steps=args.max_steps,

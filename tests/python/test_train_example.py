@@ -247,6 +247,7 @@ def test_precision_cadence_and_logging_may_change_across_a_resume(tmp_path, digi
     capsys.readouterr()
     changed = ["--precision", "bf16-mixed", "--log-every", "3", "--checkpoint-every", "4"]
     changed += ["--keep-last", "1", "--signal-check-seconds", "0.2", "--max-steps", "8"]
+    changed += ["--num-workers", "1"]  # DataLoader worker processes (shielded from signals)
     assert main([*base, *changed]) == 0
     assert "resumed from" in capsys.readouterr().out
 
