@@ -181,3 +181,27 @@ def test_checkpoints_load_without_running_pickled_code(tmp_path) -> None:
     assert not marker.exists(), "loading a checkpoint ran pickled code (weights_only=False)"
     assert path == ckpt.checkpoint_path(folder, 1) and state["global_step"] == 1
     assert "skipping unreadable checkpoint" in logs[0]
+
+
+def test_slurm_attempt_is_the_job_id_and_its_restart_count(monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert ckpt.slurm_attempt() == ("5", 3)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert ckpt.slurm_attempt() == (None, 0)
+
+
+def test_fresh_outside_slurm_moves_and_an_older_run_json_of_the_job_is_kept(
+    tmp_path, monkeypatch
+) -> None:
+    """Outside SLURM (no job id on either side) --fresh always moves; a run.json written
+    before restart counts were recorded, by this same job, is taken for a requeue's."""
+    folder = str(tmp_path / "ck")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    ckpt.write_run_file(folder, {"lr": 0.1})
+    assert ckpt.move_aside(folder, (None, 0)) is not None
+    os.makedirs(folder)
+    with open(os.path.join(folder, ckpt.RUN_FILE), "w") as f:
+        f.write('{"fingerprint": {}, "slurm_job_id": "9"}')
+    assert ckpt.move_aside(folder, ("9", 0)) is None

@@ -157,9 +157,16 @@ def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypa
     for folder in (path, str(tmp_path / ".last.dcp.tmp.0")):
         os.makedirs(folder)
         (tmp_path / folder / ".nfs0000000000000001").write_text("open elsewhere")
+    drawn: list[int] = []
+    monkeypatch.setattr(ckpt.secrets, "randbelow", lambda n: drawn.append(n) or 0)
     ckpt.save_sharded({"model": msd, "optimizer": osd, "global_step": 3}, path)
     assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "meta.pt"]
     assert ckpt.load_file(path)["global_step"] == 3
+    # each went aside beside itself, a temporary name of its own, emptied but for the busy file
+    assert drawn == [10**9, 10**9]
+    assert sorted(os.listdir(tmp_path)) == ["..last.dcp.tmp.0.tmp.1", ".last.dcp.tmp.1", "last.dcp"]
+    for leftover in ("..last.dcp.tmp.0.tmp.1", ".last.dcp.tmp.1"):
+        assert os.listdir(tmp_path / leftover) == [".nfs0000000000000001"]
 
 
 def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, capsys) -> None:
@@ -258,12 +265,12 @@ def test_fresh_through_a_symlink_moves_the_folder_it_points_to(tmp_path) -> None
     """~/ckpts -> /scratch/exp1 (checkpoints on scratch): the data goes aside beside itself
     and the link keeps pointing at an empty folder. Before, the link was renamed and the
     fresh run wrote its checkpoints into a new folder on home (quota, slow file system)."""
-    scratch, link = tmp_path / "scratch" / "exp1", tmp_path / "home" / "ckpts"
+    scratch, link = tmp_path / "scratch" / "exp1", tmp_path / "home" / "ckptsX"
     scratch.mkdir(parents=True)
     (scratch / "run.json").write_text("{}")
     link.parent.mkdir()
     link.symlink_to(scratch)
-    aside = ckpt.move_aside(str(link))
+    aside = ckpt.move_aside(f"{link}/")  # as typed with a trailing slash
     assert aside is not None and os.path.dirname(aside) == str(scratch.parent)
     assert os.listdir(aside) == ["run.json"]
     assert os.path.islink(link) and os.path.samefile(link, scratch) and os.listdir(scratch) == []

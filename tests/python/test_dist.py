@@ -319,3 +319,17 @@ def test_a_variable_that_is_not_a_number_is_named_with_its_value() -> None:
     with pytest.raises(LaunchError) as refused:
         detect_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "x1"})
     assert str(refused.value) == "MASTER_PORT must be a whole number, got 'x1'"
+
+
+@pytest.mark.parametrize(
+    ("initialized", "world_size", "is_group"),
+    [(True, 2, True), (True, 3, True), (True, 1, False), (False, 2, False)],
+)
+def test_group_is_torch_distributed_only_with_more_than_one_rank(
+    monkeypatch, initialized: bool, world_size: int, is_group: bool
+) -> None:
+    import torch.distributed as tdist
+
+    monkeypatch.setattr(tdist, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(tdist, "get_world_size", lambda group=None: world_size)
+    assert dist.group() is (tdist if is_group else None)

@@ -209,3 +209,53 @@ def test_without_sigwaitinfo_a_worker_is_not_shielded(monkeypatch) -> None:
     ran: list[int] = []
     shielded_worker_init(ran.append, 3)
     assert ran == [3] and blocked == []
+
+
+def test_a_shielded_worker_blocks_the_signals_and_starts_its_daemon_waiter_then_the_users_init(
+    monkeypatch,
+) -> None:
+    """In this process (the fork test above runs in a child, out of reach of mutmut's
+    coverage): what shielded_worker_init asks of signal and threading, in order."""
+    calls: list = []
+    monkeypatch.setattr(signal, "pthread_sigmask", lambda *a: calls.append(("mask", *a)))
+
+    class Thread:
+        def __init__(self, target=None, daemon=None) -> None:
+            calls.append(("thread", target, daemon))
+
+        def start(self) -> None:
+            calls.append(("start",))
+
+    monkeypatch.setattr(signals.threading, "Thread", Thread)
+    signals.shielded_worker_init(lambda worker_id: calls.append(("init", worker_id)), 3)
+    assert calls == [
+        ("mask", signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGTERM)),
+        ("thread", signals._exit_at_parents_sigterm, True),
+        ("start",),
+        ("init", 3),
+    ]
+    calls.clear()
+    signals.shielded_worker_init(None, 0)  # no user init: nothing else
+    assert [c[0] for c in calls] == ["mask", "thread", "start"]
+
+
+def test_the_waiter_ends_the_worker_only_at_its_parents_sigterm(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    arrivals = [
+        SimpleNamespace(si_signo=signal.SIGUSR1, si_pid=100),  # the parent's USR1
+        SimpleNamespace(si_signo=signal.SIGTERM, si_pid=555),  # slurmstepd's TERM
+        SimpleNamespace(si_signo=signal.SIGTERM, si_pid=100),  # the parent's TERM
+    ]
+    asked: list = []
+    monkeypatch.setattr(signal, "sigwaitinfo", lambda s: asked.append(s) or arrivals.pop(0))
+    monkeypatch.setattr(os, "getppid", lambda: 100)
+
+    def exit_(code) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    with pytest.raises(SystemExit) as ended:
+        signals._exit_at_parents_sigterm()
+    assert ended.value.code == 0 and arrivals == []
+    assert asked == [(signal.SIGUSR1, signal.SIGTERM)] * 3

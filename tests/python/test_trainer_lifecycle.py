@@ -330,6 +330,7 @@ def test_an_epoch_ended_under_another_world_size_stays_ended(tmp_path) -> None:
         (2, 12, 12),  # at the epoch's end (2 ranks would not get there; the bound is tested)
         (2, 0, 0),  # at an epoch's start
         (2, 1, 2),  # after one step: 2 samples of each of 2 ranks are 2 steps of 1
+        (2, None, 6),  # a checkpoint without steps_per_epoch (older): rescaled from step 3
     ],
 )
 def test_only_a_mid_epoch_resume_under_another_world_size_is_rescaled(
@@ -340,11 +341,20 @@ def test_only_a_mid_epoch_resume_under_another_world_size_is_rescaled(
     build(ck, loader=data, max_steps=3).train()
     path = os.path.join(ck, "ckpt_step00000003.pt")
     state = torch.load(path, weights_only=False)
-    ckpt.atomic_save({**state, "world_size": saved_world, "step_in_epoch": saved_step}, path)
+    if saved_step is None:  # written before checkpoints held steps_per_epoch
+        del state["steps_per_epoch"]
+    ckpt.atomic_save(
+        {
+            **state,
+            "world_size": saved_world,
+            "step_in_epoch": 3 if saved_step is None else saved_step,
+        },
+        path,
+    )
     capsys.readouterr()
     one = build(ck, loader=data)
     assert one._resume() is True and one.step_in_epoch == at
-    assert ("world size" in capsys.readouterr().out) == (saved_step == 1)
+    assert ("world size" in capsys.readouterr().out) == (saved_step in (1, None))
 
 
 def test_a_resume_restores_the_metrics_and_the_scheduler(tmp_path, monkeypatch, capsys) -> None:

@@ -106,7 +106,7 @@ def test_a_finished_run_resumed_keeps_last_pt_or_writes_it_when_missing(tmp_path
 
 # one process, no group: torch.distributed.checkpoint says it saves/loads as a single process
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path) -> None:
+def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path, capsys) -> None:
     ck = str(tmp_path / "ck")
     trainer = make_trainer(ck, sharded_checkpoint=True, max_steps=3)
     asked, state = [], trainer.strategy.state
@@ -124,6 +124,10 @@ def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path)
     assert whole.train() == "finished"
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # run again: last.dcp/meta.pt says step 4, the run's last: kept
+    capsys.readouterr()
+    assert make_trainer(ck, sharded_checkpoint=True).train() == "finished"
+    assert capsys.readouterr().out.endswith("last.dcp are kept as they are\n")
 
 
 def fixed_clock(monkeypatch, now: list[float]) -> None:
