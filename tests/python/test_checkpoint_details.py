@@ -157,6 +157,7 @@ def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypa
     for folder in (path, str(tmp_path / ".last.dcp.tmp.0")):
         os.makedirs(folder)
         (tmp_path / folder / ".nfs0000000000000001").write_text("open elsewhere")
+        (tmp_path / folder / "__0_0.distcp").write_text("an old shard")
     drawn: list[int] = []
     monkeypatch.setattr(ckpt.secrets, "randbelow", lambda n: drawn.append(n) or 0)
     ckpt.save_sharded({"model": msd, "optimizer": osd, "global_step": 3}, path)
