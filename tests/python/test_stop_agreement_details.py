@@ -228,6 +228,24 @@ def test_a_drained_reduction_is_read_once_at_the_next_check(group: OtherRank) ->
     assert [stop.should_stop() for _ in range(2)] == [False, True]
 
 
+def _saves(
+    stop: StopAgreement, clock: FakeClock, steps: int, step_s: float, checkpoint_every: int = 0
+) -> list[int]:
+    """The steps at which the Trainer's loop would save: ``steps`` steps of ``step_s`` seconds,
+    each checked (no stop expected), then a save when a timed checkpoint is due or at every
+    ``checkpoint_every`` steps, as the Trainer does it: drain, save, saved()."""
+    saves = []
+    for step in range(1, steps + 1):
+        clock.perf += step_s
+        clock.mono += step_s
+        assert not stop.should_stop()
+        if stop.checkpoint_due or (checkpoint_every and step % checkpoint_every == 0):
+            stop.drain()
+            saves.append(step)
+            stop.saved()
+    return saves
+
+
 def test_with_a_group_a_timed_checkpoint_is_saved_once_per_interval(
     group: OtherRank, clock: FakeClock
 ) -> None:
@@ -236,16 +254,7 @@ def test_with_a_group_a_timed_checkpoint_is_saved_once_per_interval(
     would make every rank save again one check later (it did: every timed checkpoint of a
     multi-rank run was written twice, five steps apart here)."""
     stop = StopAgreement(_ctx(world_size=2), check_every=5, checkpoint_every_s=1.0)
-    saves = []
-    for step in range(1, 401):
-        clock.perf += 0.01
-        clock.mono += 0.01  # a 10 ms step
-        assert not stop.should_stop()
-        if stop.checkpoint_due:  # what the Trainer does: drain, save, saved()
-            stop.drain()
-            saves.append(step)
-            stop.saved()
-    assert saves == [105, 210, 315]
+    assert _saves(stop, clock, steps=400, step_s=0.01) == [105, 210, 315]
 
 
 def test_a_save_between_two_checks_makes_the_due_in_flight_stale(
@@ -255,16 +264,7 @@ def test_a_save_between_two_checks_makes_the_due_in_flight_stale(
     the due read at the next check was proposed before that save, so it is not acted on (it
     was: every rank saved again one check later, steps 5 and 6 here)."""
     stop = StopAgreement(_ctx(world_size=2), check_every=1, checkpoint_every_s=4.5)
-    saves = []
-    for step in range(1, 13):
-        clock.perf += 1.0
-        clock.mono += 1.0  # a 1 s step
-        assert not stop.should_stop()
-        if stop.checkpoint_due or step % 5 == 0:  # what the Trainer does: drain, save, saved()
-            stop.drain()
-            saves.append(step)
-            stop.saved()
-    assert saves == [5, 10]
+    assert _saves(stop, clock, steps=12, step_s=1.0, checkpoint_every=5) == [5, 10]
 
 
 def test_stop_now_waits_for_the_reduction_in_flight_then_asks_every_rank_at_once(
