@@ -162,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if not args.signal_check_seconds > 0:
         parser.error(f"--signal-check-seconds must be more than 0, got {args.signal_check_seconds}")
+    if args.num_workers < 0:
+        workers = args.num_workers
+        parser.error(
+            f"--num-workers expects 0 (load in the training process) or more, got {workers}"
+        )
     import torch
     from torch.utils.data import DataLoader
 

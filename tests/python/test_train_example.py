@@ -108,6 +108,8 @@ def test_the_user_facing_config_has_no_testing_aids() -> None:
         (["--signal-check-seconds", "-2"], "--signal-check-seconds must be more than 0, got -2.0"),
         (["--signal-check-seconds", "nan"], "--signal-check-seconds must be more than 0, got nan"),
         (["--pause-in-save-at-step", "x"], "--pause-in-save-at-step: invalid int value: 'x'"),
+        (["--num-workers", "-1"], "--num-workers expects 0 (load in the training process) or more"),
+        (["--num-workers", "two"], "--num-workers: invalid int value: 'two'"),
     ],
 )
 def test_bad_check_options_exit_2_before_training(args, message, capsys) -> None:
