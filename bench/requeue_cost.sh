@@ -42,10 +42,10 @@ last_row() {
   awk -F, '$4 == "train_loss" { t = $1; s = $2 } END { if (s != "") print t, s }' "$1" 2>/dev/null
 }
 
-# first_row_after CSV STEP: the first train_loss row with a step above STEP,
-# after the resume (rows of the interrupted attempt come first).
+# first_row_after CSV LINES: the first train_loss row below the first LINES
+# lines (the interrupted attempt's rows): the resumed attempt's first step.
 first_row_after() {
-  awk -F, -v step="$2" '$4 == "train_loss" && $2 + 0 <= step { seen = 1 } seen && $4 == "train_loss" && $2 + 0 > step { print $1, $2; exit }' "$1" 2>/dev/null
+  awk -F, -v lines="$2" 'NR > lines && $4 == "train_loss" { print $1, $2; exit }' "$1" 2>/dev/null
 }
 
 wait_for() { # wait_for SECONDS COMMAND...: poll every 50 ms until COMMAND succeeds
@@ -73,7 +73,7 @@ load_before=$(loadavg)
 for ((r = 0; r < reps; r++)); do
   exp="bench_requeue_$r"
   output=$(cd "$work" && bash "$BENCH_ROOT/hpc_files/job_submitter.sh" --site "$site" -n 1 -g 2 -c 1 -W torchrun \
-    -e "$exp" -- python -m hpc_harness.train --epochs 1000 --log-every 1 --step-sleep 0.02 --no-resume 2>&1) ||
+    -e "$exp" -- python -m hpc_harness.train --epochs 1000 --log-every 1 --step-sleep 0.02 2>&1) ||
     bench_die "submission failed: $output"
   id=$(grep -oE '^Submitted job [0-9]+' <<<"$output" | grep -oE '[0-9]+')
   track_job "$id"
@@ -91,6 +91,7 @@ for ((r = 0; r < reps; r++)); do
   ckpt_step=$("$BENCH_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$marker")
   ckpt_file=$("$BENCH_PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["checkpoint"])' "$marker")
   read -r t_last_step last_step < <(last_row "$csv")
+  attempt_lines=$(wc -l <"$csv")
   wait_for 60 state_is "$id" PENDING || bench_die "job $id not PENDING after the requeue (state $(job_state "$id"))"
   t_pending=$(now)
   # Release it (scontrol requeue holds it for about 2 minutes), but not within
@@ -103,8 +104,10 @@ for ((r = 0; r < reps; r++)); do
   scontrol update JobId="$id" StartTime=now
   wait_for 120 state_is "$id" RUNNING || bench_die "job $id did not start again"
   t_running=$(now)
-  wait_for 120 resumed "$csv" "$ckpt_step" || bench_die "job $id did not resume; log: $(tail -n 20 "$log")"
-  read -r t_first first_step < <(first_row_after "$csv" "$ckpt_step")
+  wait_for 120 resumed "$csv" "$attempt_lines" || bench_die "job $id trained no step after the requeue; log: $(tail -n 20 "$log")"
+  read -r t_first first_step < <(first_row_after "$csv" "$attempt_lines")
+  grep -q "^hpc_harness: resumed from .* (global step $ckpt_step)\$" "$log" && ((first_step == ckpt_step + 1)) ||
+    bench_die "job $id did not resume its checkpoint of step $ckpt_step (first step after the requeue: $first_step); log: $(tail -n 20 "$log")"
   t_start2=$(grep -oE '^bench: job start [0-9.]+' "$log" | sed -n '2s/bench: job start //p')
   scancel "$id"
   # The next rep and the anchors below run on a machine this job has left

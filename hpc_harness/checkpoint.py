@@ -353,6 +353,17 @@ def identity_error(
     )
 
 
+def aside_name(path: str) -> str:
+    """A free name beside ``path`` for an earlier run's files: ``<path>.old-<UTC time>``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = f"{path}.old-{stamp}"
+    n = 1
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.old-{stamp}-{n}"
+    return aside
+
+
 def move_aside(ckpt_dir: str, attempt: tuple[str | None, int] = (None, 0)) -> str | None:
     """``--fresh``: rename ``ckpt_dir`` to ``<ckpt_dir>.old-<UTC time>`` (never deletes);
     returns the new name, or None when there was nothing to move.
@@ -371,12 +382,7 @@ def move_aside(ckpt_dir: str, attempt: tuple[str | None, int] = (None, 0)) -> st
     if job_id and run is not None and run.get("slurm_job_id") == job_id:
         if run.get("slurm_restart_count", -1) < restarts:
             return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = f"{folder}.old-{stamp}"
-    n = 1
-    while os.path.exists(aside):
-        n += 1
-        aside = f"{folder}.old-{stamp}-{n}"
+    aside = aside_name(folder)
     os.rename(folder, aside)
     if os.path.islink(ckpt_dir.rstrip("/")):
         os.mkdir(folder)

@@ -39,9 +39,21 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from hpc_harness.checkpoint import aside_name
+
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 CSV_NAME = "metrics.csv"
 CSV_FIELDS = ("time", "step", "epoch", "name", "value")
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def _has_rows(csv_path: str) -> bool:
+    """``csv_path`` holds a row below its header (a job killed at once leaves the header)."""
+    try:
+        with open(csv_path) as f:
+            return bool(f.readline() and f.readline())
+    except FileNotFoundError:
+        return False
 
 
 def wandb_server() -> tuple[str, int]:
@@ -102,6 +114,7 @@ class MetricsLogger:
         wandb_mode: str | None = "disabled",
         config: dict[str, Any] | None = None,
         project: str | None = None,
+        new_run: bool = False,
     ) -> None:
         self.enabled, self.run_dir = enabled, run_dir
         self.csv_path = os.path.join(run_dir, CSV_NAME)
@@ -110,6 +123,8 @@ class MetricsLogger:
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
+        if new_run:
+            self._set_aside_earlier_run()
         new = not os.path.exists(self.csv_path) or os.path.getsize(self.csv_path) == 0
         self._file = open(self.csv_path, "a", newline="")
         self._csv = csv.writer(self._file)
@@ -122,12 +137,31 @@ class MetricsLogger:
         elif wandb_mode not in (None, "disabled", "auto"):
             print(f"hpc_harness: wandb disabled ({reason})", flush=True)
 
+    def _set_aside_earlier_run(self) -> None:
+        """``new_run`` (the Trainer resumed no checkpoint: ``--no-resume``, or an attempt killed
+        before its first one): rows and the W&B run id found in the run folder are an earlier
+        run's; they are renamed aside, so that this run's steps neither mix with its rows nor
+        go into its W&B run (which drops steps lower than its last)."""
+        id_file = os.path.join(self.run_dir, WANDB_ID_FILE)
+        earlier = [self.csv_path] if _has_rows(self.csv_path) else []
+        earlier += [id_file] if os.path.exists(id_file) else []
+        moved = [aside_name(path) for path in earlier]
+        for path, aside in zip(earlier, moved):
+            os.rename(path, aside)
+        if moved:
+            where = " and ".join(moved)
+            print(
+                f"hpc_harness: this run resumes no checkpoint: the earlier run's metrics are in "
+                f"{where}",
+                flush=True,
+            )
+
     def _start_wandb(
         self, mode: str, reason: str, config: dict[str, Any], project: str | None
     ) -> None:
         import wandb
 
-        id_file = os.path.join(self.run_dir, "wandb_run_id")
+        id_file = os.path.join(self.run_dir, WANDB_ID_FILE)
         if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
             run_id = os.environ["WANDB_RUN_ID"]  # the sweep's run, also when handed out again
         elif os.path.exists(id_file):

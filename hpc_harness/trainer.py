@@ -519,7 +519,12 @@ class Trainer:
             if resumed and cfg.max_steps is not None and self.global_step >= cfg.max_steps:
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
-                cfg.run_dir or cfg.ckpt_dir, self.is_main, cfg.wandb, cfg.hparams, cfg.wandb_project
+                cfg.run_dir or cfg.ckpt_dir,
+                self.is_main,
+                cfg.wandb,
+                cfg.hparams,
+                cfg.wandb_project,
+                new_run=not resumed,
             )
             if not resumed:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)

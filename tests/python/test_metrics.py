@@ -4,6 +4,7 @@ the CSV rows, and what MetricsLogger hands to wandb and prints (a stand-in wandb
 from __future__ import annotations
 
 import csv
+import glob
 import importlib.machinery
 import os
 import re
@@ -256,3 +257,32 @@ def test_without_wandb_preempting_and_closing_do_nothing(tmp_path, log) -> None:
     other_rank.log(1, 0, {"loss": 1.0})
     other_rank.close()
     assert not (tmp_path / "rank1").exists()
+
+
+def test_a_new_run_over_an_earlier_ones_folder_gets_a_run_of_its_own(
+    tmp_path, wandb_runs, monkeypatch, log
+) -> None:
+    """``new_run`` (the Trainer resumed nothing): the earlier W&B run id and rows go aside;
+    logging this run's steps into that run would mix two runs (and W&B drops steps lower than
+    its last). A header-only metrics.csv (killed before its first row) is just reused. In a
+    sweep the agent's id still wins."""
+    (tmp_path / "wandb_run_id").write_text("0123abcd\n")
+    old_rows = b"time,step,epoch,name,value\r\n1.0,7,0,loss,0.5\r\n"
+    (tmp_path / metrics.CSV_NAME).write_bytes(old_rows)
+    _logger(tmp_path, new_run=True).close()
+    assert wandb_runs[0].settings["id"] != "0123abcd"
+    assert (tmp_path / "wandb_run_id").read_text() == wandb_runs[0].id + "\n"
+    [id_aside] = glob.glob(str(tmp_path / "wandb_run_id.old-*"))
+    [csv_aside] = glob.glob(str(tmp_path / "metrics.csv.old-*"))
+    assert open(id_aside).read() == "0123abcd\n" and open(csv_aside, "rb").read() == old_rows
+    assert log.shown.startswith(
+        "hpc_harness: this run resumes no checkpoint: the earlier run's metrics are in "
+        f"{csv_aside} and {id_aside}\n"
+    )
+    assert (tmp_path / metrics.CSV_NAME).read_bytes() == b"time,step,epoch,name,value\r\n"
+    _logger(tmp_path, new_run=True).close()  # a header only: used again
+    assert glob.glob(str(tmp_path / "metrics.csv.old-*")) == [csv_aside]
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw01")
+    monkeypatch.setenv("WANDB_RUN_ID", "swrun042")
+    _logger(tmp_path, new_run=True).close()
+    assert wandb_runs[-1].settings["id"] == "swrun042"

@@ -4,6 +4,7 @@ the epoch and progress lines, metrics.csv rows, a resumed finished run, seeding.
 from __future__ import annotations
 
 import csv
+import glob
 import os
 import random
 import time
@@ -222,3 +223,26 @@ def test_print_joins_its_arguments_like_print_on_rank_0_only(tmp_path, capsys) -
     trainer.is_main = False
     trainer._print("not", "shown")
     assert capsys.readouterr().out == "hpc_harness: 3 steps\n"
+
+
+def test_a_run_that_resumes_nothing_starts_its_own_metrics_csv(tmp_path, capsys) -> None:
+    """--no-resume over an earlier run's folder (or an attempt killed before its first
+    checkpoint): the earlier rows go aside, never mixed with this run's steps; a resumed run
+    goes on appending to its own."""
+    ck = str(tmp_path / "ck")
+    assert make_trainer(ck, log_every=1).train() == "finished"
+    capsys.readouterr()
+    assert make_trainer(ck, log_every=1, resume=False, epochs=3, max_steps=8).train() == (
+        "max_steps"
+    )
+    [aside] = glob.glob(os.path.join(ck, "metrics.csv.old-*"))
+    assert f"the earlier run's metrics are in {aside}\n" in capsys.readouterr().out
+    steps = [r["step"] for r in csv_rows(ck) if r["name"] == "train_loss"]
+    assert steps == ["1", "2", "3", "4", "5", "6", "7", "8"]  # this run's, once each
+    with open(aside) as f:
+        assert [r["step"] for r in csv.DictReader(f) if r["name"] == "train_loss"] == list("1234")
+    assert make_trainer(ck, log_every=1, epochs=3).train() == "finished"  # resumed: appended
+    assert [r["step"] for r in csv_rows(ck) if r["name"] == "train_loss"][8:] == list("9") + [
+        "10", "11", "12"
+    ]
+    assert glob.glob(os.path.join(ck, "metrics.csv.old-*")) == [aside]
