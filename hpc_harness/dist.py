@@ -23,8 +23,8 @@ batch script that runs ``python train.py`` directly in an allocation of several 
 under srun, is refused with a message, instead of waiting forever for peers that never come.
 
 Backend: nccl when CUDA is available, else gloo. Device: ``cuda:<local rank>`` (mapped through
-``--gpus``), or ``cuda:0`` when each task sees exactly one GPU (``--gpus-per-task=1``,
-``--gpu-bind=single:1``), or cpu. The process group is created with a timeout
+``--gpus``), or the first of the task's own GPUs when SLURM bound GPUs to tasks
+(``--gpus-per-task``, ``--gpu-bind=single:1``: :func:`own_devices`), or cpu. The process group is created with a timeout
 (env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost peer ends the job instead of
 hanging it until the wall time.
 
@@ -180,6 +180,22 @@ def select_devices(spec: int | None, available: int) -> list[int]:
     return list(range(min(count, available)))
 
 
+def own_devices(info: DistContext, devices: list[int], visible: int, on_node: str) -> list[int]:
+    """The GPU of one of several processes on a node. An srun task that sees fewer GPUs than
+    the step has on the node (``SLURM_GPUS_ON_NODE``) was given its own by SLURM
+    (``--gpus-per-task``, ``--gpu-bind=single:1``): its first. Else the node's processes see the
+    same GPUs (torchrun's workers always do): the one of its local rank, refused when there is
+    none (NCCL refuses two ranks on one GPU, later and less clearly)."""
+    if info.launcher == "srun" and on_node.isdigit() and visible < int(on_node):
+        return devices[:1]
+    if info.local_rank >= len(devices):
+        raise LaunchError(
+            f"local rank {info.local_rank} has no GPU: {len(devices)} selected ({devices}) "
+            f"for the {info.local_world_size} processes of this node; start one process per GPU"
+        )
+    return [devices[info.local_rank]]
+
+
 def setup(
     gpus: str | int | None = None, env: Mapping[str, str] | None = None, verbose: bool = True
 ) -> DistContext:
@@ -203,16 +219,9 @@ def setup(
         say_main(f"hpc_harness: warning: --gpus {gpus} but CUDA is not available; using CPU")
     devices = select_devices(spec, cuda_n)
     backend, device = "gloo", torch.device("cpu")
+    if devices and info.local_world_size > 1:  # one GPU per process; else it uses them all
+        devices = own_devices(info, devices, cuda_n, e.get("SLURM_GPUS_ON_NODE", ""))
     if devices:
-        if info.local_world_size > 1 and cuda_n == 1:
-            devices = [0]  # --gpus-per-task=1, --gpu-bind=single:1: this task's GPU is device 0
-        elif info.local_world_size > 1:  # one GPU per process; else it uses them all
-            if info.local_rank >= len(devices):
-                raise LaunchError(
-                    f"local rank {info.local_rank} has no GPU: {len(devices)} selected "
-                    f"({devices}); ask for one GPU per task"
-                )
-            devices = [devices[info.local_rank]]
         backend, device = "nccl", torch.device("cuda", devices[0])
         torch.cuda.set_device(device)
     if info.distributed and not dist.is_initialized():

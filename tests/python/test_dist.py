@@ -180,11 +180,14 @@ def _torchrun_env(local_rank: int, local_world: int) -> dict[str, str]:
 
 
 def test_one_gpu_per_task_uses_device_0_on_every_local_rank(monkeypatch) -> None:
-    # --gpus-per-task=1 / --gpu-bind=single:1: each of the 4 tasks on a node sees one GPU.
+    # --gpus-per-task=1 / --gpu-bind=single:1: each of the 4 srun tasks on a node sees one
+    # GPU of the node's 4 (SLURM_GPUS_ON_NODE).
     seen = _fake_gpus(monkeypatch, count=1)
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    ctx = dist.setup(env=_torchrun_env(local_rank=3, local_world=4), verbose=False)
+    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}
+    env.update(SLURM_STEP_NODELIST="node1", CUDA_VISIBLE_DEVICES="3", SLURM_GPUS_ON_NODE="4")
+    ctx = dist.setup(env=env, verbose=False)
     assert ctx.backend == "nccl" and ctx.devices == [0]
     assert str(ctx.device) == "cuda:0" and str(seen["device"]) == "cuda:0"
     assert str(seen["init"]["device_id"]) == "cuda:0"

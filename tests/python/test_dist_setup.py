@@ -207,22 +207,11 @@ def test_rank_0_prints_the_nccl_summary(
     ]
 
 
-def test_two_tasks_that_each_see_one_gpu_both_use_device_0(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """--gpus-per-task=1 with two tasks per node: each task sees one GPU (faked), which is
-    cuda:0 for local rank 1 too."""
-    seen = _fake_torch(monkeypatch, gpus=1)
-    ctx = dist.setup(env=_torchrun(rank=1, world=2), verbose=False)
-    assert (ctx.backend, str(ctx.device), ctx.devices) == ("nccl", "cuda:0", [0])
-    assert seen["init"][0]["device_id"] == torch.device("cuda", 0)
-
-
 @pytest.mark.parametrize(
     "gpus, visible, local_rank, message",
     [
-        (None, 2, 2, "local rank 2 has no GPU: 2 selected ([0, 1]); ask for one GPU per task"),
-        ("1", 4, 1, "local rank 1 has no GPU: 1 selected ([0]); ask for one GPU per task"),
+        (None, 2, 2, "local rank 2 has no GPU: 2 selected ([0, 1]) for the 4 processes of this node"),
+        ("1", 4, 1, "local rank 1 has no GPU: 1 selected ([0]) for the 4 processes of this node"),
     ],
 )
 def test_a_local_rank_without_a_gpu_of_its_own_is_refused(
@@ -237,7 +226,7 @@ def test_a_local_rank_without_a_gpu_of_its_own_is_refused(
     seen = _fake_torch(monkeypatch, gpus=visible)
     with pytest.raises(LaunchError) as refused:
         dist.setup(gpus=gpus, env=_torchrun(rank=local_rank, world=4), verbose=False)
-    assert str(refused.value) == message
+    assert str(refused.value) == message + "; start one process per GPU"
     assert seen["init"] == []
 
 
@@ -343,3 +332,75 @@ def test_cleanup_lets_gloo_threads_take_the_gil_before_it_destroys_the_group(
     dist.cleanup()
     assert events == [("sleep", dist.GIL_YIELD_S), "destroy"]
     assert 0.05 <= dist.GIL_YIELD_S <= 0.5
+
+
+def _srun(local_rank: int, local_world: int, visible: str, on_node: int) -> dict[str, str]:
+    """An srun task's variables as SLURM 24.11 sets them on the local cluster (one node):
+    ``visible`` is the task's CUDA_VISIBLE_DEVICES, ``on_node`` SLURM_GPUS_ON_NODE (the
+    step's GPUs on the node). Bound (--gpus-per-task, --gpu-bind=single:1): a task sees
+    fewer than the node's; unbound (--gres=gpu:N): every task sees them all."""
+    return {
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(local_rank),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NTASKS": str(local_world),
+        "SLURM_STEP_TASKS_PER_NODE": str(local_world),
+        "SLURM_STEP_NODELIST": "node1",
+        "CUDA_VISIBLE_DEVICES": visible,
+        "SLURM_GPUS_ON_NODE": str(on_node),
+    }
+
+
+@pytest.mark.parametrize(
+    "case, local_rank, local_world, visible, on_node, device",
+    [
+        ("--gpus-per-task=1", 1, 2, "1", 2, "cuda:0"),
+        ("--gres=gpu:2 --gpu-bind=single:1", 1, 2, "1", 2, "cuda:0"),
+        ("--gpus-per-task=2, 4 tasks", 2, 4, "4,5", 8, "cuda:0"),
+        ("--gres=gpu:4, 4 tasks", 3, 4, "0,1,2,3", 4, "cuda:3"),
+    ],
+)
+def test_an_srun_task_uses_a_gpu_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    local_rank: int,
+    local_world: int,
+    visible: str,
+    on_node: int,
+    device: str,
+) -> None:
+    """GPUs bound to the task (it sees fewer than the node's): its first; the node's GPUs
+    seen by every task: the one of its local rank. torch's device count is faked from
+    CUDA_VISIBLE_DEVICES (no GPU here); tests/bats/integration/harness.bats checks the same
+    on the local cluster's fake GPUs."""
+    seen = _fake_torch(monkeypatch, gpus=len(visible.split(",")))
+    ctx = dist.setup(env=_srun(local_rank, local_world, visible, on_node), verbose=False)
+    assert (str(ctx.device), seen["init"][0]["device_id"]) == (device, torch.device(device)), case
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (  # torchrun's workers share the node's GPUs: two of them on one GPU
+            _torchrun(rank=1, world=2),
+            "local rank 1 has no GPU: 1 selected ([0]) for the 2 processes of this node; "
+            "start one process per GPU",
+        ),
+        (  # srun --gres=gpu:1 --ntasks-per-node=2: both tasks see the one GPU
+            _srun(1, 2, "0", 1),
+            "local rank 1 has no GPU: 1 selected ([0]) for the 2 processes of this node; "
+            "start one process per GPU",
+        ),
+    ],
+)
+def test_processes_that_would_share_a_gpu_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), at the first collective:
+    this says why before the process group, in one line."""
+    seen = _fake_torch(monkeypatch, gpus=1)
+    with pytest.raises(LaunchError) as refused:
+        dist.setup(env=env, verbose=False)
+    assert str(refused.value) == message
+    assert seen["init"] == []

@@ -101,3 +101,24 @@ print("differ:", diff) if diff else print("bitwise equal")
   run find "$SCRATCH/$project/same" -maxdepth 2 -path '*/checkpoints.old-*/run.json'
   assert_equal "${#lines[@]}" 1
 }
+
+# gpu_choice OPTIONS...: what gpu_choice_probe.py prints in each task of a
+# one-node srun with these GPU options, sorted by task.
+gpu_choice() {
+  PYTHONPATH="$REPO_ROOT" timeout 120 srun -N1 -p tmpdir "$@" \
+    "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/tests/bats/fixtures/programs/gpu_choice_probe.py" 2>&1 | sort
+}
+
+@test "each srun task gets a GPU of its own, bound by SLURM or not, and two tasks on one GPU are refused (fake GPUs, torch told what SLURM set)" {
+  run gpu_choice --gres=gpu:2 --ntasks-per-node=2
+  assert_output $'task 0 gpu 0\ntask 1 gpu 1'
+  run gpu_choice --gpus-per-task=1 --ntasks-per-node=2
+  assert_output $'task 0 gpu 0\ntask 1 gpu 1'
+  run gpu_choice --gres=gpu:2 --ntasks-per-node=2 --gpu-bind=single:1
+  assert_output $'task 0 gpu 0\ntask 1 gpu 1'
+  run gpu_choice --gpus-per-task=2 --ntasks-per-node=2
+  assert_output $'task 0 gpu 0\ntask 1 gpu 2'
+  run gpu_choice --gres=gpu:1 --ntasks-per-node=2
+  assert_line 'task 0 gpu 0'
+  assert_line 'task 1 refused: local rank 1 has no GPU: 1 selected ([0]) for the 2 processes of this node; start one process per GPU'
+}
