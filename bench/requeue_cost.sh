@@ -106,8 +106,9 @@ for ((r = 0; r < reps; r++)); do
   t_running=$(now)
   wait_for 120 resumed "$csv" "$attempt_lines" || bench_die "job $id trained no step after the requeue; log: $(tail -n 20 "$log")"
   read -r t_first first_step < <(first_row_after "$csv" "$attempt_lines")
-  grep -q "^hpc_harness: resumed from .* (global step $ckpt_step)\$" "$log" && ((first_step == ckpt_step + 1)) ||
+  if ! grep -q "^hpc_harness: resumed from .* (global step $ckpt_step)\$" "$log" || ((first_step != ckpt_step + 1)); then
     bench_die "job $id did not resume its checkpoint of step $ckpt_step (first step after the requeue: $first_step); log: $(tail -n 20 "$log")"
+  fi
   t_start2=$(grep -oE '^bench: job start [0-9.]+' "$log" | sed -n '2s/bench: job start //p')
   scancel "$id"
   # The next rep and the anchors below run on a machine this job has left

@@ -24,9 +24,9 @@ under srun, is refused with a message, instead of waiting forever for peers that
 
 Backend: nccl when CUDA is available, else gloo. Device: ``cuda:<local rank>`` (mapped through
 ``--gpus``), or the first of the task's own GPUs when SLURM bound GPUs to tasks
-(``--gpus-per-task``, ``--gpu-bind=single:1``: :func:`own_devices`), or cpu. The process group is created with a timeout
-(env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost peer ends the job instead of
-hanging it until the wall time.
+(``--gpus-per-task``, ``--gpu-bind=single:1``: :func:`own_devices`), or cpu. The process
+group is created with a timeout (env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost
+peer ends the job instead of hanging it until the wall time.
 
 This module imports torch only inside functions, so the table and the parsers are cheap to use.
 """

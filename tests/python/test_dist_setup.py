@@ -210,8 +210,8 @@ def test_rank_0_prints_the_nccl_summary(
 @pytest.mark.parametrize(
     "gpus, visible, local_rank, message",
     [
-        (None, 2, 2, "local rank 2 has no GPU: 2 selected ([0, 1]) for the 4 processes of this node"),
-        ("1", 4, 1, "local rank 1 has no GPU: 1 selected ([0]) for the 4 processes of this node"),
+        (None, 2, 2, "local rank 2 has no GPU: 2 selected ([0, 1]) for the 4 processes"),
+        ("1", 4, 1, "local rank 1 has no GPU: 1 selected ([0]) for the 4 processes"),
     ],
 )
 def test_a_local_rank_without_a_gpu_of_its_own_is_refused(
@@ -226,7 +226,7 @@ def test_a_local_rank_without_a_gpu_of_its_own_is_refused(
     seen = _fake_torch(monkeypatch, gpus=visible)
     with pytest.raises(LaunchError) as refused:
         dist.setup(gpus=gpus, env=_torchrun(rank=local_rank, world=4), verbose=False)
-    assert str(refused.value) == message + "; start one process per GPU"
+    assert str(refused.value) == message + " of this node; start one process per GPU"
     assert seen["init"] == []
 
 

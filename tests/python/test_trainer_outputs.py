@@ -243,6 +243,8 @@ def test_a_run_that_resumes_nothing_starts_its_own_metrics_csv(tmp_path, capsys)
         assert [r["step"] for r in csv.DictReader(f) if r["name"] == "train_loss"] == list("1234")
     assert make_trainer(ck, log_every=1, epochs=3).train() == "finished"  # resumed: appended
     assert [r["step"] for r in csv_rows(ck) if r["name"] == "train_loss"][8:] == list("9") + [
-        "10", "11", "12"
+        "10",
+        "11",
+        "12",
     ]
     assert glob.glob(os.path.join(ck, "metrics.csv.old-*")) == [aside]
