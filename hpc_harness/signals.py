@@ -117,8 +117,10 @@ class StopAgreement:
         self.signum = signum
 
     def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> StopAgreement:
-        """Install the handlers (main thread only); returns self."""
-        self._previous.update({s: signal.signal(s, self._handler) for s in signals})
+        """Install the handlers (main thread only); returns self. Installed again, the
+        handlers it first replaced are still the ones :meth:`uninstall` puts back."""
+        for s in signals:
+            self._previous.setdefault(s, signal.signal(s, self._handler))
         return self
 
     def uninstall(self) -> None:

@@ -551,10 +551,12 @@ class Trainer:
                 + "".join(f" {k}={v:.4f}" for k, v in self.metrics.items())
             )
             return status
-        finally:
-            self.agreement.uninstall()
-            if self.logger is not None:
-                self.logger.close()
+        finally:  # the logger first: a SIGTERM while W&B uploads is still only a flag
+            try:
+                if self.logger is not None:
+                    self.logger.close()
+            finally:
+                self.agreement.uninstall()
 
     def _move_aside(self) -> None:
         """``fresh``: the checkpoint folder (unless this same job's, see checkpoint.move_aside)

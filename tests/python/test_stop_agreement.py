@@ -98,6 +98,20 @@ def test_install_sets_the_flag_on_a_signal_and_uninstall_restores(monkeypatch) -
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_installed_twice_uninstall_still_puts_back_the_users_handler() -> None:
+    """A second install() (a loop that installs per epoch, or the Trainer inside a user's
+    install) must not record its own handler as the one to put back."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    try:
+        stop = StopAgreement(check_every=1).install().install()
+        stop.uninstall()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1] and stop.signum is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_a_flag_names_no_signal_until_one_came() -> None:
     stop = StopAgreement()
     assert stop.signum is None and stop.signal_name == ""

@@ -7,6 +7,7 @@ import csv
 import glob
 import os
 import random
+import signal
 import time
 import types
 
@@ -248,3 +249,24 @@ def test_a_run_that_resumes_nothing_starts_its_own_metrics_csv(tmp_path, capsys)
         "12",
     ]
     assert glob.glob(os.path.join(ck, "metrics.csv.old-*")) == [aside]
+
+
+def test_a_signal_while_the_logger_closes_is_still_the_trainers(tmp_path, monkeypatch) -> None:
+    """Under torchrun a rank that exits 42 first makes the agent SIGTERM the others, which may
+    be finishing their W&B run: the handlers stay installed until the logger is closed, so
+    that SIGTERM is a flag, not the default handler's death mid-upload."""
+    seen: list[int] = []
+
+    class SignalledWhileClosing(MetricsLogger):
+        def close(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            super().close()
+
+    monkeypatch.setattr(trainer_mod, "MetricsLogger", SignalledWhileClosing)
+    previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+    try:
+        trainer = make_trainer(str(tmp_path / "ck"))
+        assert trainer.train() == "finished"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [] and trainer.agreement.signum == signal.SIGTERM
