@@ -14,7 +14,8 @@ wandb modes (``--wandb``):
               environment makes it disabled (offline);
               ``HPC_WANDB`` in the environment overrides the default.
     online    needs a key and a reachable server (``WANDB_BASE_URL`` for a self-hosted one,
-              else api.wandb.ai); otherwise falls back to offline.
+              else api.wandb.ai; through ``HTTPS_PROXY`` when set, as wandb goes); otherwise
+              falls back to offline.
     offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
     disabled  no wandb at all (it is not even imported).
 The run id is kept in ``<run_dir>/wandb_run_id`` and reused with ``resume="allow"``, so a
@@ -38,7 +39,7 @@ import secrets
 import socket
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from hpc_harness.checkpoint import aside_name
 
@@ -57,14 +58,34 @@ def _has_rows(csv_path: str) -> bool:
         return False
 
 
-def wandb_server() -> tuple[str, int]:
-    """(host, port) of the W&B server: ``WANDB_BASE_URL`` (self-hosted) or api.wandb.ai."""
-    url = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+def _server_url() -> SplitResult:
+    return urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+
+
+def _address(url: SplitResult, default_host: str = "") -> tuple[str, int]:
     try:
         port = url.port
     except ValueError:
         port = None
-    return url.hostname or "api.wandb.ai", port or (80 if url.scheme == "http" else 443)
+    return url.hostname or default_host, port or (80 if url.scheme == "http" else 443)
+
+
+def wandb_server() -> tuple[str, int]:
+    """(host, port) of the W&B server: ``WANDB_BASE_URL`` (self-hosted) or api.wandb.ai."""
+    return _address(_server_url(), "api.wandb.ai")
+
+
+def wandb_proxy() -> tuple[str, int] | None:
+    """(host, port) of the proxy wandb (its HTTP client, requests) reaches the server through:
+    ``HTTPS_PROXY`` (``HTTP_PROXY`` for an http server) as urllib reads them; None without
+    one, or when ``NO_PROXY`` names the server."""
+    import urllib.request  # here: it imports http and email, the probe alone needs it
+
+    url = _server_url()
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if not proxy or urllib.request.proxy_bypass(url.hostname or "api.wandb.ai"):
+        return None
+    return _address(urlsplit(proxy if "://" in proxy else f"http://{proxy}"))
 
 
 def _has_api_key() -> bool:
@@ -96,11 +117,13 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         if not _has_api_key():
             return "offline", "no wandb API key"
         host, port = wandb_server()
+        proxy = wandb_proxy()
         try:
-            socket.create_connection((host, port), timeout=3.0).close()
+            socket.create_connection(proxy or (host, port), timeout=3.0).close()
         except OSError:
             where = host if (host, port) == ("api.wandb.ai", 443) else f"{host}:{port}"
-            return "offline", f"{where} not reachable"
+            through = f" (through the proxy {proxy[0]}:{proxy[1]})" if proxy else ""
+            return "offline", f"{where} not reachable{through}"
         return "online", "requested"
     return requested, "requested"
 

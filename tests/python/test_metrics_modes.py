@@ -21,6 +21,8 @@ from hpc_harness import metrics, precision
 
 REAL_FIND_SPEC = importlib.util.find_spec
 KEY = "k" * 40
+PROXY_VARIABLES = [f"{name}_proxy" for name in ("http", "https", "all", "no")]
+PROXY_VARIABLES += [name.upper() for name in PROXY_VARIABLES]
 
 
 class Probe:
@@ -43,7 +45,7 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "HPC_WANDB", "WANDB_MODE"):
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "HPC_WANDB", "WANDB_MODE", *PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return home
 
@@ -155,6 +157,35 @@ def test_an_unreachable_default_server_is_named_without_its_port(
         (("api.wandb.ai", 443), 3.0),
         (("api.wandb.ai", 8443), 3.0),
         (("wandb.lab.example", 443), 3.0),
+    ]
+
+
+def test_behind_a_proxy_the_probe_connects_to_the_proxy(
+    monkeypatch: pytest.MonkeyPatch, wandb_env: Path
+) -> None:
+    """Compute nodes that reach the internet only through a proxy: wandb goes through
+    HTTPS_PROXY (HTTP_PROXY for an http server), so the probe connects to it, not to the server
+    (which it cannot reach, and the run went offline); a server in NO_PROXY is probed
+    directly. An unreachable proxy is named in the reason."""
+    fake_wandb_installed(monkeypatch, installed=True)
+    probe = fake_network(monkeypatch, reachable=True)
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.site:3128")
+    assert metrics.resolve_wandb_mode("online") == ("online", "requested")
+    monkeypatch.setenv("NO_PROXY", "api.wandb.ai")
+    assert metrics.resolve_wandb_mode("online") == ("online", "requested")
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.lab:8080")
+    monkeypatch.setenv("HTTP_PROXY", "http://web-proxy:8000")
+    probe.reachable = False
+    assert metrics.resolve_wandb_mode("online") == (
+        "offline",
+        "wandb.lab:8080 not reachable (through the proxy web-proxy:8000)",
+    )
+    assert [address for address, _ in probe.calls] == [
+        ("proxy.site", 3128),
+        ("api.wandb.ai", 443),
+        ("web-proxy", 8000),
     ]
 
 
