@@ -75,15 +75,14 @@ def wandb_server() -> tuple[str, int]:
     return _address(_server_url(), "api.wandb.ai")
 
 
-def wandb_proxy() -> tuple[str, int] | None:
+def wandb_proxy(server_host: str) -> tuple[str, int] | None:
     """(host, port) of the proxy wandb (its HTTP client, requests) reaches the server through:
     ``HTTPS_PROXY`` (``HTTP_PROXY`` for an http server) as urllib reads them; None without
-    one, or when ``NO_PROXY`` names the server."""
+    one, or when ``NO_PROXY`` names ``server_host``."""
     import urllib.request  # here: it imports http and email, the probe alone needs it
 
-    url = _server_url()
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if not proxy or urllib.request.proxy_bypass(url.hostname or "api.wandb.ai"):
+    proxy = urllib.request.getproxies().get(_server_url().scheme)
+    if not proxy or urllib.request.proxy_bypass(server_host):
         return None
     return _address(urlsplit(proxy if "://" in proxy else f"http://{proxy}"))
 
@@ -117,7 +116,7 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         if not _has_api_key():
             return "offline", "no wandb API key"
         host, port = wandb_server()
-        proxy = wandb_proxy()
+        proxy = wandb_proxy(host)
         try:
             socket.create_connection(proxy or (host, port), timeout=3.0).close()
         except OSError:

@@ -377,6 +377,18 @@ def test_an_srun_task_uses_a_gpu_of_its_own(
     seen = _fake_torch(monkeypatch, gpus=len(visible.split(",")))
     ctx = dist.setup(env=_srun(local_rank, local_world, visible, on_node), verbose=False)
     assert (str(ctx.device), seen["init"][0]["device_id"]) == (device, torch.device(device)), case
+    assert ctx.devices == [torch.device(device).index]  # one GPU, not the task's others
+
+
+def test_without_slurm_gpus_on_node_srun_tasks_use_their_local_ranks_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPUs SLURM does not manage (no gres: SLURM_GPUS_ON_NODE unset): every task sees the
+    node's, and takes its local rank's."""
+    _fake_torch(monkeypatch, gpus=2)
+    env = _srun(1, 2, "0,1", 2)
+    del env["SLURM_GPUS_ON_NODE"]
+    assert str(dist.setup(env=env, verbose=False).device) == "cuda:1"
 
 
 @pytest.mark.parametrize(

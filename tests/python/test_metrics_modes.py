@@ -176,16 +176,21 @@ def test_behind_a_proxy_the_probe_connects_to_the_proxy(
     assert metrics.resolve_wandb_mode("online") == ("online", "requested")
     monkeypatch.delenv("NO_PROXY")
     monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.lab:8080")
-    monkeypatch.setenv("HTTP_PROXY", "http://web-proxy:8000")
+    monkeypatch.setenv("HTTP_PROXY", "web-proxy:8000")  # without a scheme: http
     probe.reachable = False
     assert metrics.resolve_wandb_mode("online") == (
         "offline",
         "wandb.lab:8080 not reachable (through the proxy web-proxy:8000)",
     )
-    assert [address for address, _ in probe.calls] == [
+    monkeypatch.setenv("HTTP_PROXY", "http://web-proxy")  # an http proxy's default port
+    assert metrics.resolve_wandb_mode("online")[1].endswith("(through the proxy web-proxy:80)")
+    monkeypatch.setenv("HTTP_PROXY", "http://:3128")  # no host: named as it is, not made up
+    assert metrics.resolve_wandb_mode("online")[1].endswith("(through the proxy :3128)")
+    assert [address for address, _ in probe.calls][:4] == [
         ("proxy.site", 3128),
         ("api.wandb.ai", 443),
         ("web-proxy", 8000),
+        ("web-proxy", 80),
     ]
 
 
