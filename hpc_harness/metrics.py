@@ -141,6 +141,7 @@ class MetricsLogger:
     ) -> None:
         self.enabled, self.run_dir = enabled, run_dir
         self.csv_path = os.path.join(run_dir, CSV_NAME)
+        self.id_file = os.path.join(run_dir, WANDB_ID_FILE)  # the W&B run id, kept for requeues
         self.wandb_run: Any = None
         self.wandb_exit_code = 0
         if not enabled:
@@ -165,9 +166,8 @@ class MetricsLogger:
         before its first one): rows and the W&B run id found in the run folder are an earlier
         run's; they are renamed aside, so that this run's steps neither mix with its rows nor
         go into its W&B run (which drops steps lower than its last)."""
-        id_file = os.path.join(self.run_dir, WANDB_ID_FILE)
         earlier = [self.csv_path] if _has_rows(self.csv_path) else []
-        earlier += [id_file] if os.path.exists(id_file) else []
+        earlier += [self.id_file] if os.path.exists(self.id_file) else []
         moved = [aside_name(path) for path in earlier]
         for path, aside in zip(earlier, moved):
             os.rename(path, aside)
@@ -184,15 +184,14 @@ class MetricsLogger:
     ) -> None:
         import wandb
 
-        id_file = os.path.join(self.run_dir, WANDB_ID_FILE)
         if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
             run_id = os.environ["WANDB_RUN_ID"]  # the sweep's run, also when handed out again
-        elif os.path.exists(id_file):
-            with open(id_file) as f:
+        elif os.path.exists(self.id_file):
+            with open(self.id_file) as f:
                 run_id = f.read().strip()
         else:
             run_id = secrets.token_hex(4)
-        with open(id_file, "w") as f:
+        with open(self.id_file, "w") as f:
             f.write(run_id + "\n")
         if reason != "requested":
             print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
