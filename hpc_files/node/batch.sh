@@ -46,8 +46,10 @@ is_wall_time_signal() {
 stop_keeper() {
   [[ -n "$keeper_pid" ]] || return 0
   if kill -0 "$keeper_pid" 2>/dev/null; then
-    # USR2 (not TERM): srun answers TERM by killing the tasks outright, while
-    # it forwards USR2, which keeper.sh traps to stage out and clean up.
+    # The stop file always reaches the keepers (they look every second); USR2
+    # is quicker, but srun forwards it only to the tasks it has seen start.
+    # USR2, not TERM: srun answers TERM by killing the tasks outright.
+    : >"$(stage_dir)/stop"
     kill -s USR2 "$keeper_pid" 2>/dev/null || true
     wait "$keeper_pid" 2>/dev/null || true
   fi
@@ -136,11 +138,12 @@ decide_tmpdir() {
 start_keepers() {
   local nodes=${SLURM_JOB_NUM_NODES:-1} status_dir ok failed
   [[ "$HPC_TMPDIR_MIMIC" == 1 || -n "${HPC_DATA_TARBALL:-}" || -n "${HPC_STAGE_OUT:-}" ]] || return 0
-  status_dir="$(run_dir)/stage"
+  status_dir=$(stage_dir)
   rm -rf -- "${status_dir:?}"
   mkdir -p "$status_dir"
-  srun --overlap --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --cpus-per-task=1 \
-    --gres=none --kill-on-bad-exit=0 bash "$HPC_SUBMISSION_DIR/node/keeper.sh" &
+  # Named so that squeue -s and sacct tell it from the training step.
+  srun --overlap --job-name=hpc-keeper --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
+    --cpus-per-task=1 --gres=none --kill-on-bad-exit=0 bash "$HPC_SUBMISSION_DIR/node/keeper.sh" &
   keeper_pid=$!
   while :; do
     failed=$(find "$status_dir" -maxdepth 1 -name '*.failed' | head -n 1)

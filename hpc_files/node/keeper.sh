@@ -5,9 +5,14 @@
 #  2. extracts the data tarball into SLURM_TMPDIR once per node, after checking
 #     that the tarball is complete and that the disk has room;
 #  3. reports '<node>.ok' or '<node>.failed' (with the reason) in the run folder;
-#  4. if it created the folder or --stage-out is set, stays until the job ends
-#     (batch.sh sends USR2; SLURM sends TERM on cancel, timeout, preemption,
-#     requeue), then copies the stage-out folder back and removes the folder.
+#  4. if it created the folder or --stage-out is set, stays until the job ends,
+#     then copies the stage-out folder back and removes the folder. The end is
+#     told three ways: batch.sh writes <stage dir>/stop (read every second: a
+#     signal through srun reaches only the tasks srun has seen start, so it
+#     can be lost) and sends USR2 (at once); SLURM sends TERM on cancel,
+#     timeout, preemption and requeue. At TERM, the keeper's srun in the batch
+#     step gets TERM too and answers it by SIGKILLing this step, so a large
+#     folder may be left half removed: plai_cleanups/ removes what is left.
 # It never removes anything but the exact folder it created.
 set -euo pipefail
 
@@ -15,7 +20,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 node=${SLURMD_NODENAME:-$(hostname -s)}
-status_dir="$(run_dir)/stage"
+status_dir=$(stage_dir)
 created_dir=""
 local_dir=""
 sleep_pid=""
@@ -50,7 +55,10 @@ stage_out() {
 # shellcheck disable=SC2317 # called from traps
 finish() {
   local status=${1:-0}
-  trap - EXIT TERM INT USR2 HUP
+  # Ignored, not reset: a second signal (USR2 then TERM at a cancel) must not
+  # end the shell halfway through the stage-out or the removal.
+  trap - EXIT
+  trap '' TERM INT USR2 HUP
   [[ -z "$sleep_pid" ]] || kill "$sleep_pid" 2>/dev/null || true
   stage_out
   if [[ -n "$created_dir" && -d "$created_dir" && ! -L "$created_dir" ]]; then
@@ -130,12 +138,13 @@ main() {
   if [[ -z "$created_dir" && -z "${HPC_STAGE_OUT:-}" ]]; then
     exit 0
   fi
-  # Stay until told: the traps above end the wait.
-  while :; do
-    sleep 3600 &
+  # Stay until told: the traps above, or the stop file.
+  while [[ ! -e "$status_dir/stop" ]]; do
+    sleep 1 &
     sleep_pid=$!
     wait "$sleep_pid" 2>/dev/null || true
   done
+  finish 0
 }
 
 main "$@"

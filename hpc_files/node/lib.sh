@@ -36,6 +36,12 @@ run_dir() {
   printf '%s/runs/%s' "$HPC_SUBMISSION_DIR" "$(job_key)"
 }
 
+# stage_dir: where the keepers report ('<node>.ok', '<node>.failed') and
+# where batch.sh asks them to stop ('stop').
+stage_dir() {
+  printf '%s/stage' "$(run_dir)"
+}
+
 # record_exit STATUS: this task's exit status, for batch.sh: the file
 # <run>/exit/task<SLURM_PROCID> holds 'STATUS NODE'. Read by exit_records.
 record_exit() {

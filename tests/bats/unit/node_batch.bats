@@ -170,3 +170,25 @@ task_exit() {
   recorded_step_status
   assert_equal "$step_status" 42
 }
+
+@test "stop_keeper: asks through the stop file too, so a keeper srun that does not forward USR2 still ends" {
+  # srun forwards a signal only to the tasks it has seen start: a stand-in
+  # keeper srun that drops USR2 and ends on the stop file, with a watchdog
+  # (3>&-: bats waits for whatever holds its fd 3).
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  local stage watchdog
+  stage=$(stage_dir)
+  mkdir -p "$stage"
+  (
+    trap '' USR2
+    while [[ ! -e "$stage/stop" ]]; do sleep 0.1; done
+  ) 3>&- &
+  keeper_pid=$!
+  (sleep 20 && : >"$BATS_TEST_TMPDIR/watchdog fired" && kill "$keeper_pid") 2>/dev/null 3>&- &
+  watchdog=$!
+  stop_keeper
+  kill "$watchdog" 2>/dev/null || true
+  assert_not_exist "$BATS_TEST_TMPDIR/watchdog fired"
+  assert_file_exists "$stage/stop"
+  assert_equal "$keeper_pid" ""
+}

@@ -159,6 +159,42 @@ wait_keeper() {
   done
 }
 
+@test "finish: the keeper ends on the stop file alone (a USR2 that srun did not forward is not needed)" {
+  keeper_until_ok
+  assert_dir_exists "$base/alice/77/nodeA"
+  : >"$sub/runs/77/stage/stop"
+  wait_keeper
+  assert_not_exist "$base/alice/77"
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
+}
+
+@test "finish: a TERM during the stage-out after USR2 (a cancel as the job ends) does not cut the stage-out or the removal short" {
+  # cp stands in for a long stage-out: it says it started, then takes 2 s.
+  local bin="$BATS_TEST_TMPDIR/bin"
+  mkdir -p "$bin"
+  cat >"$bin/cp" <<STUB
+#!/usr/bin/env bash
+: >"$BATS_TEST_TMPDIR/cp started"
+sleep 2
+exec $(command -v cp) "\$@"
+STUB
+  chmod +x "$bin/cp"
+  export HPC_STAGE_OUT=results HPC_TRIAL_DIR="$BATS_TEST_TMPDIR/trial"
+  PATH="$bin:$PATH" keeper_until_ok
+  mkdir -p "$base/alice/77/nodeA/results"
+  printf 'r\n' >"$base/alice/77/nodeA/results/out.txt"
+  kill -s USR2 "$keeper_pid"
+  local deadline=$((SECONDS + 20))
+  until [[ -e "$BATS_TEST_TMPDIR/cp started" ]]; do
+    ((SECONDS < deadline)) || fail "the stage-out did not start: $(cat "$BATS_TEST_TMPDIR/keeper.out")"
+    sleep 0.05
+  done
+  kill -s TERM "$keeper_pid"
+  wait_keeper
+  assert_equal "$(cat "$HPC_TRIAL_DIR/results/out.txt")" r
+  assert_not_exist "$base/alice/77"
+}
+
 @test "another node of the job removing the shared <base>/<user>/<job> meanwhile: the keeper makes it again and stages" {
   # Nodes sharing the disk (the local cluster's two nodes) share <job>; one
   # whose staging failed removes it once empty. chmod stands in for that
