@@ -83,7 +83,9 @@ wait_job_done() {
     is_final_state "$state" && return 0
     sleep 0.5
   done
-  fail "job $job did not end within ${2}s (last: '${state:-unknown}'); $(scontrol show job "$job" 2>&1 | head -n 20)"
+  fail "job $job did not end within ${2}s (last: '${state:-unknown}'); $(scontrol show job "$job" 2>&1 | head -n 20)
+steps: $(squeue -h -s -j "$job" 2>&1)
+log: $(job_log "$job" 2>&1 | tail -n 30)"
 }
 
 # assert_job_state JOB STATE: the job ended in STATE; otherwise fail showing
