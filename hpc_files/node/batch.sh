@@ -22,6 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 signal_seen=""
 step_pid=""
 keeper_pid=""
+keeper_stage_dir=""
 step_status=0
 
 # shellcheck disable=SC2317 # on_signal and on_exit are called from traps
@@ -49,7 +50,7 @@ stop_keeper() {
     # The stop file always reaches the keepers (they look every second); USR2
     # is quicker, but srun forwards it only to the tasks it has seen start.
     # USR2, not TERM: srun answers TERM by killing the tasks outright.
-    : >"$(stage_dir)/stop"
+    : >"$keeper_stage_dir/stop"
     kill -s USR2 "$keeper_pid" 2>/dev/null || true
     wait "$keeper_pid" 2>/dev/null || true
   fi
@@ -136,26 +137,26 @@ decide_tmpdir() {
 
 # start_keepers: one keeper per node; wait until all report, or one fails.
 start_keepers() {
-  local nodes=${SLURM_JOB_NUM_NODES:-1} status_dir ok failed
+  local nodes=${SLURM_JOB_NUM_NODES:-1} ok failed
   [[ "$HPC_TMPDIR_MIMIC" == 1 || -n "${HPC_DATA_TARBALL:-}" || -n "${HPC_STAGE_OUT:-}" ]] || return 0
-  status_dir=$(stage_dir)
-  rm -rf -- "${status_dir:?}"
-  mkdir -p "$status_dir"
+  keeper_stage_dir=$(stage_dir)
+  rm -rf -- "${keeper_stage_dir:?}"
+  mkdir -p "$keeper_stage_dir"
   # Named so that squeue -s and sacct tell it from the training step.
   srun --overlap --job-name=hpc-keeper --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
     --cpus-per-task=1 --gres=none --kill-on-bad-exit=0 bash "$HPC_SUBMISSION_DIR/node/keeper.sh" &
   keeper_pid=$!
   while :; do
-    failed=$(find "$status_dir" -maxdepth 1 -name '*.failed' | head -n 1)
+    failed=$(find "$keeper_stage_dir" -maxdepth 1 -name '*.failed' | head -n 1)
     if [[ -n "$failed" ]]; then
       hpc_error "staging failed on ${failed##*/}: $(<"$failed")"
       return 1
     fi
-    ok=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
+    ok=$(find "$keeper_stage_dir" -maxdepth 1 -name '*.ok' | wc -l)
     ((ok >= nodes)) && break
     if ! kill -0 "$keeper_pid" 2>/dev/null; then
       wait "$keeper_pid" 2>/dev/null
-      ok=$(find "$status_dir" -maxdepth 1 -name '*.ok' | wc -l)
+      ok=$(find "$keeper_stage_dir" -maxdepth 1 -name '*.ok' | wc -l)
       ((ok >= nodes)) && break
       hpc_error "the staging step ended before every node reported (see above)"
       return 1

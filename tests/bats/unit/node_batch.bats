@@ -183,7 +183,7 @@ task_exit() {
     trap '' USR2
     while [[ ! -e "$stage/stop" ]]; do sleep 0.1; done
   ) 3>&- &
-  keeper_pid=$!
+  keeper_pid=$! keeper_stage_dir=$stage
   (sleep 20 && : >"$BATS_TEST_TMPDIR/watchdog fired" && kill "$keeper_pid") 2>/dev/null 3>&- &
   watchdog=$!
   stop_keeper
