@@ -68,7 +68,8 @@ Lightning-style hooks, without its weight:
   are synchronised only at the last micro-batch (DDP ``no_sync``, FSDP
   ``set_requires_gradient_sync``);
 - a ``ReduceLROnPlateau`` scheduler is stepped with the metric ``monitor`` (default
-  ``test_loss``) at each epoch end; the others every optimizer step.
+  ``test_loss``; checked on one evaluation batch before training) at each epoch end; the
+  others every optimizer step.
 """
 
 from __future__ import annotations
@@ -361,6 +362,25 @@ class Trainer:
             metrics["test_acc"] = (out.argmax(dim=1) == targets).double().mean()
         return metrics
 
+    def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
+        batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
+        with self.precision.autocast():
+            return self.eval_step(self._to_device(batch))
+
+    @torch.no_grad()
+    def _check_monitor(self) -> None:
+        """Lightning's sanity check for the one name training relies on: the ``monitor`` of a
+        ReduceLROnPlateau, from one evaluation batch before the first step, not after an epoch.
+        It changes nothing in the run: the RNG states are seeded or restored after it."""
+        self.model.eval()
+        names = sorted(self._eval_batch(list(range(min(self.batch_size, len(self.eval_data))))))
+        self.model.train()
+        if self.cfg.monitor not in names:
+            raise ValueError(
+                f"ReduceLROnPlateau is stepped with {self.cfg.monitor}, which eval_step does not "
+                f"return (it returns {', '.join(names)}): set TrainConfig.monitor"
+            )
+
     @torch.no_grad()
     def evaluate(self, stoppable: bool = False) -> dict[str, float] | None:
         """:meth:`eval_step`'s metrics averaged over ``eval_data``, sharded over ranks, every
@@ -381,10 +401,7 @@ class Trainer:
                 self.model.train()
                 return None
             idx = mine[b : b + size]
-            samples = [self.eval_data[i] for i in idx or mine[:size] or [0]]
-            batch = self.train_loader.collate_fn(samples)
-            with self.precision.autocast():
-                values = self.eval_step(self._to_device(batch))
+            values = self._eval_batch(idx or mine[:size] or [0])
             for k, v in values.items():
                 total = sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=self.device))
                 if idx:  # a rank that has run out ran this forward for the others' sake
@@ -508,6 +525,8 @@ class Trainer:
         cfg = self.cfg
         self.agreement.install()
         try:
+            if self._plateau:  # before the folder is claimed: the fixed run may use it
+                self._check_monitor()
             if cfg.fresh and self.is_main:
                 self._move_aside()
             pieces.barrier()

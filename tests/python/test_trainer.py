@@ -170,10 +170,16 @@ def collate_dicts(items: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _regression_trainer(ck: str, **kw) -> Trainer:
-    cfg = TrainConfig(epochs=kw.pop("epochs", 1), ckpt_dir=ck, log_every=0, checkpoint_every_s=0)
+    cfg = TrainConfig(
+        epochs=kw.pop("epochs", 1),
+        ckpt_dir=ck,
+        log_every=0,
+        checkpoint_every_s=0,
+        monitor=kw.pop("monitor", "test_loss"),
+    )
     torch.manual_seed(0)
-    return Trainer(
-        nn.Linear(3, 1),
+    return kw.pop("cls", Trainer)(
+        kw.pop("model", nn.Linear(3, 1)),
         kw.pop("make_optimizer", lambda p: torch.optim.SGD(p, lr=0.01)),
         DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
         hdist.setup(verbose=False),
@@ -207,6 +213,45 @@ def test_reduce_lr_on_plateau_is_stepped_with_the_test_loss(tmp_path) -> None:
     assert trainer.train() == "finished"
     # epoch 0 sets the best loss; epochs 1 and 2 do not improve it: halved twice
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_a_monitor_eval_step_does_not_return_stops_before_training(tmp_path) -> None:
+    trainer = _regression_trainer(
+        str(tmp_path / "ck"),
+        monitor="val_loss",
+        make_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau,
+    )
+    with pytest.raises(ValueError) as info:
+        trainer.train()
+    assert str(info.value) == (
+        "ReduceLROnPlateau is stepped with val_loss, which eval_step does not return "
+        "(it returns test_loss): set TrainConfig.monitor"
+    )
+    assert trainer.global_step == 0  # not after an epoch of training
+    assert not os.path.exists(tmp_path / "ck" / "run.json")  # the fixed run may use the folder
+
+
+class NoisyEval(Trainer):
+    """An evaluation that draws random numbers (a sampled metric, a random crop)."""
+
+    def eval_step(self, batch):
+        torch.rand(5)
+        return super().eval_step(batch)
+
+
+def test_the_monitor_check_leaves_the_random_streams_alone(tmp_path) -> None:
+    # a model with dropout: the weights depend on the global RNG stream
+    def final_weights(ck: str, make_scheduler) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Dropout(0.5), nn.Linear(3, 1))
+        trainer = _regression_trainer(ck, cls=NoisyEval, model=model, make_scheduler=make_scheduler)
+        assert trainer.train() == "finished"
+        return trainer.model[1].weight.detach().clone()
+
+    never = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=10**6)  # noqa: E731
+    constant = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)  # noqa: E731
+    checked = final_weights(str(tmp_path / "a"), never)
+    assert torch.equal(checked, final_weights(str(tmp_path / "b"), constant))
 
 
 def _resume_with_another_lr(rank: int, world_size: int, ck: str) -> str:
