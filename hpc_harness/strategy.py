@@ -6,7 +6,9 @@
     ddp2  one process per node using all of that node's GPUs through DataParallel, with
           gradients all-reduced across nodes after backward. On GPU more than one process per
           node is refused. On CPU there is nothing to split inside a process, so it degenerates
-          to a gradient all-reduce across all processes: the same maths as ddp.
+          to a gradient all-reduce across all processes: the same maths as ddp. Rank 0's
+          buffers (BatchNorm statistics) are broadcast after each step (DDP: before each
+          forward).
     fsdp  torch's FSDP2 (``fully_shard``) on each module of the wrap policy's classes, then on
           the root. The policy (``fsdp_wrap``) defaults to the classes found in an
           ``nn.ModuleList`` (a transformer's blocks); a module that shares a parameter with
@@ -65,6 +67,13 @@ def check_strategy(strategy: str, world_size: int, local_world_size: int, cuda: 
         )
 
 
+def _copy_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 def average_gradients(model: nn.Module, world_size: int) -> None:
     """Average the gradients over all processes with one flat all-reduce, in parameter order.
 
@@ -72,17 +81,39 @@ def average_gradients(model: nn.Module, world_size: int) -> None:
     uninterrupted one at any world size. DDP does not promise that above 2 processes: after
     its first step it regroups the gradients by the order they were ready, so the first step
     after a resume sums them in another layout than the uninterrupted run did at that step.
+    A parameter without a gradient on some ranks (a branch the data chooses) counts as zeros
+    there; one without a gradient on every rank keeps None (momentum does not move it). The
+    flags saying which rank has which ride in the same all-reduce.
     """
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads or world_size < 2:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or world_size < 2:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    missing = [p for p in params if p.grad is None]
+    has = torch.tensor([p.grad is not None for p in params])
+    for p in missing:
+        p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([*(g.reshape(-1) for g in grads), has.to(grads[0])])
     dist.all_reduce(flat)
     flat.div_(world_size)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    _copy_back(flat, grads)
+    if missing:  # the host reads the flags only then: no sync in a step that used everything
+        for p, had_any in zip(params, flat[-len(params) :].tolist()):
+            if not had_any:
+                p.grad = None
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank: one broadcast per
+    dtype. ddp2 calls it after each step, as DDP broadcasts them before each forward, so the
+    model that is evaluated and saved is the same on every rank."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for b in model.buffers():
+        by_dtype.setdefault(b.dtype, []).append(b)
+    for buffers in by_dtype.values():
+        flat = torch.cat([b.reshape(-1) for b in buffers])
+        dist.broadcast(flat, src=0)
+        _copy_back(flat, buffers)
 
 
 class Strategy:

@@ -96,7 +96,7 @@ from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import PrecisionError, make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, signals_blocked
-from hpc_harness.strategy import Strategy, average_gradients
+from hpc_harness.strategy import Strategy, average_gradients, broadcast_buffers
 
 
 @dataclass
@@ -198,6 +198,7 @@ class Trainer:
         self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
         self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
         self._counts: dict[str, int] = {}
+        self._evaluating = False
         self.last_checkpoint: str | None = None
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of last_checkpoint
         self.metrics: dict[str, float] = {}
@@ -230,7 +231,10 @@ class Trainer:
     def log(self, name: str, value: float | torch.Tensor) -> None:
         """Add ``value`` to the training metric ``name``: every ``log_every`` steps the mean of
         its values since the previous log line, over all ranks, is logged (one all-reduce for
-        all metrics, no host sync per step). Every rank must log the same names equally often."""
+        all metrics, no host sync per step). Every rank must log the same names equally often.
+        Ignored during the evaluation (eval_step returns its metrics)."""
+        if self._evaluating:
+            return
         if name not in self._sums:
             self._sums[name], self._counts[name] = torch.zeros((), device=self.device), 0
         self._sums[name] += value.detach() if isinstance(value, torch.Tensor) else value
@@ -255,6 +259,7 @@ class Trainer:
             self.log("train_loss", loss)
         if self.strategy.needs_grad_sync:  # ddp2
             average_gradients(self.model, self.world_size)
+            broadcast_buffers(self.model)
         if self.cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -364,8 +369,12 @@ class Trainer:
 
     def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
         batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
-        with self.precision.autocast():
-            return self.eval_step(self._to_device(batch))
+        self._evaluating = True  # self.log() in a _compute_loss that eval_step calls: ignored
+        try:
+            with self.precision.autocast():
+                return self.eval_step(self._to_device(batch))
+        finally:
+            self._evaluating = False
 
     @torch.no_grad()
     def _check_monitor(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import spawn_gloo
 
 from hpc_harness.pieces import average_gradients
 
@@ -48,3 +49,21 @@ def test_with_a_group_every_gradient_is_divided_by_the_world_size(fake_group) ->
             assert p.grad is None
         else:
             assert torch.equal(p.grad, before[name] / 2), name
+
+
+def _heads_used_by_one_rank_each(rank: int, world_size: int) -> dict[str, list | None]:
+    """Rank 0 trains head ``a`` only, rank 1 head ``b`` only (a branch the data chooses);
+    ``c`` is used by no rank. The heads have the same shape: a flat buffer built from each
+    rank's own gradients would add rank 0's ``a`` to rank 1's ``b`` without an error."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({k: torch.nn.Linear(2, 1, bias=False) for k in "abc"})
+    x = torch.full((1, 2), 1.0 if rank == 0 else 10.0)
+    model["a" if rank == 0 else "b"](x).sum().backward()
+    average_gradients(model, world_size)
+    return {k: None if m.weight.grad is None else m.weight.grad.tolist() for k, m in model.items()}
+
+
+def test_a_gradient_that_only_some_ranks_have_is_averaged_with_zeros_from_the_others() -> None:
+    # rank 0's gradient of a is x = [1, 1], rank 1's of b is [10, 10]; the other rank's is 0
+    expected = {"a": [[0.5, 0.5]], "b": [[5.0, 5.0]], "c": None}
+    assert spawn_gloo(_heads_used_by_one_rank_each, 2) == [expected, expected]

@@ -232,6 +232,35 @@ def test_ddp_and_ddp2_start_every_rank_from_rank_0s_buffers() -> None:
     assert spawn_gloo(_buffers_after_wrap, 2, "ddp2") == [True, True]
 
 
+def _buffers_after_training(rank: int, world_size: int, name: str, ck: str) -> list:
+    """A BatchNorm model trained on rank-different data (each rank's running statistics move
+    apart); returns this rank's buffers and its evaluated test_loss."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 4) + 3.0 * rank
+    data = TensorDataset(x, torch.randint(0, 2, (16,)))
+    cfg = TrainConfig(epochs=1, ckpt_dir=ck, log_every=0, checkpoint_every_s=0, strategy=name)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    loader = DataLoader(data, batch_size=4)
+    trainer = Trainer(
+        model,
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        loader,
+        gloo_context(rank, world_size),
+        cfg,
+        eval_data=data,
+    )
+    assert trainer.train() == "finished"
+    return [[b.tolist() for b in trainer.model.buffers()], trainer.metrics["test_loss"]]
+
+
+def test_ddp2_keeps_rank_0s_buffers_on_every_rank_while_training(tmp_path) -> None:
+    # ddp2 broadcast the buffers at wrap() only: each rank's BatchNorm statistics drifted with
+    # its own data, and the evaluation averaged ranks holding different models
+    for name in ("ddp", "ddp2"):
+        rank0, rank1 = spawn_gloo(_buffers_after_training, 2, name, str(tmp_path / name))
+        assert rank0 == rank1, name
+
+
 def test_fsdp_shards_parameters_and_keeps_ranks_identical_after_a_step() -> None:
     assert spawn_gloo(_one_step, 2, "fsdp") == [(True, True)] * 2
 

@@ -351,6 +351,23 @@ class MaeTrainer(Trainer):
         return super()._compute_loss(batch)
 
 
+class LogsInItsLoss(Trainer):
+    """Logs a training metric in ``_compute_loss``, which the default eval_step also calls."""
+
+    def _compute_loss(self, batch):
+        self.log("in_training", 1.0 if self.model.training else 0.0)
+        return super()._compute_loss(batch)
+
+
+def test_the_evaluation_adds_nothing_to_a_training_metric(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = _regression_trainer(ck, cls=LogsInItsLoss, epochs=2, monitor="test_loss")
+    trainer.cfg.log_every = 5  # one log line per epoch (5 steps), after the evaluation
+    assert trainer.train() == "finished"
+    # the evaluation's batches (after epoch 0) went into the mean of steps 6-10: 0.5
+    assert _logged(ck, "in_training") == {5: 1.0, 10: 1.0}
+
+
 def _logged(run_dir: str, name: str) -> dict[int, float]:
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         return {int(r["step"]): float(r["value"]) for r in csv.DictReader(f) if r["name"] == name}
