@@ -44,8 +44,9 @@ What it does for you:
   one rank; the rest in ``last.dcp/meta.pt``); ``python -m
   torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
 
-The logged ``train_loss`` is the mean of the per-step losses since the previous log line
-(or the resume; epoch boundaries do not reset it), averaged over all ranks: every
+The logged ``train_loss`` is the mean of the per-step losses (with ``accumulate``, a step's loss
+is the mean of its micro-batches') since the previous log line (or the resume; epoch boundaries
+do not reset it), averaged over all ranks: every
 ``log_every`` steps one all-reduce of the summed loss, the only collective the logging adds.
 
 Per step it does no host synchronisation: the loss is read (``.item()``) only every
@@ -251,12 +252,15 @@ class Trainer:
     def _run_batch(self, batches: list[Any]) -> None:
         """One optimizer step over ``batches`` (``accumulate`` of them; the last may be fewer)."""
         self.optimizer.zero_grad(set_to_none=True)
+        step_loss = None
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
                 with self.precision.autocast():
                     loss = self._compute_loss(self._to_device(batch))
-                self.scaler.scale(loss / len(batches) if len(batches) > 1 else loss).backward()
-            self.log("train_loss", loss)
+                loss = loss / len(batches) if len(batches) > 1 else loss
+                self.scaler.scale(loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        self.log("train_loss", step_loss)  # the step's loss: the mean of its micro-batches'
         if self.strategy.needs_grad_sync:  # ddp2
             average_gradients(self.model, self.world_size)
             broadcast_buffers(self.model)
@@ -277,7 +281,9 @@ class Trainer:
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start(done * self.batch_size)
-            self.train_loader.generator.manual_seed(cfg.seed * 1_000_003 + epoch)
+            # the workers' seeds (augmentations): the same at a resume, another on each rank
+            seed = (cfg.seed * 1_000_003 + epoch) * 1_000_033 + self.rank
+            self.train_loader.generator.manual_seed(seed % 2**64)
             with signals_blocked():  # workers are born with them blocked (shield_workers)
                 batches = iter(self.train_loader)
         else:

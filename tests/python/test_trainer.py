@@ -351,6 +351,45 @@ class MaeTrainer(Trainer):
         return super()._compute_loss(batch)
 
 
+class Augmented(torch.utils.data.Dataset):
+    """A random augmentation in the DataLoader worker: here the whole sample."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(3), i % 2
+
+
+class RecordsInputs(Trainer):
+    def _compute_loss(self, batch):
+        self.seen = [*getattr(self, "seen", []), batch[0].tolist()]
+        return super()._compute_loss(batch)
+
+
+def _augmentations(rank: int, world_size: int, ck: str) -> list:
+    cfg = TrainConfig(epochs=2, ckpt_dir=ck, log_every=0, checkpoint_every_s=0)
+    loader = DataLoader(Augmented(), batch_size=2, num_workers=1)
+    trainer = RecordsInputs(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        loader,
+        gloo_context(rank, world_size),
+        cfg,
+    )
+    assert trainer.train() == "finished"
+    return trainer.seen
+
+
+def test_dataloader_workers_draw_other_augmentations_on_each_rank(tmp_path) -> None:
+    # the workers' seeds came from a generator seeded alike on every rank: every rank's j-th
+    # sample got the same crop, flip or noise
+    rank0, rank1 = spawn_gloo(_augmentations, 2, str(tmp_path / "ck"))
+    assert len(rank0) == len(rank1) == 4  # 2 epochs of 2 steps
+    assert all(a != b for a, b in zip(rank0, rank1))
+    assert rank0[:2] != rank0[2:]  # and other ones in each epoch
+
+
 class LogsInItsLoss(Trainer):
     """Logs a training metric in ``_compute_loss``, which the default eval_step also calls."""
 

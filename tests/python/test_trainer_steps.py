@@ -192,3 +192,24 @@ def test_ddp2_averages_gradients_once_per_step_after_its_last_micro_batch(
     )
     assert trainer.train() == "finished"
     assert calls == [(model, 2, 2), (model, 2, 4)]  # after micro-batches 2 and 4
+
+
+class CountingLoss(Trainer):
+    """The k-th micro-batch's loss is k (1, 2, 3, ...), tied to the model for a backward."""
+
+    def _compute_loss(self, batch):
+        self.k = getattr(self, "k", 0) + 1
+        return self.model(batch[0]).sum() * 0.0 + self.k
+
+
+def test_the_logged_loss_is_the_mean_of_the_steps_losses_with_accumulation(tmp_path) -> None:
+    # 5 micro-batches, 2 per step: steps of losses (1, 2), (3, 4) and (5) weigh 1.5, 3.5, 5;
+    # the mean over micro-batches (3.0) gave the last, partial step less weight than the others
+    trainer = make_trainer(
+        nn.Linear(3, 2), 10, CountingLoss, ckpt_dir=str(tmp_path), accumulate=2, log_every=3
+    )
+    assert trainer.train() == "finished" and trainer.global_step == 3
+    with open(tmp_path / "metrics.csv") as f:
+        rows = [line.split(",") for line in f.read().splitlines()]
+    header, loss = rows[0], [r for r in rows if "train_loss" in r]
+    assert len(loss) == 1 and float(loss[0][header.index("value")]) == pytest.approx(10 / 3, rel=1e-5)
