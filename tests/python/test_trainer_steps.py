@@ -212,4 +212,5 @@ def test_the_logged_loss_is_the_mean_of_the_steps_losses_with_accumulation(tmp_p
     with open(tmp_path / "metrics.csv") as f:
         rows = [line.split(",") for line in f.read().splitlines()]
     header, loss = rows[0], [r for r in rows if "train_loss" in r]
-    assert len(loss) == 1 and float(loss[0][header.index("value")]) == pytest.approx(10 / 3, rel=1e-5)
+    assert len(loss) == 1
+    assert float(loss[0][header.index("value")]) == pytest.approx(10 / 3, rel=1e-5)
