@@ -26,6 +26,7 @@ import contextlib
 import glob
 import json
 import os
+import pickle
 import random
 import re
 import secrets
@@ -62,10 +63,14 @@ def _fsync_dir(folder: str) -> None:
 
 
 def atomic_write(
-    path: str, write: Callable[[BinaryIO], Any], pause_before_rename: float = 0.0
+    path: str,
+    write: Callable[[BinaryIO], Any],
+    pause_before_rename: float = 0.0,
+    check: Callable[[str], None] | None = None,
 ) -> None:
     """Write ``path`` through ``write(file)`` into a temp file in the same folder, fsync,
-    ``os.replace``, fsync the folder: readers see the old file or the new one, never half.
+    ``check(temp file)`` (raises to keep the old file), ``os.replace``, fsync the folder:
+    readers see the old file or the new one, never half.
 
     ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
     before the rename, so a test can kill the process mid-save at a known moment.
@@ -78,6 +83,8 @@ def atomic_write(
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
         if pause_before_rename > 0:
             time.sleep(pause_before_rename)
         os.replace(tmp, path)
@@ -89,10 +96,44 @@ def atomic_write(
 
 
 def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
-    """``torch.save`` through :func:`atomic_write`."""
+    """``torch.save`` through :func:`atomic_write`, checked to load with ``weights_only`` (as
+    :func:`load_file` loads it; memory-mapped: the tensors are not read) before it takes the
+    name: a state that would not load stops the save, not a resume that then starts over."""
     import torch
 
-    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename)
+    def loads_safely(tmp: str) -> None:
+        try:
+            try:
+                _load_safely(tmp, mmap=True)
+            except (OSError, RuntimeError):  # a file system that cannot map files: read it
+                _load_safely(tmp)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(
+                f"{path}: torch.load(weights_only=True) refuses this state ({_refusal(exc)}); "
+                "keep to tensors and plain python types (float(x) for a numpy number)"
+            ) from None
+
+    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename, loads_safely)
+
+
+def _load_safely(path: str, mmap: bool = False) -> Any:
+    """``torch.load`` onto the CPU with ``weights_only``: tensors and plain python types only,
+    so a file on shared scratch cannot run code when unpickled; numpy's RNG state (an array)
+    is allow-listed by name."""
+    import torch
+
+    with torch.serialization.safe_globals(_numpy_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def _refusal(exc: BaseException) -> str:
+    """What torch's refusal names (its message is a page long)."""
+    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+    return f"it holds {named.group(1)}" if named else f"{str(exc).splitlines()[0]:.200}"
+
+
+class UnsafeCheckpoint(ValueError):
+    """An intact checkpoint holding a type ``torch.load(weights_only=True)`` refuses."""
 
 
 def save_sharded(state: dict[str, Any], path: str) -> None:
@@ -114,21 +155,31 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     dcp.save({k: state.pop(k) for k in ("model", "optimizer") if k in state}, checkpoint_id=tmp)
     if main:  # dcp.save returned: every rank's part is written
         atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
-        _remove_folder(path)
+        old = _rename_aside(path)
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        if old:  # deleted once the new one has the name: a kill in a long rmtree loses nothing
+            shutil.rmtree(old, ignore_errors=True)
     if dist.is_initialized():  # every rank returns once ``path`` is complete
         dist.barrier()
 
 
+def _rename_aside(path: str) -> str | None:
+    """Rename ``path`` (if there) to a temporary name beside it and return that: its name is
+    free at once, even with a file inside held open (on NFS a .nfs* file stays until closed;
+    rmtree then leaves the folder); a checkpoint's leftover goes with prune's temporary files
+    (_TEMP_RE)."""
+    if not os.path.exists(path):
+        return None
+    name = f".{os.path.basename(path)}.tmp.{secrets.randbelow(10**9) + 1}"
+    aside = os.path.join(os.path.dirname(path), name)
+    os.replace(path, aside)
+    return aside
+
+
 def _remove_folder(path: str) -> None:
-    """Rename ``path`` (if there) aside, then delete it: its name is free at once, even with a
-    file inside held open (on NFS a .nfs* file stays until closed; rmtree then leaves the
-    folder); a checkpoint's leftover goes with prune's temporary files (_TEMP_RE)."""
-    if os.path.exists(path):
-        name = f".{os.path.basename(path)}.tmp.{secrets.randbelow(10**9) + 1}"
-        aside = os.path.join(os.path.dirname(path), name)
-        os.replace(path, aside)
+    """:func:`_rename_aside`, then delete it."""
+    if aside := _rename_aside(path):
         shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -151,10 +202,15 @@ def prune(
     """
     complete = list_checkpoints(ckpt_dir)
     later = [p for p in complete if saved_step is not None and _step(p) > saved_step]
-    for p in later:
-        log(f"hpc_harness: removing {p}: a later step than this run's newest ({saved_step})")
+    for p in later:  # aside, not deleted: one that did not load may be a mistake to mend
+        aside = aside_name(p)
+        os.replace(p, aside)
+        log(
+            f"hpc_harness: moving {p} aside to {aside}: a later step than this run's newest "
+            f"({saved_step})"
+        )
     complete = complete[: len(complete) - len(later)]
-    old = later + (complete[:-keep_last] if keep_last > 0 else [])
+    old = complete[:-keep_last] if keep_last > 0 else []
     newest = _step(complete[-1]) if complete else -1
     for tmp in stale_temp_files(ckpt_dir):
         m = _TEMP_RE.match(os.path.basename(tmp))
@@ -209,16 +265,21 @@ def load_file(path: str) -> dict[str, Any]:
     """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint.
     Of a sharded one (a folder) only the small part: ``model`` and ``optimizer`` are None and
     ``sharded`` is the folder, for ``Strategy.load``."""
-    import torch
 
     if os.path.isdir(path):
         check_shards(path)
         return {**load_file(os.path.join(path, "meta.pt")), "sharded": path}
 
-    # weights_only: tensors and plain python types only, so a file on shared scratch cannot
-    # run code when unpickled; numpy's RNG state (an array) is allow-listed by name.
-    with torch.serialization.safe_globals(_numpy_globals()):
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = _load_safely(path)
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" not in str(exc):  # else damaged: not a pickle torch can read
+            raise
+        raise UnsafeCheckpoint(
+            f"{path} is intact but torch.load(weights_only=True) refuses it ({_refusal(exc)}): "
+            "another program or an older hpc_harness wrote it; if you trust it, load it with "
+            "weights_only=False and save its state again with plain types, or move it away"
+        ) from None
     if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
         raise ValueError("not a hpc_harness checkpoint (missing keys)")
     return state
@@ -235,6 +296,8 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
             state = load_file(path)
+        except (OSError, MemoryError, UnsafeCheckpoint):  # the file may be fine: stop, not skip
+            raise
         except Exception as exc:  # corrupt, truncated, or foreign file
             log(f"hpc_harness: warning: skipping unreadable checkpoint {path}: {exc!r:.200}")
             continue
@@ -276,8 +339,13 @@ def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
     (what JSON cannot hold, a class of ``fsdp_wrap``, becomes its ``repr``), so it is compared
     as JSON and loads with ``weights_only=True``."""
-    kept = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
-    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
+    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as plain JSON types (sorted keys; what JSON cannot hold becomes its ``repr``):
+    it loads with ``weights_only=True``."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
 
 
 def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:

@@ -149,21 +149,25 @@ def load_checkpoint(
     rank, world = _rank(), _group().get_world_size() if _group() else 1
     state, path, error = None, None, None
     if rank == 0:
-        state, path = ckpt.load_latest(ckpt_dir, log=say)
-        if fingerprint is not None:
+        try:  # what stops the resume stops it on every rank (the others wait in from_rank0)
+            state, path = ckpt.load_latest(ckpt_dir, log=say)
+        except (OSError, MemoryError, ckpt.UnsafeCheckpoint) as exc:
+            error = exc
+        if fingerprint is not None and error is None:
             saved = state.get("fingerprint") if state is not None else None
             if state is not None and saved is None:
                 say(
                     f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
                     "wrote it): resuming without checking that it belongs to this run"
                 )
-            error = ckpt.identity_error(ckpt_dir, fingerprint, saved)
-            if error is None:
+            if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved):
+                error = ckpt.RunMismatch(mismatch)
+            else:
                 ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
     rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
     path, rest, error = from_rank0((path, rest, error))
-    if error:
-        raise ckpt.RunMismatch(error)
+    if error is not None:
+        raise error
     if rest is None:
         return None
     state = state if rank == 0 else {**rest, **dict.fromkeys(rank0_only)}

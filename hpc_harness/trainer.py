@@ -527,7 +527,7 @@ class Trainer:
         sharded = self.cfg.sharded_checkpoint
         model = self.strategy.state(self.model, self.optimizer, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
-        payload.update(metrics=self.metrics, hparams=self.cfg.hparams)
+        payload.update(metrics=self.metrics, hparams=ckpt.plain(self.cfg.hparams))
         if sharded:
             ckpt.save_sharded(payload, self._final_path())
         elif self.is_main:

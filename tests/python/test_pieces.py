@@ -160,24 +160,6 @@ def test_a_marker_written_without_a_signal_name_says_none(tmp_path, monkeypatch)
     assert json.loads(marker.read_text())["signal"] == ""
 
 
-def test_a_save_removes_checkpoints_of_later_steps_not_the_one_it_wrote(tmp_path, capsys) -> None:
-    """Later steps than the one just saved are not this run's newest: a run started over them
-    (--no-resume), or one that did not load. Kept, they took the newest keep_last places and
-    the save just written was deleted at once (its path, returned for the requeue marker, did
-    not exist), and a later resume would pick them over this run's checkpoints."""
-    d = str(tmp_path)
-    for step in (12, 16):
-        hp.save_checkpoint(d, _state(step), step, keep_last=2)
-    path = hp.save_checkpoint(d, _state(2), 2, keep_last=2)
-    assert ckpt.list_checkpoints(d) == [path]
-    out = capsys.readouterr().out
-    for step in (12, 16):
-        later = ckpt.checkpoint_path(d, step)
-        assert f"hpc_harness: removing {later}: a later step than this run's newest (2)\n" in out
-    hp.save_checkpoint(d, _state(4), 4, keep_last=2)
-    assert ckpt.list_checkpoints(d) == [path, ckpt.checkpoint_path(d, 4)]
-
-
 def test_load_checkpoint_with_a_fingerprint_claims_the_folder_for_this_run(tmp_path) -> None:
     """run.json names this run (fingerprint, writer mark), so a later run that takes the
     folder over is seen at this run's next save."""
@@ -373,6 +355,24 @@ def test_another_runs_checkpoint_is_refused_on_both_ranks_with_rank_0s_message(
     with pytest.raises(ckpt.RunMismatch) as on_rank1:
         hp.load_checkpoint(str(tmp_path / "absent"), fingerprint={"lr": 0.2})
     assert str(on_rank1.value) == str(on_rank0.value)
+
+
+@pytest.mark.parametrize("error", [ckpt.UnsafeCheckpoint("/x.pt refuses"), OSError(5, "EIO")])
+def test_what_stops_rank_0s_resume_stops_every_rank(tmp_path, monkeypatch, error) -> None:
+    # raised on rank 0 alone, the other ranks waited for its broadcast until a timeout
+    def load_latest(ckpt_dir: str, log) -> tuple:
+        raise error
+
+    monkeypatch.setattr(ckpt, "load_latest", load_latest)
+    rank0 = TwoRanks(rank=0)
+    monkeypatch.setattr(hp, "_group", lambda: rank0)
+    with pytest.raises(type(error)) as on_rank0:
+        hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.1})
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=rank0.sent))
+    with pytest.raises(type(error)) as on_rank1:
+        hp.load_checkpoint(str(tmp_path), fingerprint={"lr": 0.1})
+    assert str(on_rank1.value) == str(on_rank0.value) == str(error)
+    assert not os.path.exists(tmp_path / "run.json")  # not claimed
 
 
 def test_a_checkpoint_without_a_fingerprint_resumes_with_one_warning(tmp_path, capsys) -> None:
