@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.utils.data import DataLoader
 
     from hpc_harness import dist
-    from hpc_harness.checkpoint import RunMismatch
+    from hpc_harness.checkpoint import RunMismatch, UnsafeCheckpoint
     from hpc_harness.digits import DigitsDataset, ensure_digits
     from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             status = trainer.train()
-        except RunMismatch as exc:
+        except (RunMismatch, UnsafeCheckpoint) as exc:
             if ctx.is_main:
                 print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
             return 2

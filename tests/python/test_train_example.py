@@ -221,6 +221,23 @@ def test_a_different_lr_stops_before_training_naming_lr(tmp_path, digits_dir) ->
     assert _ckpts(ck) == ["ckpt_step00000005.pt"]  # nothing trained
 
 
+def test_a_checkpoint_weights_only_refuses_stops_with_one_line(tmp_path, digits_dir, capsys):
+    import numpy as np
+    import torch
+
+    ck = tmp_path / "ck"
+    base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    assert main([*base, "--max-steps", "5"]) == 0
+    path = ck / "ckpt_step00000005.pt"
+    state = torch.load(path, weights_only=False)
+    torch.save({**state, "best": np.float64(0.5)}, path)  # as another program could
+    capsys.readouterr()
+    assert main([*base, "--max-steps", "10"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"hpc_harness: error: {path} is intact")
+    assert _ckpts(ck) == ["ckpt_step00000005.pt"]  # nothing trained, nothing removed
+
+
 def test_fresh_starts_at_step_0_and_keeps_the_old_files_aside(tmp_path, digits_dir, capsys):
     ck = tmp_path / "ck"
     base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
