@@ -22,6 +22,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
             if stop.should_stop():                        # the same step on every rank
                 path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
+            if step >= total_steps: break                 # the end may fall mid-epoch
 
 This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
 resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another; the
