@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default=None, help=f"default: {default_ckpt_dir()}")
     p.add_argument("--checkpoint-every-s", type=float, default=600.0, help="0: only at a stop")
-    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument(
+        "--log-every", type=int, default=20, help="steps between progress lines, 0: none"
+    )
     add_testing_flags(p)
     return p
 
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loss_sum += loss.detach()
                 summed += 1
                 hooks.after_step(step, ctx.rank)
-                if step % args.log_every == 0:
+                if args.log_every and step % args.log_every == 0:
                     if ctx.is_main:  # rank 0's mean loss since the last line (or the resume)
                         hp.say(
                             f"hpc_harness: step {step}/{args.steps} epoch {epoch} "

@@ -186,3 +186,16 @@ def test_a_resume_under_another_world_size_stops_before_training(
         f"hpc_harness: error: {path} was written by 2 ranks; this loop resumes with as many "
         "(its position is a step count): run with 2, or start another --ckpt-dir\n"
     )
+
+
+def test_log_every_0_trains_without_progress_lines(tmp_path, monkeypatch, capsys) -> None:
+    """0 means no progress lines, as in the Trainer (it divided the step by zero)."""
+    args = ["--steps", "3", "--log-every", "0", "--checkpoint-every-s", "0"]
+    losses: list[float] = []
+    assert _run_in_process(monkeypatch, [*args, "--ckpt-dir", str(tmp_path)], losses) == 0
+    assert len(losses) == 3
+    assert "hpc_harness: step " not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    help_words = " ".join(capsys.readouterr().out.split())
+    assert "--log-every LOG_EVERY steps between progress lines, 0: none (default: 20)" in help_words
