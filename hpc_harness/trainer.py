@@ -564,7 +564,6 @@ class Trainer:
                 seed_everything(cfg.seed + self.rank)  # per-rank streams (dropout etc.)
             t0 = time.perf_counter()
             self.agreement.saved()  # the timed interval counts training time
-            start_step = self.global_step
             self._log_step, self._log_time = self.global_step, time.perf_counter()
             status = "finished"
             while self.epoch < cfg.epochs and status == "finished":
@@ -576,8 +575,7 @@ class Trainer:
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch and not self._end_epoch():
                     return self._requeue()  # stopped in the evaluation: evaluated again after
-            if self.global_step != start_step or self.last_checkpoint is None:
-                self._save_checkpoint()
+            self._save_checkpoint()  # not again when nothing changed since the last one
             self._save_final()
             self._print(
                 f"hpc_harness: {status} at global step {self.global_step} in "
@@ -608,8 +606,10 @@ class Trainer:
     def _end_epoch(self) -> bool:
         """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch; False
         (and nothing changed) when the ranks agreed to stop during the evaluation."""
+        rng = ckpt.capture_rng()
         metrics = self.evaluate(stoppable=True)
-        if metrics is None:
+        if metrics is None:  # saved with the RNG of the evaluation's start: run again after
+            ckpt.restore_rng(rng)
             return False
         self.metrics = metrics
         if self.metrics:

@@ -385,11 +385,14 @@ def test_a_resume_restores_the_metrics_and_the_scheduler(tmp_path, monkeypatch, 
     assert without.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**6)
 
 
-def test_a_job_requeued_at_its_last_step_ends_without_a_second_checkpoint(
+def test_a_job_requeued_at_its_last_step_saves_the_epochs_end_and_a_rerun_keeps_it(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    """SIGUSR1 at the last step: the resumed job trains no step; it evaluates, writes last.pt
-    and keeps the checkpoint as it was. The final line by exact text (a fixed clock)."""
+    """SIGUSR1 at the last step: the resumed job trains no step; it evaluates, saves that step
+    again with the epoch's end and its metrics, and writes last.pt. Before, the checkpoint
+    stayed the one of epoch 0 before its evaluation: every rerun of the finished run evaluated
+    again, rewrote last.pt and logged the metrics again. The final line by exact text (a
+    fixed clock)."""
     ck = str(tmp_path / "ck")
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(tmp_path / "requeue.json"))
     trainer = build(ck, trainer_cls=SignalAtStep, signal_check_every=1)
@@ -401,13 +404,17 @@ def test_a_job_requeued_at_its_last_step_ends_without_a_second_checkpoint(
     assert resumed.train() == "finished" and resumed.global_step == 4
     assert ckpt_files(ck) == ["ckpt_step00000004.pt"]
     state = torch.load(os.path.join(ck, "ckpt_step00000004.pt"), weights_only=False)
-    assert (state["epoch"], state["step_in_epoch"], state["metrics"]) == (0, 4, {})
+    assert (state["epoch"], state["step_in_epoch"], state["metrics"]) == (1, 0, resumed.metrics)
     last = torch.load(os.path.join(ck, "last.pt"), weights_only=False)
     assert (last["global_step"], last["epoch"], last["metrics"]) == (4, 1, resumed.metrics)
     assert sorted(resumed.metrics) == ["test_acc", "test_loss"]
     assert capsys.readouterr().out.endswith(
         f"hpc_harness: finished at global step 4 in 0.0s{metrics_text(resumed.metrics)}\n"
     )
+    written = os.stat(os.path.join(ck, "last.pt")).st_mtime_ns
+    assert build(ck).train() == "finished"
+    assert "already finished (finished) at global step 4" in capsys.readouterr().out
+    assert os.stat(os.path.join(ck, "last.pt")).st_mtime_ns == written
 
 
 def test_a_run_with_nothing_to_train_still_checkpoints_step_0(tmp_path, capsys) -> None:
@@ -629,3 +636,28 @@ def test_a_signal_during_an_evaluation_stops_it_and_the_resume_evaluates_again(
     assert whole.train() == "finished" and resumed.metrics == whole.metrics
     for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
         assert torch.equal(a, b)
+
+
+class NoisyEvaluation(SignalInEvaluation):
+    """An evaluation that draws random numbers (sampling, a noisy metric)."""
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        metrics = super().eval_step(batch)
+        return {**metrics, "test_loss": metrics["test_loss"] + torch.rand(())}
+
+
+def test_a_signal_during_an_evaluation_that_draws_random_numbers_resumes_exactly(
+    tmp_path,
+) -> None:
+    # the checkpoint held the RNG states of the moment the ranks stopped, two batches into the
+    # evaluation: evaluated again from there, the resumed run drew other numbers
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(8, 0), batch_size=1, shuffle=True)
+    stopped = build(ck, trainer_cls=NoisyEvaluation, loader=data, epochs=2, signal_check_every=1)
+    assert stopped.train() == "requeue" and stopped.evaluated == 2
+    resumed = build(ck, trainer_cls=NoisyEvaluation, loader=data, epochs=2)
+    resumed.evaluated = 2  # no signal this time
+    assert resumed.train() == "finished"
+    whole = build(str(tmp_path / "whole"), trainer_cls=NoisyEvaluation, loader=data, epochs=2)
+    whole.evaluated = 2
+    assert whole.train() == "finished" and resumed.metrics == whole.metrics
