@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
-from hpc_harness.checkpoint import RunMismatch, fingerprint
+from hpc_harness.checkpoint import RunMismatch, UnsafeCheckpoint, fingerprint
 from hpc_harness.testing import TestingHooks
 from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
 
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = fingerprint(vars(args))  # a resume with other arguments stops (RunMismatch)
         try:
             state = hp.load_checkpoint(ckpt_dir, fingerprint=run)
-        except RunMismatch as exc:
+        except (RunMismatch, UnsafeCheckpoint) as exc:
             if ctx.is_main:
                 print(f"hpc_harness: error: {exc}", file=sys.stderr, flush=True)
             return 2

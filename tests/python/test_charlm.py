@@ -164,6 +164,23 @@ def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypat
     assert err.count("\n") == 1
 
 
+def test_a_checkpoint_weights_only_refuses_stops_before_training(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    import numpy as np
+
+    args = ["--steps", "3", "--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, args, []) == 0
+    path = tmp_path / "ckpt_step00000003.pt"
+    torch.save({**torch.load(path, weights_only=False), "best": np.float64(1.0)}, path)
+    capsys.readouterr()
+    losses: list[float] = []
+    assert _run_in_process(monkeypatch, [*args[:1], "6", *args[2:]], losses) == 2
+    assert losses == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"hpc_harness: error: {path} is intact") and err.count("\n") == 1
+
+
 def test_a_resume_under_another_world_size_stops_before_training(
     tmp_path, monkeypatch, capsys
 ) -> None:
