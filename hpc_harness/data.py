@@ -9,7 +9,9 @@ DataLoader (unless the user set their own sampler or opted out).
 from __future__ import annotations
 
 import functools
+import multiprocessing
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
@@ -17,7 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 # The example's dataset lives in digits.py; importable from here too (tools/demo.sh, tests).
 from hpc_harness.digits import DigitsDataset, ensure_digits, write_digits  # noqa: F401
-from hpc_harness.signals import shielded_worker_init
+from hpc_harness.signals import shielded_worker_init, signals_blocked
 
 
 class ResumableSampler(DistributedSampler):
@@ -99,11 +101,39 @@ def prepare_dataloader(
 
 
 def shield_workers(loader: DataLoader) -> DataLoader:
-    """``loader`` with workers that outlive the signals SLURM sends every process of a step
-    (signals.shielded_worker_init wraps its ``worker_init_fn``); returns it. Not covered: a
-    SIGTERM to a ``forkserver`` worker, which has a thread (started before its
-    ``worker_init_fn``) that does not block it."""
-    init = loader.worker_init_fn
-    if loader.num_workers > 0 and getattr(init, "func", None) is not shielded_worker_init:
-        loader.worker_init_fn = functools.partial(shielded_worker_init, init)
+    """``loader`` with workers that outlive the signals SLURM sends every process of a step;
+    returns it. Its iterators start their workers with the signals blocked, so a plain
+    ``for batch in loader`` is safe from a worker's birth on (a spawned one takes seconds to
+    start), and signals.shielded_worker_init, wrapped around its ``worker_init_fn``, keeps
+    them blocked there. Not covered: a SIGTERM to a ``forkserver`` worker, which has a thread
+    (started before its ``worker_init_fn``) that does not block it."""
+    if loader.num_workers > 0:
+        init = loader.worker_init_fn
+        if getattr(init, "func", None) is not shielded_worker_init:
+            loader.worker_init_fn = functools.partial(shielded_worker_init, init)
+        if not getattr(loader, "born_shielded", False):
+            loader.__class__ = _born_shielded(type(loader))  # the user's subclass is kept
     return loader
+
+
+@functools.cache
+def _born_shielded(loader_class: type[DataLoader]) -> type[DataLoader]:
+    """``loader_class`` whose iterators start their workers with the stop signals blocked:
+    DataLoader starts them (persistent ones once; a forkserver at its first use) in
+    ``_get_iterator``, so they inherit this mask. A signal that comes meanwhile reaches this
+    process on leaving."""
+
+    class Shielded(loader_class):
+        born_shielded = True
+
+        def _get_iterator(self) -> Iterator:
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            if context.get_start_method() != "fork":
+                # the first spawn or forkserver of a process starts Python's resource tracker,
+                # which unblocks SIGTERM here as it does: first, then the block
+                resource_tracker.ensure_running()
+            with signals_blocked():
+                return super()._get_iterator()
+
+    Shielded.__name__ = Shielded.__qualname__ = f"Shielded{loader_class.__name__}"
+    return Shielded

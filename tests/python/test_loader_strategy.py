@@ -10,6 +10,9 @@ the load of a sharded checkpoint folder as rank 1 of a fake group of 2.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.state_dict  # noqa: F401  (its first import takes a second)
 import torch.distributed.fsdp as fsdp
-from conftest import job_log
+from conftest import PY, clean_env, job_log
 from test_strategy_state import _ctx, _same_optimizer_state, _trained, fake_group  # noqa: F401
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -350,16 +353,15 @@ def test_a_shielded_loaders_workers_are_born_with_the_stop_signals_blocked(
     signals until their worker_init_fn blocked them: a SIGTERM to every process of the step
     in that window ended a worker ("DataLoader worker ... exited unexpectedly") and the
     training crashed without a checkpoint (19 epochs out of 20 in a reproduction)."""
-    import signal
-
     from torch.utils.data._utils import worker
 
     masks = tmp_path / "masks"
     worker_loop = worker._worker_loop
 
     def recording_loop(*args, **kwargs) -> None:  # the worker's first code (fork: inherited)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         with open(masks, "a") as f:
-            print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=f)
+            f.write(" ".join(str(int(s)) for s in blocked) + "\n")
         worker_loop(*args, **kwargs)
 
     monkeypatch.setattr(worker, "_worker_loop", recording_loop)
@@ -371,10 +373,93 @@ def test_a_shielded_loaders_workers_are_born_with_the_stop_signals_blocked(
             persistent_workers=persistent,
         )
     )
+    mask_here = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     for _ in range(2):  # each iterator starts its workers (persistent ones: the first)
         assert [x.item() for (x,) in loader] == [0.0, 1.0, 2.0, 3.0]
     births = masks.read_text().splitlines()
     assert len(births) == (1 if persistent else 2)
     for mask in births:
-        assert {signal.SIGTERM, signal.SIGUSR1} <= set(eval(mask)), mask
-    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # here: blocked no longer
+        assert {int(signal.SIGTERM), int(signal.SIGUSR1)} <= set(map(int, mask.split())), mask
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask_here  # here: only meanwhile
+
+
+def test_slurms_signals_at_a_workers_birth_neither_end_it_nor_its_parents_sigterm() -> None:
+    """SIGTERM and SIGUSR1 from another process (slurmstepd signals every process of a step)
+    as soon as the workers exist: the epoch goes on; the worker's waiter thread takes them
+    and still ends the worker at its parent's SIGTERM, torch's way to stop one."""
+    loader = data_module.shield_workers(
+        DataLoader(
+            TensorDataset(torch.arange(8.0)),
+            batch_size=2,
+            num_workers=2,
+            multiprocessing_context="fork",
+            persistent_workers=True,
+        )
+    )
+    batches = iter(loader)
+    workers = list(batches._workers)
+    for name in ("TERM", "USR1"):
+        subprocess.run(["kill", f"-{name}", *(str(w.pid) for w in workers)], check=True)
+    assert sorted(x for (b,) in batches for x in b.tolist()) == [float(i) for i in range(8)]
+    assert all(w.is_alive() for w in workers)
+    os.kill(workers[0].pid, signal.SIGTERM)  # from its parent
+    workers[0].join(30)
+    assert workers[0].exitcode == 0
+    batches._shutdown_workers()
+
+
+def test_shielding_keeps_the_users_loader_class_and_happens_once() -> None:
+    class Batches(DataLoader):
+        def users_method(self) -> str:
+            return "kept"
+
+    data = TensorDataset(torch.arange(4.0))
+    loader = data_module.shield_workers(Batches(data, num_workers=1))
+    assert isinstance(loader, Batches) and loader.users_method() == "kept"
+    shielded, init = type(loader), loader.worker_init_fn
+    assert data_module.shield_workers(loader) is loader
+    assert (type(loader), loader.worker_init_fn) == (shielded, init)  # not wrapped twice
+    assert type(data_module.shield_workers(Batches(data, num_workers=1))) is shielded
+    assert type(data_module.shield_workers(DataLoader(data))) is DataLoader  # no workers
+
+
+BIRTH_MASKS = """
+import signal, sys, torch
+from torch.utils.data import DataLoader, Dataset
+from hpc_harness.data import shield_workers
+
+class Recording(Dataset):  # unpickled in each worker before any of torch's worker code
+    def __init__(self):
+        self.items = [0, 1]
+    def __len__(self):
+        return len(self.items)
+    def __getitem__(self, i):
+        return self.items[i]
+    def __setstate__(self, state):
+        print(*map(int, signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+        self.__dict__.update(state)
+
+if __name__ == "__main__":
+    context = sys.argv[1]
+    loader = DataLoader(Recording(), num_workers=2, multiprocessing_context=context)
+    assert list(shield_workers(loader)) == [0, 1]
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_the_first_spawned_or_forkserver_workers_are_born_with_the_stop_signals_blocked(
+    tmp_path, context: str
+) -> None:
+    """Python starts its resource tracker at a process's first spawn or forkserver, and
+    unblocks SIGTERM (and SIGINT) in the caller as it does: the first iterator's workers (a
+    forkserver's, all of them) were born taking SLURM's SIGTERM, and died of it."""
+    script = tmp_path / "birth_masks.py"
+    script.write_text(BIRTH_MASKS)
+    run = subprocess.run(
+        [PY, str(script), context], env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    births = run.stdout.splitlines()
+    assert len(births) == 2, run.stdout
+    for mask in births:
+        assert {int(signal.SIGTERM), int(signal.SIGUSR1)} <= set(map(int, mask.split())), mask
