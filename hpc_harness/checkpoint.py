@@ -101,7 +101,7 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
     name: a state that would not load stops the save, not a resume that then starts over."""
     import torch
 
-    def loads_safely(tmp: str) -> None:
+    def check_it_loads(tmp: str) -> None:
         try:
             try:
                 _load_safely(tmp, mmap=True)
@@ -113,7 +113,7 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
                 "keep to tensors and plain python types (float(x) for a numpy number)"
             ) from None
 
-    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename, loads_safely)
+    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename, check_it_loads)
 
 
 def _load_safely(path: str, mmap: bool = False) -> Any:
@@ -134,6 +134,10 @@ def _refusal(exc: BaseException) -> str:
 
 class UnsafeCheckpoint(ValueError):
     """An intact checkpoint holding a type ``torch.load(weights_only=True)`` refuses."""
+
+
+# What stops a resume rather than skip the checkpoint as damaged: the file may be fine.
+RESUME_STOPPERS = (OSError, MemoryError, UnsafeCheckpoint)
 
 
 def save_sharded(state: dict[str, Any], path: str) -> None:
@@ -296,7 +300,7 @@ def load_latest(ckpt_dir: str, log: Any = print) -> tuple[dict[str, Any] | None,
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
             state = load_file(path)
-        except (OSError, MemoryError, UnsafeCheckpoint):  # the file may be fine: stop, not skip
+        except RESUME_STOPPERS:
             raise
         except Exception as exc:  # corrupt, truncated, or foreign file
             log(f"hpc_harness: warning: skipping unreadable checkpoint {path}: {exc!r:.200}")

@@ -152,7 +152,7 @@ def load_checkpoint(
     if rank == 0:
         try:  # what stops the resume stops it on every rank (the others wait in from_rank0)
             state, path = ckpt.load_latest(ckpt_dir, log=say)
-        except (OSError, MemoryError, ckpt.UnsafeCheckpoint) as exc:
+        except ckpt.RESUME_STOPPERS as exc:
             error = exc
         if fingerprint is not None and error is None:
             saved = state.get("fingerprint") if state is not None else None
