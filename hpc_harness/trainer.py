@@ -96,7 +96,7 @@ from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.precision import PrecisionError, make_precision
-from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement, signals_blocked
+from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
 from hpc_harness.strategy import Strategy, average_gradients, broadcast_buffers
 
 
@@ -284,8 +284,7 @@ class Trainer:
             # the workers' seeds (augmentations): the same at a resume, another on each rank
             seed = (cfg.seed * 1_000_003 + epoch) * 1_000_033 + self.rank
             self.train_loader.generator.manual_seed(seed % 2**64)
-            with signals_blocked():  # workers are born with them blocked (shield_workers)
-                batches = iter(self.train_loader)
+            batches = iter(self.train_loader)  # workers born shielded (data.shield_workers)
         else:
             batches = self._user_sampler_batches(epoch, done)
         if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
@@ -329,8 +328,7 @@ class Trainer:
         elif self._pending_rng is not None:  # the RNG of this epoch's start
             torch.set_rng_state(self._pending_rng["epoch_start_torch"])
         self._epoch_rng = torch.get_rng_state()
-        with signals_blocked():
-            batches = iter(self.train_loader)
+        batches = iter(self.train_loader)
         for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
             pass
         return batches
