@@ -102,11 +102,11 @@ def prepare_dataloader(
 
 def shield_workers(loader: DataLoader) -> DataLoader:
     """``loader`` with workers that outlive the signals SLURM sends every process of a step;
-    returns it. Its iterators start their workers with the signals blocked, so a plain
-    ``for batch in loader`` is safe from a worker's birth on (a spawned one takes seconds to
-    start), and signals.shielded_worker_init, wrapped around its ``worker_init_fn``, keeps
-    them blocked there. Not covered: a SIGTERM to a ``forkserver`` worker, which has a thread
-    (started before its ``worker_init_fn``) that does not block it."""
+    returns it (shielded again, it is left as it is). Its iterators start their workers with
+    the signals blocked, whatever the start method, so a plain ``for batch in loader`` is safe
+    from a worker's birth on (a spawned one takes seconds to start), and
+    signals.shielded_worker_init, wrapped around its ``worker_init_fn``, keeps them blocked
+    there."""
     if loader.num_workers > 0:
         init = loader.worker_init_fn
         if getattr(init, "func", None) is not shielded_worker_init:
@@ -129,8 +129,8 @@ def _born_shielded(loader_class: type[DataLoader]) -> type[DataLoader]:
         def _get_iterator(self) -> Iterator:
             context = self.multiprocessing_context or multiprocessing.get_context()
             if context.get_start_method() != "fork":
-                # the first spawn or forkserver of a process starts Python's resource tracker,
-                # which unblocks SIGTERM here as it does: first, then the block
+                # Python's resource tracker, started at a process's first spawn or forkserver,
+                # unblocks SIGTERM in the thread that starts it: started here, before the block
                 resource_tracker.ensure_running()
             with signals_blocked():
                 return super()._get_iterator()

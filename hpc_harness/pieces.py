@@ -35,9 +35,7 @@ else draws from the global RNG between the load and the step (give the DataLoade
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
-(``checkpoint.RunMismatch``). With a ``spawn`` or ``forkserver`` multiprocessing context, start
-each epoch's iterator inside ``with hp.signals_blocked(): batches = iter(loader)`` (workers
-take seconds to start).
+(``checkpoint.RunMismatch``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 def signals_blocked(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
     """Block ``signals`` in this thread while the body starts processes: DataLoader workers
     (and a forkserver) are then born with them blocked, through the seconds a spawned worker
-    takes to start. Here a signal that came meanwhile is handled on leaving."""
+    takes to start. Here a signal that came meanwhile is handled on leaving. (A process's first
+    spawn or forkserver starts Python's resource tracker, which unblocks SIGTERM inside the
+    body: a shielded loader starts it before, see data.shield_workers.)"""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield

@@ -416,6 +416,7 @@ def test_shielding_keeps_the_users_loader_class_and_happens_once() -> None:
     data = TensorDataset(torch.arange(4.0))
     loader = data_module.shield_workers(Batches(data, num_workers=1))
     assert isinstance(loader, Batches) and loader.users_method() == "kept"
+    assert type(loader).__name__ == "ShieldedBatches"  # what a traceback shows
     shielded, init = type(loader), loader.worker_init_fn
     assert data_module.shield_workers(loader) is loader
     assert (type(loader), loader.worker_init_fn) == (shielded, init)  # not wrapped twice

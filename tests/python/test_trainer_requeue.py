@@ -221,6 +221,7 @@ def _signal_reaches_the_workers(tmp_path, signum: int, context: str | None) -> s
         (signal.SIGTERM, "spawn"),
         (signal.SIGUSR1, "spawn"),
         (signal.SIGUSR1, "forkserver"),
+        (signal.SIGTERM, "forkserver"),
     ],
 )
 def test_a_signal_to_the_dataloader_workers_too_checkpoints_and_requeues(
@@ -228,8 +229,8 @@ def test_a_signal_to_the_dataloader_workers_too_checkpoints_and_requeues(
 ) -> None:
     """Before, each of these crashed the training ("DataLoader worker ... exited
     unexpectedly"): torch's worker handler takes a SIGTERM not sent by its parent as fatal; a
-    spawned worker has no handler for SIGUSR1; a forkserver's server died of it too.
-    (forkserver with SIGTERM is not covered: its workers have a thread of their own that
-    does not block it, see data.shield_workers.)"""
+    spawned worker has no handler for SIGUSR1; a forkserver's server died of it too; and
+    the forkserver's workers took SIGTERM when Python's resource tracker, started with the
+    server, had unblocked it (see data.shield_workers)."""
     assert _signal_reaches_the_workers(tmp_path, signum, context) == "requeue"
     assert any(n.startswith("ckpt_step") for n in os.listdir(tmp_path / "ck"))
