@@ -88,12 +88,16 @@ def average_gradients(model: nn.Module, world_size: int) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params or world_size < 2:
         return
-    missing = [p for p in params if p.grad is None]
-    has = torch.tensor([p.grad is not None for p in params])
-    for p in missing:
-        p.grad = torch.zeros_like(p)
+    missing = [i for i, p in enumerate(params) if p.grad is None]
+    for i in missing:
+        params[i].grad = torch.zeros_like(params[i])
     grads = [p.grad for p in params]
-    flat = torch.cat([*(g.reshape(-1) for g in grads), has.to(grads[0])])
+    # the flags are made on the gradients' device: a host-built tensor copied there each step
+    # would make the host wait for the backward pass (a blocking copy to a GPU syncs)
+    has = grads[0].new_ones(len(params))
+    for i in missing:
+        has[i] = 0
+    flat = torch.cat([*(g.reshape(-1) for g in grads), has])
     dist.all_reduce(flat)
     flat.div_(world_size)
     _copy_back(flat, grads)

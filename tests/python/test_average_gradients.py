@@ -67,3 +67,23 @@ def test_a_gradient_that_only_some_ranks_have_is_averaged_with_zeros_from_the_ot
     # rank 0's gradient of a is x = [1, 1], rank 1's of b is [10, 10]; the other rank's is 0
     expected = {"a": [[0.5, 0.5]], "b": [[5.0, 5.0]], "c": None}
     assert spawn_gloo(_heads_used_by_one_rank_each, 2) == [expected, expected]
+
+
+def test_a_step_that_used_every_parameter_builds_nothing_on_the_host(
+    fake_group, monkeypatch
+) -> None:
+    """The has-gradient flags are made where the gradients are. Built on the host, they were
+    copied to the GPU at every step, and torch waits for a blocking copy to finish: the host
+    then waited for the backward pass each step before it could queue the all-reduce. No GPU
+    here, so the test forbids building a tensor from Python values (what that copy starts
+    from) during the call."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+
+    def built_on_the_host(*args, **kwargs):
+        raise AssertionError("a tensor built from Python values in average_gradients")
+
+    monkeypatch.setattr(torch, "tensor", built_on_the_host)
+    average_gradients(model, 2)
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.5)) for p in model.parameters())
