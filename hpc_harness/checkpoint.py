@@ -341,15 +341,33 @@ class RunMismatch(ValueError):
 
 def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
     """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
-    (what JSON cannot hold, a class of ``fsdp_wrap``, becomes its ``repr``), so it is compared
-    as JSON and loads with ``weights_only=True``."""
+    (:func:`plain`: a class of ``fsdp_wrap`` becomes its ``repr``), so it is compared as JSON
+    and loads with ``weights_only=True``."""
     return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
 
 
 def plain(obj: Any) -> Any:
-    """``obj`` as plain JSON types (sorted keys; what JSON cannot hold becomes its ``repr``):
-    it loads with ``weights_only=True``."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=repr))
+    """``obj`` as plain JSON types (sorted keys; what JSON cannot hold, see :func:`_as_text`):
+    it loads with ``weights_only=True`` and reads the same in every process."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=_as_text))
+
+
+def _as_text(value: Any) -> Any:
+    """A value JSON cannot hold, as the same text in every process: a set sorted, a function
+    by its name, anything else by its ``repr``, refused (ValueError) if that names a memory
+    address (a set's order follows the hash seed, an address the process: each resume of the
+    run would be refused as another run's)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if callable(value) and not isinstance(value, type) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}.{value.__qualname__}"
+    text = repr(value)
+    if " at 0x" in text:
+        raise ValueError(
+            f"{text} names a memory address, which differs in every process: give the run's "
+            "arguments by name or number"
+        )
+    return text
 
 
 def read_run_file(ckpt_dir: str) -> dict[str, Any] | None:

@@ -68,6 +68,7 @@ __all__ = [
     "from_rank0",
     "gather_rng",
     "load_checkpoint",
+    "on_rank0",
     "requeue_exit",
     "save_checkpoint",
     "setup",
@@ -87,6 +88,22 @@ def from_rank0(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_rank0(work: Callable[[], Any]) -> Any:
+    """``work()`` on rank 0 alone; its result on every rank, or its exception raised on every
+    rank (raised on rank 0 alone, the others would wait in their next collective until rank
+    0's process is gone, or NCCL's timeout). Collective when distributed."""
+    result, error = None, None
+    if _rank() == 0:
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 - every rank raises it below
+            error = exc
+    result, error = from_rank0((result, error))
+    if error is not None:
+        raise error
+    return result
 
 
 def gather_rng(extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -115,18 +132,19 @@ def save_checkpoint(
     of ``model`` and ``optimizer`` (``Strategy.state(..., sharded=True)``) and writes it into the
     folder ``ckpt_step<step>.dcp`` (checkpoint.save_sharded). Collective: call on every rank at
     the same step."""
-    error = from_rank0(ckpt.takeover_error(ckpt_dir) if _rank() == 0 else None)
-    if error:
+    if error := on_rank0(lambda: ckpt.takeover_error(ckpt_dir)):
         raise ckpt.RunMismatch(error)
     rng = gather_rng(rng_extra)
     path = ckpt.checkpoint_path(ckpt_dir, step, sharded)
     if sharded:
         ckpt.save_sharded({**(state or {}), "rng": rng}, path)
-    elif _rank() == 0:
-        write({**(state or {}), "rng": rng}, path)
-    if _rank() == 0:
+
+    def write_and_prune() -> None:
+        if not sharded:
+            write({**(state or {}), "rng": rng}, path)
         ckpt.prune(ckpt_dir, keep_last, step, log=say)
-    barrier()
+
+    on_rank0(write_and_prune)  # every rank is past the write (a sharded one: save_sharded)
     return path
 
 
@@ -146,13 +164,12 @@ def load_checkpoint(
     of another run raises checkpoint.RunMismatch on every rank, before anything is loaded into
     the model. Collective: call on every rank."""
     rank, world = _rank(), _group().get_world_size() if _group() else 1
-    state, path, error = None, None, None
-    if rank == 0:
-        try:  # what stops the resume stops it on every rank (the others wait in from_rank0)
-            state, path = ckpt.load_latest(ckpt_dir, log=say)
-        except ckpt.RESUME_STOPPERS as exc:
-            error = exc
-        if fingerprint is not None and error is None:
+    state: dict[str, Any] | None = None
+
+    def choose() -> tuple[str | None, dict[str, Any] | None]:
+        nonlocal state
+        state, path = ckpt.load_latest(ckpt_dir, log=say)
+        if fingerprint is not None:
             saved = state.get("fingerprint") if state is not None else None
             if state is not None and saved is None:
                 say(
@@ -160,13 +177,11 @@ def load_checkpoint(
                     "wrote it): resuming without checking that it belongs to this run"
                 )
             if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved):
-                error = ckpt.RunMismatch(mismatch)
-            else:
-                ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
-    rest = {k: v for k, v in state.items() if k not in rank0_only} if state else None
-    path, rest, error = from_rank0((path, rest, error))
-    if error is not None:
-        raise error
+                raise ckpt.RunMismatch(mismatch)
+            ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
+        return path, {k: v for k, v in state.items() if k not in rank0_only} if state else None
+
+    path, rest = on_rank0(choose)  # what stops the resume stops it on every rank
     if rest is None:
         return None
     state = state if rank == 0 else {**rest, **dict.fromkeys(rank0_only)}
@@ -190,9 +205,7 @@ def announce_requeue(step: int, epoch: int, checkpoint: str, stop: StopAgreement
     agent takes a worker's exit 42 for a failure and stops the others (SIGTERM): a rank that
     left sooner could stop rank 0 before the marker exists, and the job would not be requeued.
     Collective."""
-    if _rank() == 0:
-        write_requeue_marker(step, epoch, checkpoint, stop.signal_name)
-    barrier()
+    on_rank0(lambda: write_requeue_marker(step, epoch, checkpoint, stop.signal_name))
 
 
 def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> NoReturn:

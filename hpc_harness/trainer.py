@@ -165,6 +165,8 @@ class Trainer:
         self.device = ctx.device
         if config.accumulate < 1:
             raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
+        if config.max_steps is not None and config.max_steps < 1:
+            raise ValueError(f"max_steps expects 1 or more steps, got {config.max_steps}")
         self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
         self.precision = make_precision(config.precision, self.device)
         if self.precision.dtype == torch.bfloat16 and self.strategy.data_parallel:
@@ -188,7 +190,8 @@ class Trainer:
         self.train_loader, self.sampler = prepare_dataloader(
             train_loader, self.world_size, self.rank, config.seed, config.replace_sampler
         )
-        self.batch_size = train_loader.batch_size or 1
+        batch_sampler = getattr(train_loader, "batch_sampler", None)
+        self.batch_size = train_loader.batch_size or getattr(batch_sampler, "batch_size", 1)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
         self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
         self.agreement = StopAgreement(
@@ -196,7 +199,8 @@ class Trainer:
         )
         self.epoch = self.step_in_epoch = self.global_step = 0
         self._pending_rng: dict[str, Any] | None = None
-        self._epoch_rng: torch.Tensor | None = None  # torch RNG at this epoch's start (own sampler)
+        self._epoch_start: dict[str, Any] | None = None  # _order_state() then (own sampler)
+        self._workers_started = False  # the own loader's persistent workers
         self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
         self._counts: dict[str, int] = {}
         self._evaluating = False
@@ -212,6 +216,11 @@ class Trainer:
         every checkpoint and in ``run.json``; a resume with another one stops."""
         config = asdict(self.cfg)
         config.update(config.pop("hparams"))
+        try:  # what a position in an epoch is counted in: others would skip other samples
+            samples = len(self.train_loader.dataset)
+        except TypeError:
+            samples = None
+        config.update(rank_batch_size=self.batch_size, train_samples=samples)
         return config
 
     def _print(self, *args: Any) -> None:
@@ -276,6 +285,8 @@ class Trainer:
         """Run the rest of ``epoch``; returns "finished" (its batches are done), "requeue" or
         "max_steps"."""
         cfg = self.cfg
+        if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+            return "max_steps"  # resumed at max_steps on an epoch's end: evaluated next
         self.model.train()
         done = self.step_in_epoch * cfg.accumulate  # batches of this epoch already trained
         if self.sampler is not None:
@@ -310,28 +321,53 @@ class Trainer:
     def _user_sampler_batches(self, epoch: int, start: int) -> Any:
         """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.
 
-        Its order (a RandomSampler's seed, the workers' seeds) is drawn from torch's global
-        RNG when the iteration starts. The RNG state at each epoch start is kept (and saved in
-        the checkpoint), so a resume mid-epoch replays that draw and skips the ``start``
-        batches already trained: the resumed epoch is the same permutation. Skipping reads
-        those batches (the default ResumableSampler does not). A checkpoint taken at the
-        epoch's start (``max_steps`` at an epoch end) holds that RNG itself: it is restored
-        before ``iter()``, which draws a seed from it too."""
-        sampler = getattr(self.train_loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        if start >= len(self.train_loader):
+        Its order (a RandomSampler's seed, the workers' seeds) is drawn from the RNGs (torch,
+        numpy, python) and the loader's and samplers' own generators when the iteration
+        starts. Their states at each epoch start are kept (and saved in the checkpoint), so a
+        resume mid-epoch replays that draw and skips the ``start`` batches already trained: the
+        resumed epoch is the same permutation. Skipping reads those batches (the default
+        ResumableSampler does not). A checkpoint taken at the epoch's start (``max_steps`` at an
+        epoch end) holds those states itself: they are restored before ``iter()``."""
+        loader = self.train_loader
+        for sampler in (loader.sampler, loader.batch_sampler):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        if start >= len(loader):
             return iter(())
+        if loader.persistent_workers and not self._workers_started:
+            # a persistent loader draws its later epochs' orders at its iterator's reset, the
+            # first after its workers' base seed: an iterator made first, its draws undone,
+            # makes every epoch's order (resumed or not) drawn at a reset
+            before = self._order_state()
+            iter(loader)
+            self._set_order_state(before)
+            self._workers_started = True
         if self._pending_rng is not None and start == 0:  # saved at this epoch's start
-            ckpt.restore_rng(self._pending_rng)
+            self._set_order_state(self._pending_rng)
             self._pending_rng = None
-        elif self._pending_rng is not None:  # the RNG of this epoch's start
-            torch.set_rng_state(self._pending_rng["epoch_start_torch"])
-        self._epoch_rng = torch.get_rng_state()
-        batches = iter(self.train_loader)
+        elif self._pending_rng is not None:  # the states of this epoch's start
+            self._set_order_state(self._pending_rng["epoch_start"])
+        self._epoch_start = self._order_state()
+        batches = iter(loader)
         for _ in itertools.islice(batches, start):  # the order is drawn at the first batch
             pass
         return batches
+
+    def _order_state(self) -> dict[str, Any]:
+        """What the own loader's order is drawn from: ckpt.capture_rng() and ``generators``."""
+        generators = [g.get_state() for g in self._generators()]
+        return {**ckpt.capture_rng(), "generators": generators}
+
+    def _set_order_state(self, state: dict[str, Any]) -> None:
+        ckpt.restore_rng(state)
+        for generator, saved in zip(self._generators(), state["generators"]):
+            generator.set_state(saved)
+
+    def _generators(self) -> list[torch.Generator]:
+        """The own generators of the loader, its sampler and batch sampler (a seeded shuffle)."""
+        owners = (self.train_loader, self.train_loader.sampler, self.train_loader.batch_sampler)
+        found = (getattr(owner, "generator", None) for owner in owners)
+        return [g for g in found if isinstance(g, torch.Generator)]
 
     def _log_progress(self, epoch: int) -> None:
         """Log the mean of every self.log() metric since the last log line over all ranks.
@@ -455,7 +491,10 @@ class Trainer:
             "fingerprint": self.fingerprint,
             "metrics": dict(self.metrics),
         }
-        extra = {"epoch_start_torch": self._epoch_rng} if self._epoch_rng is not None else None
+        extra = None
+        if self._epoch_start is not None:  # the own loader's: see _user_sampler_batches
+            generators = [g.get_state() for g in self._generators()]
+            extra = {"epoch_start": self._epoch_start, "generators": generators}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
             state if (self.is_main or sharded) else None,
@@ -540,15 +579,19 @@ class Trainer:
         try:
             if self._plateau:  # before the folder is claimed: the fixed run may use it
                 self._check_monitor()
-            if cfg.fresh and self.is_main:
-                self._move_aside()
-            pieces.barrier()
+            if cfg.fresh:
+                pieces.on_rank0(self._move_aside)
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
-            if self.is_main and not cfg.resume:  # else load_checkpoint claimed the folder
-                ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint)
+            if not cfg.resume:  # else load_checkpoint claimed the folder
+                pieces.on_rank0(lambda: ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint))
             if resumed and self.epoch >= cfg.epochs:
                 return self._finish_again("finished")
-            if resumed and cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+            if (
+                resumed
+                and cfg.max_steps is not None
+                and self.global_step >= cfg.max_steps
+                and self.step_in_epoch < self.steps_per_epoch  # else its end is evaluated
+            ):
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
                 cfg.run_dir or cfg.ckpt_dir,
@@ -650,7 +693,7 @@ class Trainer:
     def _requeue(self) -> str:
         """Signal path: save, rank 0 writes the marker, every rank returns once it exists (the
         caller exits 42)."""
-        path = self._save_checkpoint()  # ends with a barrier: every rank's part is done
+        path = self._save_checkpoint()  # returns once every rank's part is written
         self.logger.mark_preempting(REQUEUE_EXIT_CODE)  # wandb: preempted, not finished
         pieces.announce_requeue(self.global_step, self.epoch, path, self.agreement)
         return "requeue"

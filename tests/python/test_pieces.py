@@ -114,17 +114,17 @@ def test_requeue_exit_writes_the_marker_and_exits_42(tmp_path, monkeypatch) -> N
 def test_announce_requeue_returns_only_once_rank_0_has_written_the_marker(
     tmp_path, monkeypatch
 ) -> None:
-    # every rank waits at a barrier that rank 0 reaches after writing the marker: torchrun
-    # stops the other workers when one exits 42, and a marker not yet written is no requeue
+    # every rank waits for rank 0's broadcast, sent after it wrote the marker: torchrun stops
+    # the other workers when one exits 42, and a marker not yet written is no requeue
     marker = tmp_path / "requeue.json"
     monkeypatch.setenv("HPC_REQUEUE_MARKER", str(marker))
-    at_barrier: list[bool] = []
-    monkeypatch.setattr(hp, "barrier", lambda: at_barrier.append(marker.exists()))
+    at_broadcast: list[bool] = []
+    monkeypatch.setattr(hp, "from_rank0", lambda obj: at_broadcast.append(marker.exists()) or obj)
     assert hp.announce_requeue(7, 1, "/ck/a.pt", hp.StopAgreement()) is None
-    assert at_barrier == [True]
+    assert at_broadcast == [True]
     with pytest.raises(SystemExit):
         hp.requeue_exit(8, 1, "/ck/b.pt", hp.StopAgreement())
-    assert at_barrier == [True, True] and json.loads(marker.read_text())["step"] == 8
+    assert at_broadcast == [True, True] and json.loads(marker.read_text())["step"] == 8
 
 
 def test_requeue_exit_says_what_it_did_in_one_line(tmp_path, monkeypatch, capsys) -> None:
@@ -181,8 +181,7 @@ def test_only_rank_0_reads_run_json_before_a_save(tmp_path, monkeypatch) -> None
     """Rank 0 reads run.json and sends its verdict (TwoRanks: rank 1 of a faked pair)."""
     read: list[str] = []
     monkeypatch.setattr(ckpt, "takeover_error", lambda d: read.append(d))
-    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=[None]))
-    monkeypatch.setattr(hp, "barrier", lambda: None)
+    monkeypatch.setattr(hp, "_group", lambda: TwoRanks(rank=1, sent=[(None, None)]))
     hp.save_checkpoint(str(tmp_path), None, 1)
     assert read == [] and os.listdir(tmp_path) == []
 
@@ -300,7 +299,7 @@ def test_rank_0_chooses_and_rank_1_resumes_the_same_step_with_its_own_rng(
     assert torch.equal(state["rng"]["torch"], rngs[0]["torch"])
     assert _draws() == _draws_after(rngs[0])  # rank 0's generators continue as saved
     # one broadcast: the path, the state without the rank-0-only keys, no error
-    [(sent_path, rest, error)] = rank0.sent
+    [((sent_path, rest), error)] = rank0.sent
     assert (sent_path, sorted(rest), error) == (path, ["epoch", "global_step", "rng"], None)
     assert capsys.readouterr().out == f"hpc_harness: resumed from {path} (global step 5)\n"
 

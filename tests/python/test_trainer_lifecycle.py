@@ -189,7 +189,8 @@ def test_rank_1_seeds_its_own_stream_and_writes_nothing(tmp_path, monkeypatch, r
     ck = str(tmp_path / "ck")
     # rank 0's answers: no checkpoint (when resuming), then (at the final save) the folder is
     # still this run's
-    rank1 = TwoRanks(rank=1, sent=[None], replies=[[(None, None, None)]] if resume else [])
+    nothing = [((None, None), None)]  # on_rank0's (result, error): no path, no state
+    rank1 = TwoRanks(rank=1, sent=[(None, None)], replies=[nothing] if resume else [])
     monkeypatch.setattr(pieces, "_group", lambda: rank1)
     seeds: list[int] = []
     real = trainer_mod.seed_everything
@@ -247,7 +248,7 @@ def test_a_resume_with_another_world_size_seeds_each_rank_and_sends_no_model(
     trainer = build(ck, gloo_context(0, 2), seed=5)
     assert trainer._resume() is True and trainer.global_step == 2
     assert torch.equal(torch.rand(4), draws(5))
-    [(path, rest, error)] = rank0.sent
+    [((path, rest), error)] = rank0.sent
     assert (path, error) == (os.path.join(ck, "ckpt_step00000002.pt"), None)
     assert "model" not in rest and "optimizer" not in rest
     assert {"global_step", "epoch", "scheduler", "metrics"} <= set(rest)
@@ -519,7 +520,7 @@ def test_a_32_bit_run_has_a_disabled_scaler_also_where_cuda_is_available(
 
 def test_the_users_loader_is_kept_when_asked_or_when_it_has_a_batch_sampler(tmp_path) -> None:
     """replace_sampler=False keeps a plain shuffling loader; a batch_sampler loader (its
-    batch_size is None) is kept too, and evaluation then goes one sample per batch."""
+    batch_size is None) is kept too, and the batch sampler's batch_size is the run's."""
     loader = DataLoader(classes(8, 0), batch_size=2, shuffle=True)
     trainer = build(str(tmp_path / "a"), loader=loader, replace_sampler=False)
     assert trainer.train_loader is loader and trainer.sampler is None
@@ -528,12 +529,12 @@ def test_the_users_loader_is_kept_when_asked_or_when_it_has_a_batch_sampler(tmp_
     loader = DataLoader(classes(8, 0), batch_sampler=batches)
     trainer = build(str(tmp_path / "b"), loader=loader)
     assert trainer.train_loader is loader and trainer.sampler is None
-    assert (trainer.batch_size, trainer.steps_per_epoch) == (1, 2)
+    assert (trainer.batch_size, trainer.steps_per_epoch) == (4, 2)
     sizes: list[int] = []
     real_eval_step = trainer.eval_step
     trainer.eval_step = lambda batch: sizes.append(len(batch[1])) or real_eval_step(batch)
     trainer.evaluate()
-    assert sizes == [1, 1, 1, 1, 1]  # the 5 eval samples
+    assert sizes == [4, 1]  # the 5 eval samples
 
 
 def _counting_writes(trainer: Trainer) -> list[str]:
