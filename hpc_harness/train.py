@@ -61,6 +61,17 @@ def default_ckpt_dir(env: Mapping[str, str] | None = None) -> str:
     return os.path.join(".", "checkpoints")
 
 
+def positive(text: str) -> int:
+    """A whole number of at least 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects a whole number of 1 or more, got '{text}'")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m hpc_harness.train",
@@ -71,10 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     g.add_argument("--layers", type=int, default=2, help="hidden layers")
     g.add_argument("--hidden", type=int, default=128, help="units per hidden layer")
-    g.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
+    g.add_argument("--batch-size", type=positive, default=32, help="per-process batch size")
     g.add_argument("--epochs", type=int, default=15)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-steps", type=int, default=None, help="stop after this global step")
+    g.add_argument(
+        "--max-steps", type=positive, default=None, help="stop after this global step"
+    )
     g = p.add_argument_group("hardware")
     g.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32")
     g.add_argument("--strategy", choices=("ddp", "dp", "ddp2", "fsdp"), default="ddp")

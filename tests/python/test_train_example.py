@@ -110,6 +110,8 @@ def test_the_user_facing_config_has_no_testing_aids() -> None:
         (["--pause-in-save-at-step", "x"], "--pause-in-save-at-step: invalid int value: 'x'"),
         (["--num-workers", "-1"], "--num-workers expects 0 (load in the training process) or more"),
         (["--num-workers", "two"], "--num-workers: invalid int value: 'two'"),
+        (["--max-steps", "0"], "--max-steps: expects a whole number of 1 or more, got '0'"),
+        (["--batch-size", "x"], "--batch-size: expects a whole number of 1 or more, got 'x'"),
     ],
 )
 def test_bad_check_options_exit_2_before_training(args, message, capsys) -> None:
