@@ -156,7 +156,11 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
         os.makedirs(tmp)
     if dist.is_initialized():
         dist.barrier()
-    dcp.save({k: state.pop(k) for k in ("model", "optimizer") if k in state}, checkpoint_id=tmp)
+    # a tensor every rank holds (DDP's buffers) is written from rank 0: the default plan
+    # spreads those writes over the ranks, and rank 1's BatchNorm statistics are its own
+    planner = dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+    parts = {k: state.pop(k) for k in ("model", "optimizer") if k in state}
+    dcp.save(parts, checkpoint_id=tmp, planner=planner)
     if main:  # dcp.save returned: every rank's part is written
         atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
         old = _rename_aside(path)

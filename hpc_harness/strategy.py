@@ -34,6 +34,8 @@ With a world size of 1, ddp, ddp2 and fsdp all run the plain model.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import torch
@@ -178,8 +180,17 @@ class Strategy:
         DTensor shards) for ``checkpoint.save_sharded``."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+        self.sync_buffers(model)
         opts = StateDictOptions(full_state_dict=not sharded, cpu_offload=not sharded)
         return get_state_dict(self._stateful(model), optimizer, options=opts)
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        """fsdp: rank 0's buffers on every rank, before the model is evaluated or saved. fully_shard
+        leaves buffers to each rank, so BatchNorm's statistics drift apart: the ranks evaluated
+        different models, and a resume gave them all rank 0's (DDP broadcasts them before each
+        forward, ddp2 after each step). Collective."""
+        if self.name == "fsdp" and self.distributed:
+            broadcast_buffers(self._stateful(model))
 
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
@@ -199,22 +210,36 @@ class Strategy:
             import torch.distributed.checkpoint as dcp
 
             msd, optim = self.state(model, optimizer, sharded=True)
+            saved = dcp.FileSystemReader(state["sharded"]).read_metadata().state_dict_metadata
+            optim["state"] = {  # the load target has state for every parameter: not all saved
+                name: entry
+                for name, entry in optim["state"].items()
+                if all(f"optimizer.state.{name}.{key}" in saved for key in entry)
+            }
             dcp.load({"model": msd, "optimizer": optim}, checkpoint_id=state["sharded"])
             opts = dsd.StateDictOptions()
         dsd.set_model_state_dict(model, msd, options=opts)
+        with_state = set(optim.get("state", {}))  # the parameters the checkpoint has state for
         if opts.full_state_dict:
             # Rank 0 sends these optimizer states whole: one without tensors (plain SGD; the
             # full-state way fails: "Expected device to be set", torch 2.13), and one keyed by
             # position (optimizer.state_dict(), checkpoints of earlier versions) to load as is.
             whole = [optim if _by_position(optim) or not _has_tensors(optim) else None]
             if self.distributed:
+                whole.append(with_state)
                 dist.broadcast_object_list(whole, src=0)
+                with_state = whole.pop()
             if whole[0] is not None and _by_position(whole[0]):
                 optimizer.load_state_dict(whole[0])
                 return
             if whole[0] is not None:
                 optim, opts = whole[0], dsd.StateDictOptions()
+        # not strict: a parameter without a gradient so far (a branch not taken yet) has none
+        opts = dataclasses.replace(opts, strict=False)
         dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
+        for name, param in model.named_parameters():  # torch gave those a zero step's state
+            if name not in with_state:
+                optimizer.state.pop(param, None)
 
     def _stateful(self, model: nn.Module) -> nn.Module:
         """The model whose state is saved: fsdp's own, else the one inside DDP/DataParallel."""

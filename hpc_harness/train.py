@@ -85,9 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=positive, default=32, help="per-process batch size")
     g.add_argument("--epochs", type=int, default=15)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument(
-        "--max-steps", type=positive, default=None, help="stop after this global step"
-    )
+    g.add_argument("--max-steps", type=positive, default=None, help="stop after this global step")
     g = p.add_argument_group("hardware")
     g.add_argument("--precision", choices=("32", "16-mixed", "bf16-mixed"), default="32")
     g.add_argument("--strategy", choices=("ddp", "dp", "ddp2", "fsdp"), default="ddp")

@@ -440,6 +440,7 @@ class Trainer:
         (an evaluation can last longer than the signal's lead)."""
         if self.eval_data is None:
             return {}
+        self.strategy.sync_buffers(self.model)  # one model on every rank
         self.model.eval()
         n, size = len(self.eval_data), self.batch_size
         mine = list(range(self.rank, n, self.world_size))

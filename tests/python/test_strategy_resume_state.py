@@ -1,0 +1,135 @@
+"""What a sixth review found in the strategies' state: a parameter without optimizer state (not
+used yet) made every checkpoint unloadable; a sharded save took a replicated buffer from any
+rank; fsdp never made the ranks' buffers (BatchNorm's statistics) agree. Each test failed
+before."""
+
+from __future__ import annotations
+
+import torch
+from conftest import gloo_context, spawn_gloo
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hpc_harness import dist as hdist
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+class WithAnUnusedHead(nn.Module):
+    """``aux`` has had no gradient yet (a branch not taken so far, a head unfrozen later):
+    the optimizer has no state for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 3)
+        self.aux = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn = nn.Linear(6, 6), nn.BatchNorm1d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.fc(x)))
+
+
+class WithBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def _trainer(ctx, ck: str, make_model, max_steps: int | None = None, **cfg) -> Trainer:
+    torch.manual_seed(0)  # the same initial weights in every run
+    model = make_model()
+    x = torch.randn(32, model_inputs(model), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(2))
+    config = TrainConfig(
+        epochs=2, ckpt_dir=ck, log_every=0, checkpoint_every_s=0, max_steps=max_steps, **cfg
+    )
+    return Trainer(
+        model,
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True),
+        ctx,
+        config,
+        eval_data=TensorDataset(x[:8], y[:8]),
+    )
+
+
+def model_inputs(model: nn.Module) -> int:
+    return 4 if isinstance(model, WithAnUnusedHead) else 6
+
+
+def _resumed_equals_uninterrupted(ctx, tmp: str, make_model, **cfg) -> dict[str, bool]:
+    """Trains 2 epochs whole and in two pieces (stopped at step 3); per state tensor of this
+    rank's model, whether the two runs ended equal."""
+    whole = _trainer(ctx, f"{tmp}/whole", make_model, **cfg)
+    assert whole.train() == "finished"
+    cut = f"{tmp}/cut"
+    assert _trainer(ctx, cut, make_model, max_steps=3, **cfg).train() == "max_steps"
+    resumed = _trainer(ctx, cut, make_model, **cfg)
+    assert resumed.train() == "finished" and resumed.global_step == whole.global_step
+    a = whole.strategy._stateful(whole.model).state_dict()
+    b = resumed.strategy._stateful(resumed.model).state_dict()
+    return {k: torch.equal(_full(a[k]), _full(b[k])) for k in a}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def test_a_parameter_without_optimizer_state_resumes(tmp_path) -> None:
+    """torch refused the load ("Missing optimizer state for parameter 'aux.weight'"), at every
+    requeue: the run could never go on."""
+    ctx = hdist.setup(verbose=False)
+    same = _resumed_equals_uninterrupted(ctx, str(tmp_path), WithAnUnusedHead)
+    assert same and all(same.values()), same
+
+
+def test_a_parameter_without_optimizer_state_resumes_from_a_sharded_checkpoint(tmp_path) -> None:
+    """The load target gave every parameter optimizer state, which dcp.load then demanded
+    from the checkpoint ("Missing key ... optimizer.state.aux.weight.momentum_buffer")."""
+    ctx = hdist.setup(verbose=False)
+    same = _resumed_equals_uninterrupted(
+        ctx, str(tmp_path), WithAnUnusedHead, sharded_checkpoint=True
+    )
+    assert same and all(same.values()), same
+
+
+def _two_ranks(rank: int, world_size: int, tmp: str, strategy: str, sharded: bool) -> dict:
+    ctx = gloo_context(rank, world_size)
+    same = _resumed_equals_uninterrupted(
+        ctx, tmp, WithBatchNorm, strategy=strategy, sharded_checkpoint=sharded
+    )
+    trainer = _trainer(ctx, f"{tmp}/ranks", WithBatchNorm, strategy=strategy)
+    trainer.train()
+    model = trainer.strategy._stateful(trainer.model)
+    buffers = {k: v.tolist() for k, v in model.named_buffers()}  # plain: a tensor would be
+    return {"same": same, "buffers": buffers}  # shared through a file the rank then removes
+
+
+def test_ddp_with_batchnorm_resumes_bitwise_from_a_sharded_checkpoint(tmp_path) -> None:
+    """dcp.save's default plan spreads a replicated tensor's writes over the ranks: the
+    checkpoint held rank 1's BatchNorm statistics, which the resumed rank 0 then broadcast."""
+    ranks = spawn_gloo(_two_ranks, 2, str(tmp_path), "ddp", True)
+    same = ranks[0]["same"]
+    assert all(same.values()), [k for k, v in same.items() if not v]
+
+
+def test_fsdp_ranks_evaluate_and_save_one_model_and_resume_bitwise(tmp_path) -> None:
+    """fsdp kept each rank's BatchNorm statistics: the ranks evaluated different models (the
+    logged test loss averaged them), and a resume gave every rank rank 0's."""
+    ranks = spawn_gloo(_two_ranks, 2, str(tmp_path), "fsdp", False)
+    assert ranks[0]["buffers"] == ranks[1]["buffers"]
+    same = ranks[0]["same"]
+    assert all(same.values()), [k for k, v in same.items() if not v]
