@@ -35,7 +35,6 @@ With a world size of 1, ddp, ddp2 and fsdp all run the plain model.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import torch

@@ -5,7 +5,6 @@ fake group of 2 (every collective returns this rank's own values), and fsdp's sh
 from __future__ import annotations
 
 import dataclasses
-
 from types import SimpleNamespace
 
 import pytest
