@@ -291,7 +291,20 @@ def test_a_sharded_checkpoint_is_read_into_this_ranks_own_state(
             for key, value in entry.items():
                 value.copy_(source_opt.state[by_name[name]][key])
 
+    class Folder:  # its metadata: the optimizer state of every parameter was saved
+        def __init__(self, path: str) -> None:
+            assert path == "ck/step5.dcp"
+
+        def read_metadata(self) -> SimpleNamespace:
+            saved = {
+                f"optimizer.state.{name}.{key}"
+                for name, p in by_name.items()
+                for key in source_opt.state[p]
+            }
+            return SimpleNamespace(state_dict_metadata=saved)
+
     monkeypatch.setattr(dcp, "load", load)
+    monkeypatch.setattr(dcp, "FileSystemReader", Folder)
     strategy = Strategy("ddp", _ctx(world_size=2, rank=1))
     assert strategy.distributed
     model, opt = _trained(1)
