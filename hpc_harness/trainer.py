@@ -355,8 +355,10 @@ class Trainer:
 
     def _order_state(self) -> dict[str, Any]:
         """What the own loader's order is drawn from: ckpt.capture_rng() and ``generators``."""
-        generators = [g.get_state() for g in self._generators()]
-        return {**ckpt.capture_rng(), "generators": generators}
+        return {**ckpt.capture_rng(), "generators": self._generator_states()}
+
+    def _generator_states(self) -> list[torch.Tensor]:
+        return [g.get_state() for g in self._generators()]
 
     def _set_order_state(self, state: dict[str, Any]) -> None:
         ckpt.restore_rng(state)
@@ -494,8 +496,7 @@ class Trainer:
         }
         extra = None
         if self._epoch_start is not None:  # the own loader's: see _user_sampler_batches
-            generators = [g.get_state() for g in self._generators()]
-            extra = {"epoch_start": self._epoch_start, "generators": generators}
+            extra = {"epoch_start": self._epoch_start, "generators": self._generator_states()}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
             state if (self.is_main or sharded) else None,
