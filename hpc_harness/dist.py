@@ -23,9 +23,9 @@ batch script that runs ``python train.py`` directly in an allocation of several 
 under srun, is refused with a message, instead of waiting forever for peers that never come.
 
 Backend: nccl when CUDA is available, else gloo. Device: ``cuda:<local rank>`` (mapped through
-``--gpus``), or the first of the task's own GPUs when SLURM bound GPUs to tasks
-(``--gpus-per-task``, ``--gpu-bind=single:1``: :func:`own_devices`), or cpu. The process
-group is created with a timeout (env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost
+``--gpus``), or when SLURM bound GPUs to tasks (``--gpus-per-task``, ``--gpu-bind``) one of
+the task's own, not taken by a task bound to the same GPUs (:func:`own_devices`), or cpu. The
+process group is created with a timeout (env ``HPC_DIST_TIMEOUT``, seconds, default 600) so a lost
 peer ends the job instead of hanging it until the wall time.
 
 This module imports torch only inside functions, so the table and the parsers are cheap to use.
@@ -180,20 +180,43 @@ def select_devices(spec: int | None, available: int) -> list[int]:
     return list(range(min(count, available)))
 
 
-def own_devices(info: DistContext, devices: list[int], visible: int, on_node: str) -> list[int]:
-    """The GPU of one of several processes on a node. An srun task that sees fewer GPUs than
-    the step has on the node (``SLURM_GPUS_ON_NODE``) was given its own by SLURM
-    (``--gpus-per-task``, ``--gpu-bind=single:1``): its first. Else the node's processes see the
-    same GPUs (torchrun's workers always do): the one of its local rank, refused when there is
-    none (NCCL refuses two ranks on one GPU, later and less clearly)."""
-    if info.launcher == "srun" and on_node.isdigit() and visible < int(on_node):
-        return devices[:1]
-    if info.local_rank >= len(devices):
+def gpus_bound(info: DistContext, visible: int, on_node: str) -> bool:
+    """SLURM bound GPUs to this srun task (``--gpus-per-task``, ``--gpu-bind``): it sees fewer
+    than the step has on the node (``SLURM_GPUS_ON_NODE``)."""
+    return info.launcher == "srun" and on_node.isdigit() and visible < int(on_node)
+
+
+def own_devices(info: DistContext, devices: list[int], sharers: list[int] | None) -> list[int]:
+    """The GPU of one of several processes on a node. GPUs bound by SLURM (:func:`gpus_bound`):
+    of the local ranks that see this task's set (``sharers``, from :func:`local_ranks_seeing`;
+    ``--gpu-bind=closest`` gives the tasks of one socket the same set), the n-th takes the
+    set's n-th GPU. Else (``sharers`` None) the node's processes see the same GPUs (torchrun's
+    workers always do): the one of its local rank. A process left without a GPU is refused
+    (NCCL refuses two ranks on one GPU, later and less clearly)."""
+    place, owners = info.local_rank, f"the {info.local_world_size} processes of this node"
+    if sharers is not None:
+        place, owners = sharers.index(info.local_rank), f"local ranks {sharers}, bound to them"
+    if place >= len(devices):
         raise LaunchError(
             f"local rank {info.local_rank} has no GPU: {len(devices)} selected ({devices}) "
-            f"for the {info.local_world_size} processes of this node; start one process per GPU"
+            f"for {owners}; start one process per GPU"
         )
-    return [devices[info.local_rank]]
+    return [devices[place]]
+
+
+def local_ranks_seeing(info: DistContext, gpu_set: str, store: Any) -> list[int]:
+    """The local ranks of this node whose tasks see ``gpu_set`` (their CUDA_VISIBLE_DEVICES),
+    learnt through the rendezvous ``store``: one key per task, read back once all are set;
+    rank 0 returns once every rank has read."""
+    key = f"hpc_harness/gpus/{info.node_rank}/"
+    store.set(key + str(info.local_rank), gpu_set)
+    sets = [store.get(key + str(i)).decode() for i in range(info.local_world_size)]
+    # the store lives in rank 0's process: it goes on (refused, say) once every rank has read
+    if store.add("hpc_harness/gpus/read", 1) == info.world_size:
+        store.set("hpc_harness/gpus/all read", "")
+    if info.is_main:
+        store.wait(["hpc_harness/gpus/all read"])
+    return [i for i, seen in enumerate(sets) if seen == gpu_set]
 
 
 def setup(
@@ -219,14 +242,30 @@ def setup(
         say_main(f"hpc_harness: warning: --gpus {gpus} but CUDA is not available; using CPU")
     devices = select_devices(spec, cuda_n)
     backend, device = "gloo", torch.device("cpu")
+    joining = info.distributed and not dist.is_initialized()
+    timeout = datetime.timedelta(seconds=int(os.environ.get("HPC_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    kwargs: dict[str, Any] = {}
     if devices and info.local_world_size > 1:  # one GPU per process; else it uses them all
-        devices = own_devices(info, devices, cuda_n, e.get("SLURM_GPUS_ON_NODE", ""))
+        sharers = None
+        if gpus_bound(info, cuda_n, e.get("SLURM_GPUS_ON_NODE", "")):
+            sharers = [info.local_rank]  # in a group made before: as if no task shared its set
+            if joining:  # the group's rendezvous store, made here so the tasks can meet first
+                kwargs["store"] = dist.TCPStore(
+                    info.master_addr, info.master_port, info.world_size, info.is_main, timeout
+                )
+                visible = e.get("CUDA_VISIBLE_DEVICES", "")
+                sharers = local_ranks_seeing(info, visible, kwargs["store"])
+        devices = own_devices(info, devices, sharers)
     if devices:
         backend, device = "nccl", torch.device("cuda", devices[0])
         torch.cuda.set_device(device)
-    if info.distributed and not dist.is_initialized():
-        kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-        if kwargs and "device_id" not in inspect.signature(dist.init_process_group).parameters:
+    if joining:
+        if backend == "nccl":
+            kwargs["device_id"] = device
+        if (
+            kwargs.get("device_id")
+            and "device_id" not in inspect.signature(dist.init_process_group).parameters
+        ):
             raise LaunchError(
                 f"hpc_harness needs init_process_group(device_id=...) (torch >= {MIN_TORCH}); "
                 f"this torch is {torch.__version__}: upgrade torch"
@@ -235,12 +274,11 @@ def setup(
         values = (info.master_addr, info.master_port, info.rank, info.world_size, info.local_rank)
         for k, v in zip(names, values):
             os.environ.setdefault(k, str(v))
-        timeout = int(os.environ.get("HPC_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
         dist.init_process_group(
-            backend=backend,  # init_method env:// (the default): the variables set above
+            backend=backend,  # init_method env:// (the variables set above), or the store
             rank=info.rank,
             world_size=info.world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            timeout=timeout,
             **kwargs,
         )
     say_main(

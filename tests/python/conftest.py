@@ -196,6 +196,30 @@ def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> Non
         queue.put((rank, False, traceback.format_exc()))
 
 
+class NodeStore:
+    """Stands for the rendezvous store (TCPStore) of a node's tasks, where dist.setup learns
+    which local ranks see the same GPUs: ``sets`` holds the CUDA_VISIBLE_DEVICES the other
+    local ranks published; a rank not in it sees a set of its own."""
+
+    def __init__(self, sets: dict[int, str]) -> None:
+        self.keys = {f"hpc_harness/gpus/0/{rank}": s.encode() for rank, s in sets.items()}
+        self.waited: list[str] = []
+
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.keys.get(key, b"a set of its own")
+
+    def add(self, key: str, amount: int) -> int:
+        self.keys[key] = str(int(self.keys.get(key, b"0")) + amount).encode()
+        return int(self.keys[key])
+
+    def wait(self, keys: list[str]) -> None:
+        """The other ranks are not here: returns at once, and remembers what was waited for."""
+        self.waited += keys
+
+
 class JobLog(io.StringIO):
     """stdout as a job's log file has it: ``shown`` is what was flushed (a job killed while it
     waits, at a barrier say, loses the rest)."""

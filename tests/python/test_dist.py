@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import NodeStore
 
 from hpc_harness import dist
 from hpc_harness.dist import DistContext, LaunchError, detect_launch, first_host, parse_gpus
@@ -165,6 +166,7 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> dict:
         seen["init"] = {**kw, "device_id": device_id}
 
     monkeypatch.setattr(tdist, "init_process_group", init_process_group)
+    monkeypatch.setattr(tdist, "TCPStore", lambda *args: NodeStore({}))
     return seen
 
 

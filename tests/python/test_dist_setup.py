@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as tdist
+from conftest import NodeStore
 
 from hpc_harness import dist
 from hpc_harness.dist import LaunchError, detect_launch
@@ -36,11 +37,19 @@ def _fake_torch(
     gpus: int = 0,
     cuda: bool | None = None,
     initialized: bool = False,
+    node_sets: dict[int, str] | None = None,
 ) -> dict[str, list]:
     """torch reports ``gpus`` CUDA devices (available when there are any, unless ``cuda`` says
-    otherwise) and no process group yet; returns what setup passed to set_device and
-    init_process_group (the keyword arguments exactly as given)."""
-    seen: dict[str, list] = {"set_device": [], "init": []}
+    otherwise) and no process group yet; returns what setup passed to set_device,
+    init_process_group (the keyword arguments exactly as given) and TCPStore (a
+    :class:`conftest.NodeStore` of ``node_sets`` stands for it)."""
+    seen: dict[str, list] = {"set_device": [], "init": [], "store": []}
+
+    def tcp_store(*args: Any) -> NodeStore:
+        seen["store"].append(args)
+        return NodeStore(node_sets or {})
+
+    monkeypatch.setattr(tdist, "TCPStore", tcp_store)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0 if cuda is None else cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
@@ -92,7 +101,7 @@ def test_a_single_process_prints_its_summary_and_start_line_and_joins_no_group(
         "hpc_harness: rank 0/1 local_rank 0 host laptop started",
     ]
     assert (ctx.backend, str(ctx.device), ctx.devices) == ("gloo", "cpu", [])
-    assert seen == {"set_device": [], "init": []}
+    assert seen == {"set_device": [], "init": [], "store": []}
     assert [k for k in EXPORTED if k in os.environ] == []
 
 
@@ -416,3 +425,62 @@ def test_processes_that_would_share_a_gpu_are_refused(
         dist.setup(env=env, verbose=False)
     assert str(refused.value) == message
     assert seen["init"] == []
+
+
+# --gpu-bind=closest on a node of two sockets with two GPUs each, four tasks placed by SLURM's
+# default distribution (block:cyclic: tasks alternate sockets): tasks 0 and 2 see GPUs 0,1,
+# tasks 1 and 3 see GPUs 2,3 (what --gpu-bind=mask_gpu:0x3,0xc,0x3,0xc also gives).
+CLOSEST_SETS = {0: "0,1", 1: "2,3", 2: "0,1", 3: "2,3"}
+
+
+@pytest.mark.parametrize("local_rank, node_gpu", [(0, "0"), (1, "2"), (2, "1"), (3, "3")])
+def test_tasks_bound_to_the_same_gpus_take_one_each(
+    monkeypatch: pytest.MonkeyPatch, local_rank: int, node_gpu: str
+) -> None:
+    """The task's place among the local ranks that see its set picks the set's GPU, learnt
+    through the rendezvous store that then makes the process group (faked: no peers here;
+    tests/bats/integration/harness.bats runs it on the local cluster with a real store)."""
+    seen = _fake_torch(monkeypatch, gpus=2, node_sets=CLOSEST_SETS)
+    env = _srun(local_rank, 4, CLOSEST_SETS[local_rank], 4)
+    ctx = dist.setup(env=env, verbose=False)
+    assert CLOSEST_SETS[local_rank].split(",")[ctx.device.index] == node_gpu
+    timeout = _timeout(dist.DEFAULT_TIMEOUT_S)
+    assert seen["store"] == [("node1", 15007, 4, local_rank == 0, timeout)]
+    assert seen["init"] == [
+        {
+            "backend": "nccl",
+            "rank": local_rank,
+            "world_size": 4,
+            "timeout": timeout,
+            "store": seen["init"][0]["store"],
+            "device_id": ctx.device,
+        }
+    ]
+    store = seen["init"][0]["store"]
+    assert isinstance(store, NodeStore)  # rank 0's holds the store: it waits for every read
+    assert store.waited == (["hpc_harness/gpus/all read"] if local_rank == 0 else [])
+
+
+def test_more_tasks_bound_to_a_gpu_than_it_has_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--gpu-bind=map_gpu:0,1,0,1 on a node of two GPUs: tasks 0 and 2 both see GPU 0."""
+    seen = _fake_torch(monkeypatch, gpus=1, node_sets={0: "0", 1: "1", 3: "1"})
+    with pytest.raises(LaunchError) as refused:
+        dist.setup(env=_srun(2, 4, "0", 2), verbose=False)
+    assert str(refused.value) == (
+        "local rank 2 has no GPU: 1 selected ([0]) for local ranks [0, 2], bound to them; "
+        "start one process per GPU"
+    )
+    assert seen["init"] == []
+
+
+def test_the_local_ranks_seeing_a_set_are_read_from_this_nodes_keys() -> None:
+    """A real store (in-process): node 1's tasks, not node 0's, whatever the order they wrote."""
+    store = tdist.HashStore()
+    info = dist.DistContext(
+        "srun", rank=6, local_rank=2, world_size=8, local_world_size=4, node_rank=1
+    )
+    for node, local, gpus in [(0, 0, "0,1"), (1, 3, "0,1"), (1, 1, "2,3"), (1, 0, "0,1")]:
+        store.set(f"hpc_harness/gpus/{node}/{local}", gpus)
+    assert dist.local_ranks_seeing(info, "0,1", store) == [0, 2, 3]
+    assert store.get("hpc_harness/gpus/1/2") == b"0,1"
+    assert store.add("hpc_harness/gpus/read", 0) == 1  # this rank has read; 7 to go

@@ -109,7 +109,7 @@ gpu_choice() {
     "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/tests/bats/fixtures/programs/gpu_choice_probe.py" 2>&1 | sort
 }
 
-@test "each srun task gets a GPU of its own, bound by SLURM or not, and two tasks on one GPU are refused (fake GPUs, torch told what SLURM set)" {
+@test "each srun task gets a GPU of its own, bound by SLURM or not, tasks bound to the same GPUs take one each, and two tasks on one GPU are refused (fake GPUs, torch told what SLURM set)" {
   run gpu_choice --gres=gpu:2 --ntasks-per-node=2
   assert_output $'task 0 gpu 0\ntask 1 gpu 1'
   run gpu_choice --gpus-per-task=1 --ntasks-per-node=2
@@ -121,4 +121,10 @@ gpu_choice() {
   run gpu_choice --gres=gpu:1 --ntasks-per-node=2
   assert_line 'task 0 gpu 0'
   assert_line 'task 1 refused: local rank 1 has no GPU: 1 selected ([0]) for the 2 processes of this node; start one process per GPU'
+  # Tasks bound to the same GPUs, as --gpu-bind=closest binds the tasks of one socket (one
+  # socket here: the masks make it); they meet in the rendezvous store to take one each.
+  run gpu_choice --gres=gpu:4 --ntasks-per-node=4 --gpu-bind=mask_gpu:0x3,0xc,0x3,0xc
+  assert_output $'task 0 gpu 0\ntask 1 gpu 2\ntask 2 gpu 1\ntask 3 gpu 3'
+  run gpu_choice --gres=gpu:2 --ntasks-per-node=4 --gpu-bind=map_gpu:0,1,0,1
+  assert_line 'task 2 refused: local rank 2 has no GPU: 1 selected ([0]) for local ranks [0, 2], bound to them; start one process per GPU'
 }
