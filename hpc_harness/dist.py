@@ -14,7 +14,8 @@ Three ways a training process is started, and what each one tells us:
                                                         MASTER_ADDR <- first host of
                                                         SLURM_STEP_NODELIST (else the job's),
                                                         MASTER_PORT <- 15000 + (SLURM_JOB_ID
-                                                        + 1000 * SLURM_STEP_ID) % 14000
+                                                        + 1000 * SLURM_STEP_ID) % 14000,
+                                                        services' ports stepped over
     single    python train.py (laptop, or one task)     nothing: world size 1, no process group
 
 Variables already in the environment always win (the batch script exports MASTER_ADDR and
@@ -52,6 +53,11 @@ DEFAULT_TIMEOUT_S = 600
 # hold the GIL; if the interpreter is already finalizing by then, the process aborts
 # ("terminate called without an active exception", SIGABRT) after a finished run.
 GIL_YIELD_S = 0.1
+# lib.sh's MASTER_PORT_AVOID, in its order (tests/python/test_dist.py compares them)
+MASTER_PORT_AVOID = (
+    *(15672, 16992, 16993, 16994, 16995, 17001, 17002, 17500),
+    *(24007, 24008, 25565, 27017, 27018, 27019, 28015),
+)
 
 
 class LaunchError(RuntimeError):
@@ -153,13 +159,23 @@ def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
         addr = env.get("MASTER_ADDR") or first_host(nodelist)
         job = int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "")) or 0)
         step = num("SLURM_STEP_ID")  # set: an srun launch of several tasks has a step
-        # hpc_files/node/lib.sh's range (below the ephemeral ports), step 0 its very port
-        port = num("MASTER_PORT", 15000 + (job + 1000 * step) % 14000)
+        port = num("MASTER_PORT", srun_port(job, step))
     if not 0 <= rank < world:
         raise LaunchError(f"rank {rank} is outside world size {world}")
     if not 0 <= local < max(local_world, 1):
         raise LaunchError(f"local rank {local} is outside local world size {local_world}")
     return DistContext(launcher, rank, local, world, local_world, node, addr, port)
+
+
+def srun_port(job: int, step: int) -> int:
+    """The port of an srun launch without MASTER_PORT: hpc_files/node/lib.sh's master_port
+    (15000-28999, below the ephemeral ports; ports of common services stepped over), offset by
+    the step so that steps side by side differ. Step 0 gives the batch script's very port: the
+    rule is that script's, and a test holds the two to it."""
+    port = 15000 + (job + 1000 * step) % 14000
+    for avoid in MASTER_PORT_AVOID:
+        port += port == avoid
+    return port
 
 
 def parse_gpus(spec: str | int | None) -> int | None:

@@ -141,6 +141,8 @@ first_node() {
 # Linux's ephemeral range (32768-60999, where any outgoing connection may take
 # the port) and torch's default 29500; ports that common services listen on
 # are stepped over. MASTER_PORT in the environment wins (batch.sh).
+# hpc_harness/dist.py's srun_port follows this rule for scripts not ours; a
+# test holds its copy of the list equal to this one.
 MASTER_PORT_AVOID=(15672 16992 16993 16994 16995 17001 17002 17500 24007 24008 25565 27017 27018 27019 28015)
 master_port() {
   local id port avoid

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 from conftest import NodeStore
 
@@ -338,3 +341,33 @@ def test_group_is_torch_distributed_only_with_more_than_one_rank(
     monkeypatch.setattr(tdist, "is_initialized", lambda: initialized)
     monkeypatch.setattr(tdist, "get_world_size", lambda group=None: world_size)
     assert dist.group() is (tdist if is_group else None)
+
+
+LIB_SH = os.path.join(os.path.dirname(__file__), "..", "..", "hpc_files", "node", "lib.sh")
+
+
+def _lib_sh(script: str, **env: str) -> str:
+    """What ``script`` prints in bash after sourcing hpc_files/node/lib.sh (the batch script's)."""
+    return subprocess.run(
+        ["bash", "-c", f'source "$1" && {script}', "-", LIB_SH],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_the_ports_stepped_over_are_the_batch_scripts() -> None:
+    listed = _lib_sh('echo "${MASTER_PORT_AVOID[*]}"').split()
+    assert tuple(map(int, listed)) == dist.MASTER_PORT_AVOID
+
+
+@pytest.mark.parametrize("port", [15007, 28998, 28999, *dist.MASTER_PORT_AVOID])
+def test_an_srun_launch_of_step_0_takes_the_batch_scripts_port(port: int) -> None:
+    """Each job whose port is a service's: stepped over as the batch script steps over it
+    (job 1992: 16992, 16993, ... -> 16996); steps after 0 move the job 1000 a step."""
+    job = port - 15000
+    env = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    env.update(SLURM_JOB_NODELIST="n1", SLURM_JOB_ID=str(job))
+    assert str(detect_launch(env).master_port) == _lib_sh("master_port", SLURM_JOB_ID=str(job))
+    assert dist.srun_port(job - 1000, 1) == dist.srun_port(job, 0)
