@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -484,3 +485,47 @@ def test_the_local_ranks_seeing_a_set_are_read_from_this_nodes_keys() -> None:
     assert dist.local_ranks_seeing(info, "0,1", store) == [0, 2, 3]
     assert store.get("hpc_harness/gpus/1/2") == b"0,1"
     assert store.add("hpc_harness/gpus/read", 0) == 1  # this rank has read; 7 to go
+
+
+def test_rank_0_holding_the_store_returns_once_every_rank_has_read() -> None:
+    """Rank 0's process holds the store: had it gone on (to a refusal, say) before rank 1 read,
+    rank 1's read would fail ("Connection was likely closed": seen on the local cluster)."""
+    store = tdist.HashStore()
+    store.set_timeout(_timeout(30))
+    ranks = [dist.DistContext("srun", r, r, 2, 2) for r in (0, 1)]
+    store.set("hpc_harness/gpus/0/1", "0")  # rank 1 has written its set, not read yet
+    done: list[list[int]] = []
+    rank_0 = threading.Thread(
+        target=lambda: done.append(dist.local_ranks_seeing(ranks[0], "0", store)), daemon=True
+    )
+    rank_0.start()
+    rank_0.join(0.3)
+    assert rank_0.is_alive() and done == []
+    assert dist.local_ranks_seeing(ranks[1], "0", store) == [0, 1]
+    rank_0.join(30)
+    assert done == [[0, 1]]
+
+
+def test_in_a_group_made_before_a_bound_task_takes_the_first_of_its_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No rendezvous store of ours to meet in: as before, the first of the task's own."""
+    seen = _fake_torch(monkeypatch, gpus=1, initialized=True)
+    assert str(dist.setup(env=_srun(1, 2, "1", 2), verbose=False).device) == "cuda:0"
+    assert seen["store"] == [] and seen["init"] == []
+
+
+def test_a_bound_task_without_cuda_visible_devices_publishes_an_empty_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _fake_torch(monkeypatch, gpus=1, node_sets={0: ""})
+    env = _srun(1, 2, "", 2)
+    del env["CUDA_VISIBLE_DEVICES"]
+    with pytest.raises(LaunchError, match=r"for local ranks \[0, 1\], bound to them"):
+        dist.setup(env=env, verbose=False)
+    assert seen["init"] == []
+
+
+def test_the_srun_port_steps_over_a_run_of_services_ports() -> None:
+    """lib.sh's master_port gives these (tests/python/test_dist.py runs it; here in-process)."""
+    assert [dist.srun_port(job, 0) for job in (7, 1992, 13015)] == [15007, 16996, 28016]
