@@ -1,0 +1,313 @@
+"""Loop overhead on one GPU: the harness Trainer and a pieces loop against a raw PyTorch loop,
+epoch by epoch in one process, and the host synchronisations each loop makes per step.
+
+Issue 12 asks for >= 0.98x the raw loop's steps/s. On a GPU what a training loop costs is host
+time per step, and whether the host waits for the GPU (a ``.item()``, a blocking copy): a loop
+that never waits stays ahead of the GPU and its Python costs hide behind the kernels; one that
+waits every step adds its Python time to the GPU's. Two workloads show both ends:
+
+    mlp     bench/raw_ddp.py's MLP 64-256-256-10, batch 64, SGD, fp32: a few microseconds of
+            GPU work a step, so the host is the bottleneck and every call a loop adds shows
+    charlm  hpc_harness/examples/charlm.py's CharLM (tied embeddings) made larger, bf16 autocast,
+            AdamW: the GPU is the bottleneck, as in real training
+
+Per workload, three models with the same initial weights, three loaders over the same data:
+
+    raw      for x, y in loader: x.to(dev); loss; zero_grad; backward; step (nothing else)
+    harness  hpc_harness.trainer.Trainer with TrainConfig defaults (precision as the workload)
+    pieces   the loop of hpc_harness/pieces.py's docstring: ResumableSampler,
+             StopAgreement.should_stop() every step, average_gradients
+
+The Trainer's ``train()`` runs ``--rounds`` epochs after a warm-up one; after each of them one
+raw and one pieces epoch run (alternating order), so a round's three epochs run seconds apart
+in the same process. Each epoch is timed with ``torch.cuda.synchronize()`` at both ends (all
+its GPU work is in the time); ratio = median of the per-round ratios against the raw epoch.
+One more epoch of each loop then runs under ``torch.cuda.set_sync_debug_mode("warn")``, which
+warns at every operation that makes the host wait for the GPU: their count per loop is shown.
+
+World size 1 (one GPU: NCCL refuses two ranks on one device), so the Trainer wraps no DDP and
+the stop agreement's all-reduce is not exercised; the per-step Python of both loops is.
+
+    python bench/gpu_loop_overhead.py [--rounds 15] [--out BENCHMARKS_GPU.md]
+    python bench/gpu_loop_overhead.py --smoke      # seconds, also on a CPU: checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from benchstats import Series, md_table, paired_ratios
+from raw_ddp import make_dataset, make_model
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from hpc_harness import pieces as hp
+from hpc_harness.examples.charlm import CharLM, CharWindows, make_text
+from hpc_harness.trainer import TrainConfig, Trainer
+
+CONFIGS = ("raw", "harness", "pieces")
+TARGET = 0.98
+SEED = 0
+
+
+@dataclass
+class Workload:
+    """What the three loops share: data, model, optimizer, loss and precision."""
+
+    name: str
+    describe: str
+    data: Dataset
+    batch: int
+    make_model: Callable[[], nn.Module]
+    make_optimizer: Callable[[Any], torch.optim.Optimizer]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    precision: str  # the Trainer's --precision; the raw and pieces loops autocast alike
+
+
+def seq_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def workloads(smoke: bool) -> list[Workload]:
+    mlp_samples = 2_000 if smoke else 60_000
+    text = make_text(sentences=2_000 if smoke else 40_000)
+    block, dim, layers = (32, 64, 2) if smoke else (128, 384, 6)
+    windows = CharWindows(text, block)
+    windows_used = Subset(windows, range(min(len(windows), 256 if smoke else 6_400)))
+    vocab = len(windows.chars)
+
+    def charlm() -> nn.Module:
+        torch.manual_seed(SEED)
+        return CharLM(vocab, block, dim=dim, heads=6 if dim % 6 == 0 else 4, layers=layers)
+
+    return [
+        Workload(
+            "mlp",
+            f"MLP 64-256-256-10, {mlp_samples} random samples, batch 64, SGD lr 0.01, fp32",
+            make_dataset(mlp_samples),
+            64,
+            make_model,
+            functools.partial(torch.optim.SGD, lr=0.01),
+            F.cross_entropy,
+            "32",
+        ),
+        Workload(
+            "charlm",
+            f"CharLM dim {dim}, {layers} layers, context {block}, tied embeddings, "
+            f"{len(windows_used)} windows, batch 32, AdamW lr 3e-4, bf16 autocast",
+            windows_used,
+            32,
+            charlm,
+            functools.partial(torch.optim.AdamW, lr=3e-4),
+            seq_loss,
+            "bf16-mixed",
+        ),
+    ]
+
+
+def autocast(device: torch.device, precision: str) -> Any:
+    """What a user's own loop writes for the workload's precision."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class EpochClock:
+    """Per config: (steps/s, host CPU ms per step) of every timed epoch."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rounds: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+
+    def timed(self, config: str, run: Callable[[], int]) -> None:
+        sync(self.device)
+        wall, cpu = time.perf_counter(), time.process_time()
+        steps = run()
+        sync(self.device)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        self.rounds[config].append((steps / wall, 1000 * cpu / steps))
+
+
+def count_syncs(device: torch.device, run: Callable[[], int]) -> tuple[int, int]:
+    """(host synchronisations, steps) of one epoch of ``run``, from CUDA's sync debug mode."""
+    if device.type != "cuda":
+        return -1, run()
+    sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            steps = run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught), steps
+
+
+def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, Any]:
+    device = ctx.device
+    clock = EpochClock(device)
+
+    raw_model = work.make_model().to(device)
+    raw_opt = work.make_optimizer(raw_model.parameters())
+    raw_loader = DataLoader(work.data, work.batch, shuffle=True, generator=torch.Generator())
+
+    def raw_epoch() -> int:
+        steps = 0
+        for x, y in raw_loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(device, work.precision):
+                loss = work.loss_fn(raw_model(x), y)
+            raw_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            raw_opt.step()
+            steps += 1
+        return steps
+
+    model = work.make_model().to(device)
+    opt = work.make_optimizer(model.parameters())
+    sampler = hp.ResumableSampler(len(work.data), ctx.world_size, ctx.rank, seed=SEED)
+    loader = DataLoader(work.data, work.batch, sampler=sampler, generator=torch.Generator())
+    stop = hp.StopAgreement(ctx)
+    pieces_epochs = iter(range(1_000_000))
+
+    def pieces_epoch() -> int:
+        sampler.set_epoch(next(pieces_epochs))
+        sampler.set_start(0)
+        steps = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(device, work.precision):
+                loss = work.loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            hp.average_gradients(model, ctx.world_size)
+            opt.step()
+            steps += 1
+            if stop.should_stop():
+                raise SystemExit("gpu_loop_overhead: a stop signal during the benchmark")
+        return steps
+
+    class Interleaved(Trainer):
+        def _run_epoch(self, epoch: int) -> str:
+            status = ""
+
+            def run() -> int:
+                nonlocal status
+                before = self.global_step
+                status = super(Interleaved, self)._run_epoch(epoch)
+                return self.global_step - before
+
+            if epoch < rounds + 1:
+                clock.timed("harness", run)
+            else:  # the last epoch: its host synchronisations counted
+                syncs["harness"] = count_syncs(device, run)
+            return status
+
+        def _end_epoch(self) -> bool:
+            epoch = self.epoch
+            ended = super()._end_epoch()
+            if epoch < rounds + 1:
+                pair = [("raw", raw_epoch), ("pieces", pieces_epoch)]
+                for config, run in pair if epoch % 2 else pair[::-1]:
+                    clock.timed(config, run)
+            return ended
+
+    syncs: dict[str, tuple[int, int]] = {}
+    cfg = TrainConfig(epochs=rounds + 2, seed=SEED, ckpt_dir=ckpt_dir, precision=work.precision)
+    shuffled = DataLoader(work.data, work.batch, shuffle=True)
+    trainer = Interleaved(
+        work.make_model(), work.make_optimizer, shuffled, ctx, cfg, loss_fn=work.loss_fn
+    )
+    trainer.train()
+    syncs["raw"] = count_syncs(device, raw_epoch)
+    syncs["pieces"] = count_syncs(device, pieces_epoch)
+    # the first round is the warm-up (allocator, cuDNN/cuBLAS heuristics, autotuning)
+    return {"rounds": {c: r[1:] for c, r in clock.rounds.items()}, "syncs": syncs}
+
+
+def render(work: Workload, result: dict[str, Any]) -> str:
+    per_round = result["rounds"]
+    n = len(per_round["raw"])
+    wall = [Series(c, c, [r[0] for r in per_round[c]]) for c in CONFIGS]
+    cpu = [Series(c, c, [r[1] for r in per_round[c]]) for c in CONFIGS]
+    out = [f"### {work.name}: {work.describe}\n\n"]
+    out.append("Steps/s per epoch (higher is better):\n\n")
+    out.append(md_table(wall, "raw", "steps/s"))
+    out.append("\nHost CPU time per step (lower is better):\n\n")
+    out.append(md_table(cpu, "raw", "ms"))
+    out.append("\n")
+    for name in ("harness", "pieces"):
+        ratio = statistics.median(paired_ratios(wall[CONFIGS.index(name)], wall[0]))
+        out.append(
+            f"- `{name}`: {ratio:.3f}x raw in steps/s (paired median over {n} rounds; "
+            f"target {TARGET}x): {'meets' if ratio >= TARGET else 'below'}\n"
+        )
+    counted = ", ".join(
+        f"{c} {result['syncs'][c][0]} in {result['syncs'][c][1]} steps"
+        if result["syncs"][c][0] >= 0
+        else f"{c} not counted (no CUDA)"
+        for c in CONFIGS
+    )
+    out.append(f"- host synchronisations in one epoch (CUDA sync debug mode): {counted}\n\n")
+    return "".join(out)
+
+
+def header(device: torch.device, rounds: int) -> str:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none (CPU)"
+    return (
+        "# Loop overhead on one GPU\n\n"
+        f"Generated by `python bench/gpu_loop_overhead.py --rounds {rounds}` "
+        f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; do not edit by hand. "
+        "Section 7 of BENCHMARKS.md measures the same loops on 2 CPU processes (gloo); this "
+        "file is the GPU side, measured where a GPU was lent (the bench's docstring says how).\n\n"
+        f"| | |\n| --- | --- |\n| device | {gpu} |\n| torch | {torch.__version__} |\n"
+        f"| python | {platform.python_version()} |\n\n"
+        f"Each epoch timed with `torch.cuda.synchronize()` at both ends; {rounds} rounds after a "
+        "discarded warm-up one, the three loops' epochs of a round seconds apart in one "
+        "process; ratio = median of the per-round ratios against the raw epoch.\n\n"
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds per workload")
+    p.add_argument("--only", choices=("mlp", "charlm"), help="one workload")
+    p.add_argument("--out", help="write the report here too (Markdown)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 1 round")
+    args = p.parse_args()
+    rounds = 1 if args.smoke else args.rounds
+    ctx = hp.setup(verbose=False)
+    text = [header(ctx.device, rounds)]
+    for work in workloads(args.smoke):
+        if args.only and work.name != args.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix="bench-gpu.") as tmp:
+            result = measure(work, ctx, rounds, tmp)
+        text.append(render(work, result))
+        print(text[-1], flush=True)
+    if args.out:
+        Path(args.out).write_text("".join(text))
+    hp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
