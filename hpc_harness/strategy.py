@@ -162,11 +162,15 @@ class Strategy:
                 dist.broadcast(t.data, src=0)
             return model
         if self.name == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            # on the run's device: fully_shard's default mesh is CUDA's wherever CUDA is
+            # available, which moved a CPU run's model (--gpus 0, gloo) to cuda:0
+            mesh = init_device_mesh(self.ctx.device.type, (self.world_size,))
             for module in reversed(shard_units(model, self.fsdp_wrap)):  # inner ones first
-                fully_shard(module)
-            fully_shard(model)
+                fully_shard(module, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         return model
 
     # -- state (collective: call on every rank) --------------------------------

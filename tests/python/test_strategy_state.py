@@ -228,6 +228,7 @@ class _DataParallel(nn.Module):
 def _wrap_as_two_ranks(monkeypatch, name: str, device: torch.device, devices: list, wrap=()):
     """Strategy(name).wrap as one of 2 ranks, with torch's wrappers and collectives faked in
     this process (what a GPU node would call them with is the point: no GPU here)."""
+    import torch.distributed.device_mesh as device_mesh
     import torch.distributed.fsdp as fsdp
     import torch.nn.parallel as parallel
 
@@ -243,7 +244,10 @@ def _wrap_as_two_ranks(monkeypatch, name: str, device: torch.device, devices: li
     monkeypatch.setattr(
         strategy_module.dist, "broadcast", lambda t, src: calls.append(("broadcast", t, src))
     )
-    monkeypatch.setattr(fsdp, "fully_shard", lambda m: calls.append(("fully_shard", m)))
+    monkeypatch.setattr(
+        device_mesh, "init_device_mesh", lambda device_type, shape: ("mesh", device_type, shape)
+    )
+    monkeypatch.setattr(fsdp, "fully_shard", lambda m, mesh: calls.append(("fully_shard", m, mesh)))
     ctx = SimpleNamespace(rank=0, world_size=2, local_world_size=2, device=device, devices=devices)
     model = _Recorded()
     return Strategy(name, ctx, fsdp_wrap=wrap).wrap(model), model, calls
@@ -275,4 +279,23 @@ def test_dp_and_ddp2_spread_over_the_nodes_gpus_and_ddp2_starts_every_rank_from_
 def test_fsdp_shards_each_policy_module_then_the_root(monkeypatch) -> None:
     cpu = torch.device("cpu")
     wrapped, model, calls = _wrap_as_two_ranks(monkeypatch, "fsdp", cpu, [], wrap=(nn.Linear,))
-    assert wrapped is model and calls == [("fully_shard", model.layer), ("fully_shard", model)]
+    mesh = ("mesh", "cpu", (2,))  # the run's device, one dimension of all ranks
+    assert wrapped is model
+    assert calls == [("fully_shard", model.layer, mesh), ("fully_shard", model, mesh)]
+
+
+@pytest.mark.parametrize("fake_group", [(0, 6)], indirect=True)
+def test_fsdp_keeps_a_cpu_run_on_the_cpu_where_cuda_is_available(fake_group, monkeypatch) -> None:
+    """A run on the CPU (``--gpus 0``, gloo) on a GPU node: fully_shard's default mesh is CUDA's
+    whenever CUDA is available, and moved every rank's model to cuda:0 (seen on a lent H200:
+    "target is on cpu, different from other tensors on cuda:0"). CUDA is faked available here
+    (no GPU): the old code asked for a CUDA mesh and failed; the model must stay on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"), raising=False)
+    model = Strategy("fsdp", _ctx(world_size=6)).wrap(_net())
+    params = list(model.parameters())
+    assert params and all(isinstance(p, DTensor) for p in params)
+    assert {p.device_mesh.device_type for p in params} == {"cpu"}
+    assert {p.to_local().device.type for p in params} == {"cpu"}
