@@ -7,6 +7,8 @@
 #   make test-portability  the integration suite with bash 4.2 first on PATH,
 #               then on a local SLURM 24.11 cluster beside the default one
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
+#   make gpu-check  on a machine with a CUDA GPU: the loop-overhead benchmark on
+#               it (rewrites BENCHMARKS_GPU.md) and the harness's tests with CUDA
 #   make mutation  mutation testing of the training core (mutmut, fast
 #               tests only, under 60 min on 2 cores): rewrites MUTATION.md
 SHELL := /bin/bash
@@ -21,7 +23,7 @@ BATS_JOBS ?= 1
 
 .PHONY: help deps demo test lint shellcheck ruff \
 	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration integration-and-pytest test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
-	bench bench-smoke mutation
+	bench bench-smoke gpu-check mutation
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -115,6 +117,13 @@ bench: cluster-up
 # numbers) replaces build/BENCHMARKS.smoke.md, so runs leave no files behind.
 bench-smoke: cluster-up
 	@mkdir -p build && bench/run_all.sh --smoke --out build/BENCHMARKS.smoke.md
+	@$(PY) bench/gpu_loop_overhead.py --smoke --out build/BENCHMARKS_GPU.smoke.md >/dev/null \
+	  && echo "bench: gpu_loop_overhead smoke ok (CPU here; build/BENCHMARKS_GPU.smoke.md)"
+
+# The checks that need a CUDA GPU (CI has none; tools/gpu_check.sh says what they are).
+gpu-check:
+	@PYTHON=$${PYTHON:-$(PY)} tools/gpu_check.sh build/gpu_check
+	@cp build/gpu_check/BENCHMARKS_GPU.md BENCHMARKS_GPU.md
 
 # Mutation testing of the training core (tools/mutation.py): MUTATION.md.
 mutation: deps

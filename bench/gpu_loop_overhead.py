@@ -17,18 +17,21 @@ Per workload, three models with the same initial weights, three loaders over the
     harness  hpc_harness.trainer.Trainer with TrainConfig defaults (precision as the workload)
     pieces   the loop of hpc_harness/pieces.py's docstring: ResumableSampler,
              StopAgreement.should_stop() every step, average_gradients
+    raw_again  the raw loop again, with its own model and loader: raw_again/raw is what the
+             same loop measures against itself, the noise floor of the other ratios
 
 The Trainer's ``train()`` runs ``--rounds`` epochs after a warm-up one; after each of them one
-raw and one pieces epoch run (alternating order), so a round's three epochs run seconds apart
-in the same process. Each epoch is timed with ``torch.cuda.synchronize()`` at both ends (all
-its GPU work is in the time); ratio = median of the per-round ratios against the raw epoch.
-One more epoch of each loop then runs under ``torch.cuda.set_sync_debug_mode("warn")``, which
-warns at every operation that makes the host wait for the GPU: their count per loop is shown.
+raw, one pieces and one raw_again epoch run (the order reversed every other round), so a
+round's epochs run seconds apart in the same process. Each epoch is timed with
+``torch.cuda.synchronize()`` at both ends (all its GPU work is in the time); ratio = median of
+the per-round ratios against the raw epoch. One more epoch of each loop then runs under
+``torch.cuda.set_sync_debug_mode("warn")``, which warns at every operation that makes the host
+wait for the GPU: their count per loop is shown.
 
 World size 1 (one GPU: NCCL refuses two ranks on one device), so the Trainer wraps no DDP and
 the stop agreement's all-reduce is not exercised; the per-step Python of both loops is.
 
-    python bench/gpu_loop_overhead.py [--rounds 15] [--out BENCHMARKS_GPU.md]
+    python bench/gpu_loop_overhead.py [--rounds 31] [--out BENCHMARKS_GPU.md]
     python bench/gpu_loop_overhead.py --smoke      # seconds, also on a CPU: checks the script
 """
 
@@ -58,7 +61,7 @@ from hpc_harness import pieces as hp
 from hpc_harness.examples.charlm import CharLM, CharWindows, make_text
 from hpc_harness.trainer import TrainConfig, Trainer
 
-CONFIGS = ("raw", "harness", "pieces")
+CONFIGS = ("raw", "harness", "pieces", "raw_again")
 TARGET = 0.98
 SEED = 0
 
@@ -82,11 +85,11 @@ def seq_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def workloads(smoke: bool) -> list[Workload]:
-    mlp_samples = 2_000 if smoke else 60_000
+    mlp_samples = 2_000 if smoke else 20_000
     text = make_text(sentences=2_000 if smoke else 40_000)
     block, dim, layers = (32, 64, 2) if smoke else (128, 384, 6)
     windows = CharWindows(text, block)
-    windows_used = Subset(windows, range(min(len(windows), 256 if smoke else 6_400)))
+    windows_used = Subset(windows, range(min(len(windows), 256 if smoke else 2_048)))
     vocab = len(windows.chars)
 
     def charlm() -> nn.Module:
@@ -161,25 +164,32 @@ def count_syncs(device: torch.device, run: Callable[[], int]) -> tuple[int, int]
     return sum("synchroniz" in str(w.message) for w in caught), steps
 
 
+def raw_loop(work: Workload, device: torch.device) -> Callable[[], int]:
+    """One epoch of the raw loop (its own model, optimizer and loader) per call."""
+    model = work.make_model().to(device)
+    opt = work.make_optimizer(model.parameters())
+    loader = DataLoader(work.data, work.batch, shuffle=True, generator=torch.Generator())
+
+    def epoch() -> int:
+        steps = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(device, work.precision):
+                loss = work.loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            steps += 1
+        return steps
+
+    return epoch
+
+
 def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, Any]:
     device = ctx.device
     clock = EpochClock(device)
 
-    raw_model = work.make_model().to(device)
-    raw_opt = work.make_optimizer(raw_model.parameters())
-    raw_loader = DataLoader(work.data, work.batch, shuffle=True, generator=torch.Generator())
-
-    def raw_epoch() -> int:
-        steps = 0
-        for x, y in raw_loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device, work.precision):
-                loss = work.loss_fn(raw_model(x), y)
-            raw_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            raw_opt.step()
-            steps += 1
-        return steps
+    raw_epoch, raw_again_epoch = raw_loop(work, device), raw_loop(work, device)
 
     model = work.make_model().to(device)
     opt = work.make_optimizer(model.parameters())
@@ -225,8 +235,12 @@ def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, A
             epoch = self.epoch
             ended = super()._end_epoch()
             if epoch < rounds + 1:
-                pair = [("raw", raw_epoch), ("pieces", pieces_epoch)]
-                for config, run in pair if epoch % 2 else pair[::-1]:
+                others = [
+                    ("raw", raw_epoch),
+                    ("pieces", pieces_epoch),
+                    ("raw_again", raw_again_epoch),
+                ]
+                for config, run in others if epoch % 2 else others[::-1]:
                     clock.timed(config, run)
             return ended
 
@@ -260,11 +274,17 @@ def render(work: Workload, result: dict[str, Any]) -> str:
             f"- `{name}`: {ratio:.3f}x raw in steps/s (paired median over {n} rounds; "
             f"target {TARGET}x): {'meets' if ratio >= TARGET else 'below'}\n"
         )
+    floor = sorted(paired_ratios(wall[CONFIGS.index("raw_again")], wall[0]))
+    low, high = floor[len(floor) // 4], floor[(3 * len(floor)) // 4]
+    out.append(
+        f"- noise floor: the raw loop against itself (`raw_again`) {statistics.median(floor):.3f}x"
+        f", its middle half of rounds {low:.3f}-{high:.3f}x\n"
+    )
     counted = ", ".join(
         f"{c} {result['syncs'][c][0]} in {result['syncs'][c][1]} steps"
         if result["syncs"][c][0] >= 0
         else f"{c} not counted (no CUDA)"
-        for c in CONFIGS
+        for c in ("raw", "harness", "pieces")
     )
     out.append(f"- host synchronisations in one epoch (CUDA sync debug mode): {counted}\n\n")
     return "".join(out)
@@ -288,7 +308,7 @@ def header(device: torch.device, rounds: int) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds per workload")
+    p.add_argument("--rounds", type=int, default=31, help="timed rounds per workload")
     p.add_argument("--only", choices=("mlp", "charlm"), help="one workload")
     p.add_argument("--out", help="write the report here too (Markdown)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 1 round")

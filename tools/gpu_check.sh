@@ -21,7 +21,7 @@ nvidia-smi -L || true
 "$python" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
 
 rc=0
-PYTHONPATH=bench:. timeout 240 "$python" bench/gpu_loop_overhead.py --out "$out/BENCHMARKS_GPU.md" \
+PYTHONPATH=bench:. timeout 250 "$python" bench/gpu_loop_overhead.py --out "$out/BENCHMARKS_GPU.md" \
   >"$out/bench.log" 2>&1 || rc=$?
 grep -E '^(###|- )' "$out/bench.log" || true
 echo "gpu_check: benchmark exit $rc (log: $out/bench.log)"
@@ -32,7 +32,7 @@ for f in tests/python/test_*.py; do
   [[ "$f" =~ bayes|trials|wandb|results|test_tube|mutation|slurm_lists ]] || files+=("$f")
 done
 test_rc=0
-timeout 270 "$python" -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_JOBS:-12}" --timeout 200 \
+timeout 170 "$python" -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_JOBS:-12}" --timeout 200 \
   -rfE "${files[@]}" >"$out/pytest.log" 2>&1 || test_rc=$?
 tail -n 60 "$out/pytest.log"
 echo "gpu_check: pytest exit $test_rc (log: $out/pytest.log)"

@@ -55,6 +55,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def fit_processes(nproc: int) -> dict[str, str]:
+    """What clean_env adds for a run of ``nproc`` processes on one machine: no GPU where it has
+    fewer than ``nproc`` (the harness refuses two processes on one GPU), so such a run trains
+    on the CPU there, as on a machine without one (tools/gpu_check.sh runs these on a GPU)."""
+    import torch
+
+    return {"CUDA_VISIBLE_DEVICES": ""} if 0 < torch.cuda.device_count() < nproc else {}
+
+
+def cpu_context():  # noqa: ANN201
+    """dist.setup() on the CPU, for tests whose expectations are computed on the CPU (one
+    thread, bitwise): on a machine with a GPU, setup() would train on it."""
+    from hpc_harness import dist as hdist
+
+    return hdist.setup(gpus=0, verbose=False)
+
+
 def _launch_keys() -> list[str]:
     return [k for k in os.environ if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_"))]
 

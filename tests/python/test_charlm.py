@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PY, bitwise_equal, clean_env, load_model, wait_for
+from conftest import PY, bitwise_equal, clean_env, fit_processes, load_model, wait_for
 from test_torchrun import _workers
 
 from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
@@ -65,7 +65,7 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     straight = tmp_path / "straight"
     r = subprocess.run(
         command(world_size, [*ARGS, "--ckpt-dir", str(straight)]),
-        env=clean_env(),
+        env=clean_env(**fit_processes(world_size)),
         capture_output=True,
         text=True,
         timeout=180,
@@ -74,7 +74,7 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     ck, marker = tmp_path / "ck", tmp_path / "requeue.json"
     proc = subprocess.Popen(
         command(world_size, [*ARGS, "--ckpt-dir", str(ck), "--step-sleep", "0.03"]),
-        env=clean_env(HPC_REQUEUE_MARKER=str(marker)),
+        env=clean_env(**fit_processes(world_size), HPC_REQUEUE_MARKER=str(marker)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -105,7 +105,7 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     assert not (ck / "last.pt").exists()
     resumed = subprocess.run(
         command(world_size, [*ARGS, "--ckpt-dir", str(ck)]),
-        env=clean_env(),
+        env=clean_env(**fit_processes(world_size)),
         capture_output=True,
         text=True,
         timeout=180,

@@ -143,7 +143,10 @@ def test_select_devices() -> None:
         dist.select_devices(5, 4)
 
 
-def test_setup_single_process_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_setup_single_process_on_cpu(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
     ctx = dist.setup(gpus="2", env={})
     out = capsys.readouterr().out
     assert ctx.backend == "gloo" and str(ctx.device) == "cpu" and ctx.world_size == 1

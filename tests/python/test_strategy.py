@@ -7,7 +7,7 @@ import os
 
 import torch
 import torch.nn.functional as F
-from conftest import bitwise_equal, gloo_context, load_model, spawn_gloo
+from conftest import bitwise_equal, cpu_context, gloo_context, load_model, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -267,9 +267,7 @@ def test_fsdp_shards_parameters_and_keeps_ranks_identical_after_a_step() -> None
 
 def test_a_checkpoint_with_the_optimizer_keyed_by_position_still_resumes(tmp_path) -> None:
     """Checkpoints of earlier versions hold optimizer.state_dict() (keyed by position)."""
-    from hpc_harness import dist as hdist
-
-    ctx = hdist.setup(verbose=False)
+    ctx = cpu_context()
     assert _trainer(ctx, str(tmp_path / "ref"), "ddp").train() == "finished"
     part = _trainer(ctx, str(tmp_path / "old"), "ddp", max_steps=5)
     assert part.train() == "max_steps"
@@ -293,11 +291,9 @@ def _fsdp_five_steps(rank: int, world_size: int, tmp: str) -> None:
 
 
 def test_fsdp_checkpoints_of_world_size_2_resume_at_world_size_1(tmp_path) -> None:
-    from hpc_harness import dist as hdist
-
     spawn_gloo(_fsdp_five_steps, 2, str(tmp_path))
     saved = torch.load(tmp_path / "full" / "ckpt_step00000005.pt", weights_only=False)
-    ctx = hdist.setup(verbose=False)
+    ctx = cpu_context()
     for form in ("full", "sharded"):
         trainer = _trainer(ctx, str(tmp_path / form), "fsdp")
         assert trainer._resume() and trainer.global_step == 5

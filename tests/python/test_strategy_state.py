@@ -44,7 +44,8 @@ def _same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) ->
     )
 
 
-def test_state_is_keyed_by_parameter_name_through_a_data_parallel_wrapper() -> None:
+def test_state_is_keyed_by_parameter_name_through_a_data_parallel_wrapper(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # its wrapper stays on the CPU
     strategy = Strategy("dp", _ctx())
     model, opt = _trained(0)
     wrapped = nn.DataParallel(model)  # what dp and ddp2 hold on a GPU node

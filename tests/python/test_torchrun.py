@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import PY, bitwise_equal, clean_env, load_model, wait_for
+from conftest import PY, bitwise_equal, clean_env, fit_processes, load_model, wait_for
 
 ARGS = ["--epochs", "8", "--log-every", "5", "--hidden", "64", "--seed", "3"]
 
@@ -52,7 +52,7 @@ def uninterrupted(tmp_path_factory, digits_dir) -> tuple[str, str]:
     ck = tmp_path_factory.mktemp("ddp") / "ck"
     r = subprocess.run(
         torchrun([*ARGS, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]),
-        env=clean_env(),
+        env=clean_env(**fit_processes(2)),
         capture_output=True,
         text=True,
         timeout=180,
@@ -84,7 +84,7 @@ def test_signal_to_one_rank_stops_both_then_resume_is_exact(
     base = [*ARGS, "--data-dir", digits_dir, "--ckpt-dir", str(ck), "--checkpoint-every", "0"]
     proc = subprocess.Popen(
         torchrun([*base, "--step-sleep", "0.02"]),
-        env=clean_env(HPC_REQUEUE_MARKER=str(marker)),
+        env=clean_env(**fit_processes(2), HPC_REQUEUE_MARKER=str(marker)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -112,7 +112,11 @@ def test_signal_to_one_rank_stops_both_then_resume_is_exact(
     assert info["checkpoint"].endswith(f"ckpt_step{info['step']:08d}.pt")
     assert "exiting 42" in out
     resumed = subprocess.run(
-        torchrun(base), env=clean_env(), capture_output=True, text=True, timeout=180
+        torchrun(base),
+        env=clean_env(**fit_processes(2)),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout

@@ -276,14 +276,14 @@ def test_precision_cadence_and_logging_may_change_across_a_resume(tmp_path, digi
 def test_world_size_may_change_across_a_resume(tmp_path, digits_dir) -> None:
     import subprocess
 
-    from conftest import PY, clean_env
+    from conftest import PY, clean_env, fit_processes
 
     base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(tmp_path / "ck")]
     assert main([*base, "--max-steps", "5"]) == 0
     r = subprocess.run(
         [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
         + ["-m", "hpc_harness.train", *base, "--max-steps", "8"],
-        env=clean_env(),
+        env=clean_env(**fit_processes(2)),
         capture_output=True,
         text=True,
         timeout=180,

@@ -7,11 +7,10 @@ import os
 
 import pytest
 import torch
-from conftest import gloo_context, spawn_gloo
+from conftest import cpu_context, gloo_context, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hpc_harness import dist as hdist
 from hpc_harness.trainer import TrainConfig, Trainer
 
 
@@ -47,7 +46,7 @@ def _train_known_losses(ctx, ckpt_dir: str) -> None:
 
 def test_logged_loss_is_the_mean_since_the_last_log_across_an_epoch_boundary(tmp_path) -> None:
     ck = str(tmp_path / "ck")
-    _train_known_losses(hdist.setup(verbose=False), ck)
+    _train_known_losses(cpu_context(), ck)
     # steps 1-3 -> 2; steps 4-6 (5 of epoch 0, 6 of epoch 1) -> 5; steps 7-9 -> 8
     assert _logged_losses(ck) == {3: 2.0, 6: 5.0, 9: 8.0}
 
@@ -91,7 +90,7 @@ def _resume_with_a_stale_listing_on_rank_1(rank: int, world_size: int, ck: str) 
 
 def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path) -> None:
     ck = str(tmp_path / "ck")
-    assert _small_trainer(hdist.setup(verbose=False), ck, max_steps=5).train() == "max_steps"
+    assert _small_trainer(cpu_context(), ck, max_steps=5).train() == "max_steps"
     assert spawn_gloo(_resume_with_a_stale_listing_on_rank_1, 2, ck) == [5, 5]
 
 
@@ -123,7 +122,7 @@ def _own_sampler_run(ck: str, seen: list[int], max_steps: int | None = None) -> 
         nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 1)),
         lambda p: torch.optim.SGD(p, lr=0.1),
         DataLoader(data, batch_size=2, shuffle=True),  # the user's own RandomSampler
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
     )
     trainer.seen = seen
@@ -182,7 +181,7 @@ def _regression_trainer(ck: str, **kw) -> Trainer:
         kw.pop("model", nn.Linear(3, 1)),
         kw.pop("make_optimizer", lambda p: torch.optim.SGD(p, lr=0.01)),
         DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
         loss_fn=torch.nn.functional.mse_loss,
         eval_data=DictData(11, 1),
@@ -267,7 +266,7 @@ def _resume_with_another_lr(rank: int, world_size: int, ck: str) -> str:
 
 def test_a_run_mismatch_stops_every_rank_before_training(tmp_path) -> None:
     ck = str(tmp_path / "ck")
-    first = _small_trainer(hdist.setup(verbose=False), ck, max_steps=5, hparams={"lr": 0.1})
+    first = _small_trainer(cpu_context(), ck, max_steps=5, hparams={"lr": 0.1})
     assert first.train() == "max_steps"
     messages = spawn_gloo(_resume_with_another_lr, 2, ck)
     assert all("lr (0.1 -> 0.2)" in m for m in messages), messages
@@ -292,7 +291,7 @@ def _sequential_trainer(ctx, ck: str, batch_size: int, accumulate: int, **kw) ->
 
 @pytest.mark.parametrize("batch_size, accumulate", [(2, 4), (4, 2)])
 def test_accumulated_steps_equal_big_batch_steps(tmp_path, batch_size, accumulate) -> None:
-    ctx = hdist.setup(verbose=False)
+    ctx = cpu_context()
     small = _sequential_trainer(ctx, str(tmp_path / "a"), batch_size, accumulate)
     big = _sequential_trainer(ctx, str(tmp_path / "b"), batch_size=8, accumulate=1)
     assert small.steps_per_epoch == big.steps_per_epoch == 4
@@ -308,7 +307,7 @@ def test_accumulated_steps_equal_big_batch_steps(tmp_path, batch_size, accumulat
 def test_accumulate_below_one_is_refused_naming_it(tmp_path, accumulate: int) -> None:
     # without the check, 0 divides by zero (steps_per_epoch) and -1 trains no batch at all
     with pytest.raises(ValueError, match=f"accumulate expects 1 or more batches, got {accumulate}"):
-        _sequential_trainer(hdist.setup(verbose=False), str(tmp_path), 2, accumulate)
+        _sequential_trainer(cpu_context(), str(tmp_path), 2, accumulate)
 
 
 def _ddp_accumulating_rank(rank: int, world_size: int, ck: str) -> tuple[int, dict]:
@@ -332,7 +331,7 @@ def test_ddp_accumulation_all_reduces_only_at_the_last_micro_batch(tmp_path) -> 
     # 2 optimizer steps of 4 micro-batches: one all-reduce (one bucket) per step, not per batch
     assert [calls for calls, _ in results] == [2, 2]
     # 2 ranks x 4 x 2 samples = the 16-sample batches of one process, in the same order
-    big = _sequential_trainer(hdist.setup(verbose=False), str(tmp_path / "one"), 16, 1)
+    big = _sequential_trainer(cpu_context(), str(tmp_path / "one"), 16, 1)
     assert big.train() == "finished" and big.global_step == 2
     ref = big.model.state_dict()
     ddp = {k: torch.tensor(v) for k, v in results[0][1].items()}
@@ -420,7 +419,7 @@ def test_a_user_eval_step_and_a_custom_metric_are_logged(tmp_path) -> None:
         nn.Linear(3, 1),
         lambda p: torch.optim.SGD(p, lr=0.1),
         DataLoader(DictData(20, 0), batch_size=4, shuffle=True, collate_fn=collate_dicts),
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
         make_scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(
             opt, patience=0, factor=0.5
@@ -463,7 +462,7 @@ def test_the_users_own_sampler_is_told_every_epoch(tmp_path) -> None:
         nn.Linear(3, 2),
         lambda p: torch.optim.SGD(p, lr=0.1),
         DataLoader(data, batch_size=2, sampler=sampler),
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
     )
     assert trainer.train() == "finished"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import gloo_context
+from conftest import cpu_context, gloo_context
 from test_metrics import FakeRun, wandb_runs  # noqa: F401  (wandb_runs: a fixture)
 from test_pieces import TwoRanks
 from test_trainer_outputs import classes, fixed_clock, make_trainer
@@ -23,7 +23,6 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from hpc_harness import checkpoint as ckpt
-from hpc_harness import dist as hdist
 from hpc_harness import pieces
 from hpc_harness import trainer as trainer_mod
 from hpc_harness.trainer import TrainConfig, Trainer
@@ -47,7 +46,7 @@ def build(
         nn.Linear(3, 2),
         lambda p: torch.optim.SGD(p, lr=0.1),
         loader or DataLoader(classes(8, 0), batch_size=2, shuffle=True),
-        ctx or hdist.setup(verbose=False),
+        ctx or cpu_context(),
         cfg,
         make_scheduler=make_scheduler,
         eval_data=classes(5, 1),
@@ -497,7 +496,7 @@ def test_reduce_lr_on_plateau_without_eval_data_is_refused(tmp_path) -> None:
             nn.Linear(3, 2),
             lambda p: torch.optim.SGD(p, lr=0.1),
             DataLoader(classes(8, 0), batch_size=2),
-            hdist.setup(verbose=False),
+            cpu_context(),
             cfg,
             make_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau,
         )
@@ -510,7 +509,7 @@ def test_a_32_bit_run_has_a_disabled_scaler_also_where_cuda_is_available(
     tmp_path, monkeypatch
 ) -> None:
     """torch.cuda.is_available faked True (no GPU here): GradScaler would scale the loss there."""
-    ctx = hdist.setup(verbose=False)
+    ctx = cpu_context()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     trainer = build(str(tmp_path), ctx)
     assert trainer.scaler.is_enabled() is False

@@ -14,11 +14,11 @@ import types
 import numpy as np
 import pytest
 import torch
+from conftest import cpu_context
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hpc_harness import checkpoint as ckpt
-from hpc_harness import dist as hdist
 from hpc_harness import trainer as trainer_mod
 from hpc_harness.metrics import MetricsLogger
 from hpc_harness.trainer import TrainConfig, Trainer, seed_everything
@@ -39,7 +39,7 @@ def make_trainer(ck: str, **cfg_kw) -> Trainer:
         nn.Linear(3, 2),
         lambda p: torch.optim.SGD(p, lr=0.1),
         DataLoader(classes(8, 0), batch_size=2, shuffle=True),
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
         eval_data=classes(5, 1),
     )

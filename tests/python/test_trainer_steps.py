@@ -8,10 +8,10 @@ import contextlib
 
 import pytest
 import torch
+from conftest import cpu_context
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hpc_harness import dist as hdist
 from hpc_harness.trainer import TrainConfig, Trainer
 
 
@@ -26,7 +26,7 @@ def make_trainer(model: nn.Module, n: int = 8, trainer_cls=Trainer, **cfg_kw) ->
         model,
         lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
         DataLoader(data, batch_size=2),
-        hdist.setup(verbose=False),
+        cpu_context(),
         cfg,
     )
 
