@@ -11,12 +11,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:-build/gpu_check}
 python=${PYTHON:-python3}
-mkdir -p "$out"
 
 if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "gpu_check: error: $python's torch sees no CUDA device" >&2
+  echo "gpu_check: error: $python's torch sees no CUDA device (PYTHON=... names a python whose torch has CUDA)" >&2
   exit 2
 fi
+mkdir -p "$out"
 nvidia-smi -L || true
 "$python" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
 
