@@ -111,6 +111,30 @@ def test_batches_are_moved_to_the_device_except_on_the_cpu(tmp_path) -> None:
     assert batch["x"].device.type == "cpu"
 
 
+def test_a_tuple_or_list_of_tensors_is_moved_without_pytrees_walk(tmp_path, monkeypatch) -> None:
+    """The common batch, (inputs, targets): pytree's walk costs about 20 us a step on the host
+    (1.3 us for the two .to() calls), more than the rest of the Trainer's step adds, and on a GPU
+    it is paid every step (the CPU skips the move). Other batches still take the walk."""
+    from hpc_harness import trainer as trainer_mod
+
+    trainer = make_trainer(nn.Linear(3, 2), ckpt_dir=str(tmp_path))
+    trainer.device = torch.device("meta")  # stands for an accelerator
+    walked = []
+    real = trainer_mod.tree_map_only
+    monkeypatch.setattr(
+        trainer_mod, "tree_map_only", lambda *a: walked.append(type(a[2])) or real(*a)
+    )
+    for batch in ((torch.ones(2), torch.zeros(2)), [torch.ones(2), torch.zeros(2)]):
+        moved = trainer._to_device(batch)
+        assert type(moved) is type(batch) and len(moved) == 2
+        assert all(t.device.type == "meta" for t in moved)
+    assert walked == []
+    moved = trainer._to_device({"x": torch.ones(2)})
+    assert walked == [dict] and moved["x"].device.type == "meta"
+    moved = trainer._to_device((torch.ones(2), 3))  # not only tensors: the walk
+    assert walked == [dict, tuple] and moved[0].device.type == "meta" and moved[1] == 3
+
+
 def test_logged_values_are_summed_on_the_device_without_autograd_history(tmp_path) -> None:
     trainer = make_trainer(nn.Linear(3, 2), ckpt_dir=str(tmp_path))
     w = torch.ones(2, requires_grad=True)
