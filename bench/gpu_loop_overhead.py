@@ -38,6 +38,7 @@ the stop agreement's all-reduce is not exercised; the per-step Python of both lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import platform
 import statistics
@@ -125,7 +126,7 @@ def autocast(device: torch.device, precision: str) -> Any:
     """What a user's own loop writes for the workload's precision."""
     if precision == "bf16-mixed":
         return torch.autocast(device.type, dtype=torch.bfloat16)
-    return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()  # fp32: no autocast at all, as a raw loop writes it
 
 
 def sync(device: torch.device) -> None:
