@@ -76,6 +76,7 @@ Lightning-style hooks, without its weight:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -201,8 +202,7 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None
         self._epoch_start: dict[str, Any] | None = None  # _order_state() then (own sampler)
         self._workers_started = False  # the own loader's persistent workers
-        self._sums: dict[str, torch.Tensor] = {}  # self.log() sums since the last log line
-        self._counts: dict[str, int] = {}
+        self._logged: dict[str, list[Any]] = {}  # self.log() values since the last log line
         self._evaluating = False
         self.last_checkpoint: str | None = None
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of last_checkpoint
@@ -245,13 +245,12 @@ class Trainer:
         """Add ``value`` to the training metric ``name``: every ``log_every`` steps the mean of
         its values since the previous log line, over all ranks, is logged (one all-reduce for
         all metrics, no host sync per step). Every rank must log the same names equally often.
-        Ignored during the evaluation (eval_step returns its metrics)."""
-        if self._evaluating:
+        Ignored during the evaluation (eval_step returns its metrics) and with log_every 0."""
+        if self._evaluating or not self.cfg.log_every:
             return
-        if name not in self._sums:
-            self._sums[name], self._counts[name] = torch.zeros((), device=self.device), 0
-        self._sums[name] += value.detach() if isinstance(value, torch.Tensor) else value
-        self._counts[name] += 1
+        # kept until the log line sums them: an add per step is a kernel launch per step on a GPU
+        value = value.detach() if isinstance(value, torch.Tensor) else value
+        self._logged.setdefault(name, []).append(value)
 
     def _sync_gradients(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
         """Gradient synchronisation on (last micro-batch) or off (the others)."""
@@ -378,13 +377,15 @@ class Trainer:
         """Log the mean of every self.log() metric since the last log line over all ranks.
         Collective (one all-reduce): every rank calls it at the same steps."""
         now = time.perf_counter()
-        names = sorted(self._sums)
-        total = torch.stack([self._sums[k] for k in names])
+        names = sorted(self._logged)
+        f32 = functools.partial(torch.as_tensor, dtype=torch.float32, device=self.device)
+        total = torch.stack([torch.stack([f32(v) for v in self._logged[k]]).sum() for k in names])
         if (torch_dist := group()) is not None:
             torch_dist.all_reduce(total)
         # the only host sync, every log_every steps
-        values = {k: v / (self._counts[k] * self.world_size) for k, v in zip(names, total.tolist())}
-        self._sums, self._counts = {}, {}
+        counts = {k: len(self._logged[k]) * self.world_size for k in names}
+        values = {k: v / counts[k] for k, v in zip(names, total.tolist())}
+        self._logged = {}
         rate = (self.global_step - self._log_step) / max(now - self._log_time, 1e-9)
         self._log_step, self._log_time = self.global_step, now
         samples = rate * self.batch_size * self.cfg.accumulate * self.world_size
