@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import platform
 import statistics
 import sys
@@ -165,6 +166,17 @@ def count_syncs(device: torch.device, run: Callable[[], int]) -> tuple[int, int]
     return sum("synchroniz" in str(w.message) for w in caught), steps
 
 
+def backward(work: Workload, device: torch.device, model: nn.Module, opt: Any, batch: Any) -> None:
+    """What the raw and pieces loops both write before the optimizer step: the batch moved to
+    the device, forward and loss (autocast as the workload's precision), gradients cleared,
+    backward."""
+    x, y = (t.to(device, non_blocking=True) for t in batch)
+    with autocast(device, work.precision):
+        loss = work.loss_fn(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+
+
 def raw_loop(work: Workload, device: torch.device) -> Callable[[], int]:
     """One epoch of the raw loop (its own model, optimizer and loader) per call."""
     model = work.make_model().to(device)
@@ -173,12 +185,8 @@ def raw_loop(work: Workload, device: torch.device) -> Callable[[], int]:
 
     def epoch() -> int:
         steps = 0
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device, work.precision):
-                loss = work.loss_fn(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+        for batch in loader:
+            backward(work, device, model, opt, batch)
             opt.step()
             steps += 1
         return steps
@@ -197,18 +205,14 @@ def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, A
     sampler = hp.ResumableSampler(len(work.data), ctx.world_size, ctx.rank, seed=SEED)
     loader = DataLoader(work.data, work.batch, sampler=sampler, generator=torch.Generator())
     stop = hp.StopAgreement(ctx)
-    pieces_epochs = iter(range(1_000_000))
+    pieces_epochs = itertools.count()
 
     def pieces_epoch() -> int:
         sampler.set_epoch(next(pieces_epochs))
         sampler.set_start(0)
         steps = 0
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device, work.precision):
-                loss = work.loss_fn(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+        for batch in loader:
+            backward(work, device, model, opt, batch)
             hp.average_gradients(model, ctx.world_size)
             opt.step()
             steps += 1

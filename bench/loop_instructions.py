@@ -49,6 +49,7 @@ COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 def run_loop(config: str, steps: int, ckpt_dir: str) -> None:
     import torch
     import torch.nn.functional as F
+    from loop_overhead import pieces_step
     from raw_ddp import BATCH, SEED, make_dataset, make_model, make_optimizer
     from torch.utils.data import DataLoader
 
@@ -82,13 +83,10 @@ def run_loop(config: str, steps: int, ckpt_dir: str) -> None:
     sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=SEED)
     loader = DataLoader(data, BATCH, sampler=sampler, generator=torch.Generator())
     stop = hp.StopAgreement(ctx).install()
+    train_step = pieces_step(ctx.world_size)  # loop_overhead.py's pieces loop step
     sampler.set_epoch(0)
     for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        hp.average_gradients(model, ctx.world_size)
-        opt.step()
+        train_step(model, opt, x, y)
         step += 1
         if stop.should_stop():
             raise SystemExit("loop_instructions: a stop signal during the benchmark")

@@ -32,7 +32,7 @@ for f in tests/python/test_*.py; do
   [[ "$f" =~ bayes|trials|wandb|results|test_tube|mutation|slurm_lists ]] || files+=("$f")
 done
 test_rc=0
-timeout 170 "$python" -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_JOBS:-12}" --timeout 200 \
+timeout 170 "$python" -m pytest -q -p no:cacheprovider -n "${GPU_CHECK_JOBS:-12}" --timeout 150 \
   -rfE "${files[@]}" >"$out/pytest.log" 2>&1 || test_rc=$?
 tail -n 60 "$out/pytest.log"
 echo "gpu_check: pytest exit $test_rc (log: $out/pytest.log)"
