@@ -174,6 +174,53 @@ def spawn_gloo(fn, world_size: int, *args) -> list:
     return [results[r] for r in range(world_size)]
 
 
+def threaded_ranks(fn, world_size: int, *args) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` threads of this process joined by
+    torch's in-process "threaded" process group (its own testing backend): real collectives,
+    no process started, so the mutation run's fast tests reach the distributed code. Returns
+    what each rank returned, in rank order; a failing rank fails the call (and wakes the
+    others from their collective)."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed import multi_threaded_pg as threaded
+
+    results: dict[int, object] = {}
+    errors: dict[int, BaseException] = {}
+    store = dist.HashStore()
+
+    def rank_main(rank: int) -> None:
+        dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
+        try:
+            results[rank] = fn(rank, world_size, *args)
+        except BaseException as exc:  # noqa: BLE001 (re-raised below, in the test's thread)
+            errors[rank] = exc
+            threaded.ProcessLocalGroup.exception_handle(exc)
+        finally:
+            dist.destroy_process_group()
+
+    # process groups are registered by name for the whole process unless threads are isolated
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    threaded._install_threaded_pg()
+    try:
+        threads = [
+            threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(world_size)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a rank did not finish within 60 s"
+    finally:
+        threaded._uninstall_threaded_pg()
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    if errors:
+        rank = min(errors)
+        raise AssertionError(f"rank {rank} failed: {errors[rank]!r}") from errors[rank]
+    return [results[r] for r in range(world_size)]
+
+
 def gloo_context(rank: int, world_size: int):
     """A DistContext for a process already in a gloo group (CPU)."""
     import torch
