@@ -6,7 +6,10 @@ against those tests; a test that launches torchrun, a subprocess or spawned gloo
 seconds to a minute per mutant and kills nothing mutmut can attribute to it. Such a test is
 skipped the moment it tries (``pytest.skip`` raises BaseException: no ``except Exception``
 swallows it). Quick external commands the core itself calls (``scontrol show hostnames``) run
-as usual, so the code around them is tested. Loaded only by the mutation run
+as usual, so the code around them is tested, and so do a DataLoader's worker processes: they
+fork from the test's own process in milliseconds, run the loader code the Trainer drives, and
+what they load is checked in that process (a resumed epoch's order with persistent workers).
+Loaded only by the mutation run
 (``-p mutation_plugin``), never by ``make test``.
 """
 
@@ -26,8 +29,12 @@ _REASON = "starts a process: not a fast test for the mutation run"
 QUICK_COMMANDS = frozenset({"scontrol"})
 
 
-def _refuse(*_args: Any, **_kwargs: Any) -> Any:
-    pytest.skip(_REASON)
+def _start_unless_loader_worker(self: multiprocessing.process.BaseProcess) -> None:
+    from torch.utils.data._utils.worker import _worker_loop  # noqa: PLC0415 (torch is heavy)
+
+    if getattr(self, "_target", None) is not _worker_loop:
+        pytest.skip(_REASON)
+    _saved["start"](self)
 
 
 def _popen_unless_quick(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
@@ -50,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _saved["popen"] = subprocess.Popen.__init__
     _saved["start"] = multiprocessing.process.BaseProcess.start
     subprocess.Popen.__init__ = _popen_unless_quick  # type: ignore[method-assign]
-    multiprocessing.process.BaseProcess.start = _refuse  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = _start_unless_loader_worker  # type: ignore[method-assign]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

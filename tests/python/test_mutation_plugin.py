@@ -1,5 +1,5 @@
 """tools/mutation_plugin.py, the pytest plugin of `make mutation`: the order it gives a
-mutant's tests (its process refusals are exercised by every mutation run)."""
+mutant's tests, and which processes it lets a test start."""
 
 from __future__ import annotations
 
@@ -35,3 +35,26 @@ def test_without_statistics_the_order_is_left_alone(tmp_path, monkeypatch):
     items = [SimpleNamespace(nodeid=n) for n in ("b", "a")]
     _plugin().pytest_collection_modifyitems(items)
     assert [i.nodeid for i in items] == ["b", "a"]
+
+
+def test_a_loaders_workers_start_and_any_other_process_is_a_skip() -> None:
+    """A DataLoader's workers fork in milliseconds and run the code under test: they start.
+    Any other process (a spawned rank, torchrun) skips the test that starts it."""
+    import multiprocessing
+
+    import pytest
+    import torch
+    from torch.utils.data import DataLoader
+
+    plugin = _plugin()
+    plugin.pytest_configure(None)
+    try:
+        loader = DataLoader(torch.arange(6), batch_size=2, num_workers=2)
+        try:
+            assert torch.cat(list(loader)).tolist() == [0, 1, 2, 3, 4, 5]
+        except pytest.skip.Exception:  # a skip here would pass this test
+            pytest.fail("the loader's workers were refused")
+        with pytest.raises(pytest.skip.Exception, match="starts a process"):
+            multiprocessing.get_context("spawn").Process(target=print).start()
+    finally:
+        plugin.pytest_unconfigure(None)
