@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import time
 
 import pytest
 import torch
+from conftest import threaded_ranks
 from torch import nn
 
 from hpc_harness import checkpoint as ckpt
@@ -68,6 +70,13 @@ def test_a_user_turning_off_weights_only_loading_does_not_unpickle_code(
     with pytest.raises(ckpt.UnsafeCheckpoint, match="refuses it"):
         ckpt.load_file(path)
     assert not (tmp_path / "code-ran").exists()
+
+
+def test_a_refusal_naming_no_global_is_shown_by_its_first_line_at_most_200_characters() -> None:
+    """torch's refusal is a page long; when it names no global, its first line is the reason."""
+    first = "Weights only load failed. Unsupported operand 149 " + "x" * 300
+    refusal = pickle.UnpicklingError(f"{first}\nCheck the documentation of torch.load.")
+    assert ckpt._refusal(refusal) == first[:200]
 
 
 # --------------------------------------------------------------------------- save_sharded
@@ -130,6 +139,28 @@ def test_a_sharded_save_is_one_folder_that_resumes_the_model_and_optimizer(tmp_p
         assert torch.equal(p, q), name
     for a, b in zip(opt.state.values(), other_opt.state.values()):
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _save_rank_specific_copies(rank: int, world_size: int, path: str) -> None:
+    """Every rank holds the same names (DDP's buffers: not sharded) with its own values."""
+    model = {f"buffer{i}": torch.full((4,), 100.0 * rank + i) for i in range(6)}
+    ckpt.save_sharded({"model": model, "global_step": 1}, path)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the test reads it alone
+def test_a_tensor_every_rank_holds_is_saved_from_rank_0(tmp_path) -> None:
+    """torch.distributed.checkpoint's default plan spreads the writes of tensors every rank
+    holds over the ranks: half the buffers were rank 1's (its own BatchNorm statistics), and
+    a resume gave every rank a model no rank had. Ranks are threads (conftest.threaded_ranks)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = ckpt.checkpoint_path(str(tmp_path), 1, sharded=True)
+    threaded_ranks(_save_rank_specific_copies, 2, path)
+    loaded = {f"buffer{i}": torch.zeros(4) for i in range(6)}
+    dcp.load({"model": loaded}, checkpoint_id=path, no_dist=True)
+    assert {k: v.tolist() for k, v in loaded.items()} == {
+        f"buffer{i}": [float(i)] * 4 for i in range(6)
+    }
 
 
 def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypatch) -> None:
