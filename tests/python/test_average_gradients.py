@@ -87,3 +87,11 @@ def test_a_step_that_used_every_parameter_builds_nothing_on_the_host(
     monkeypatch.setattr(torch, "tensor", built_on_the_host)
     average_gradients(model, 2)
     assert all(torch.equal(p.grad, torch.full_like(p, 0.5)) for p in model.parameters())
+
+
+def test_a_model_of_one_parameter_is_averaged(fake_group) -> None:
+    """The flags of which rank has which gradient are made beside the first gradient."""
+    model = torch.nn.Linear(3, 1, bias=False)
+    model.weight.grad = torch.tensor([[2.0, 4.0, 6.0]])
+    average_gradients(model, 2)
+    assert model.weight.grad.tolist() == [[1.0, 2.0, 3.0]]

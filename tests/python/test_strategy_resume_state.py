@@ -72,7 +72,9 @@ def model_inputs(model: nn.Module) -> int:
 
 def _resumed_equals_uninterrupted(ctx, tmp: str, make_model, **cfg) -> dict[str, bool]:
     """Trains 2 epochs whole and in two pieces (stopped at step 3); per state tensor of this
-    rank's model, whether the two runs ended equal."""
+    rank's model, and per parameter whether the optimizer holds state for it, whether the two
+    runs ended equal (a parameter without state must not gain a zero step's state: the next
+    checkpoint would hold what the uninterrupted run's does not)."""
     whole = _trainer(ctx, f"{tmp}/whole", make_model, **cfg)
     assert whole.train() == "finished"
     cut = f"{tmp}/cut"
@@ -81,7 +83,12 @@ def _resumed_equals_uninterrupted(ctx, tmp: str, make_model, **cfg) -> dict[str,
     assert resumed.train() == "finished" and resumed.global_step == whole.global_step
     a = whole.strategy._stateful(whole.model).state_dict()
     b = resumed.strategy._stateful(resumed.model).state_dict()
-    return {k: torch.equal(_full(a[k]), _full(b[k])) for k in a}
+    same = {k: torch.equal(_full(a[k]), _full(b[k])) for k in a}
+    for (name, p), q in zip(whole.model.named_parameters(), resumed.model.parameters()):
+        same[f"optimizer state of {name}"] = (p in whole.optimizer.state) == (
+            q in resumed.optimizer.state
+        )
+    return same
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
