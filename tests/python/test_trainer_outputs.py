@@ -3,6 +3,7 @@ the epoch and progress lines, metrics.csv rows, a resumed finished run, seeding.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import os
@@ -205,6 +206,34 @@ def test_progress_needs_no_collective_without_a_group_of_several_ranks(
     trainer._log_step, trainer._log_time = 0, time.perf_counter()
     trainer.log("train_loss", 2.0 * world_size)
     trainer._log_progress(0)
+    assert " loss 2.0000 " in capsys.readouterr().out
+
+
+def _progress_of(tmp_path, values: list, default_device: str | None = None) -> None:
+    """The log line of ``values`` logged as train_loss, made with ``default_device`` as
+    torch's default device."""
+    trainer = make_trainer(str(tmp_path), log_every=10)
+    trainer.logger = MetricsLogger(str(tmp_path), enabled=False)
+    trainer._log_step, trainer._log_time = 0, time.perf_counter()
+    for value in values:
+        trainer.log("train_loss", value)
+    with torch.device(default_device) if default_device else contextlib.nullcontext():
+        trainer._log_progress(0)
+
+
+def test_bfloat16_values_are_averaged_in_float32(tmp_path, capsys) -> None:
+    """A loss logged in bf16 (autocast): 256 + 1 is 257 in float32, and 256 in bfloat16."""
+    _progress_of(tmp_path, [torch.tensor(v, dtype=torch.bfloat16) for v in (256.0, 1.0)])
+    assert " loss 128.5000 " in capsys.readouterr().out
+
+
+def test_numbers_are_put_on_the_runs_device_whatever_torchs_default_device(
+    tmp_path, capsys
+) -> None:
+    """A user's script may change torch's default device (torch.set_default_device); the
+    values logged as Python numbers go where the run trains ("meta" stands for another device:
+    the only one there is without a GPU)."""
+    _progress_of(tmp_path, [2.0], default_device="meta")
     assert " loss 2.0000 " in capsys.readouterr().out
 
 
