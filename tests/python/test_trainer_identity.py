@@ -161,6 +161,37 @@ def test_an_own_batch_sampler_is_told_every_epoch_and_gives_the_batch_size(tmp_p
     assert batches.told == [0, 1, 2]
 
 
+class Unsized(Dataset):
+    """A dataset without a length: the user's batch sampler alone knows what it draws."""
+
+    def __getitem__(self, i: int):
+        return DATA[i]
+
+
+class BatchesOfUnknownSize(Sampler):
+    """A user's batch sampler without a batch_size (batches of any size)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __iter__(self):
+        return iter([[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+def test_a_run_without_a_sample_count_or_batch_size_is_counted_in_steps(tmp_path) -> None:
+    """No length to count samples by, no batch size: run.json records the run's unknowns as
+    such (null), and a position is counted in batches of 1, the loader's own steps."""
+    trainer = build(
+        str(tmp_path),
+        loader=DataLoader(Unsized(), batch_sampler=BatchesOfUnknownSize()),
+        epochs=1,
+        replace_sampler=False,
+    )
+    assert trainer.train() == "finished" and trainer.global_step == 2
+    saved = ckpt.read_run_file(str(tmp_path))["fingerprint"]
+    assert (saved["rank_batch_size"], saved["train_samples"]) == (1, None)
+
+
 def test_a_resume_with_another_batch_size_is_refused(tmp_path) -> None:
     """The saved position (3 steps of 2 samples) was replayed in batches of 4 without a word:
     12 samples skipped where 6 were trained."""
