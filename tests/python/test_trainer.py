@@ -389,6 +389,23 @@ def test_dataloader_workers_draw_other_augmentations_on_each_rank(tmp_path) -> N
     assert rank0[:2] != rank0[2:]  # and other ones in each epoch
 
 
+def test_dataloader_workers_draw_other_augmentations_in_every_epoch_whatever_the_seed(
+    tmp_path,
+) -> None:
+    """Three epochs, each its own workers' seed (not only the next epoch's: a seed taken
+    modulo 2 alternates), from a run seed of any size (2**50 makes the mixed seed exceed the
+    64 bits a generator takes, unless reduced to them)."""
+    cfg = TrainConfig(epochs=3, ckpt_dir=str(tmp_path), log_every=0, seed=2**50)
+    loader = DataLoader(Augmented(), batch_size=2, num_workers=1)
+    trainer = RecordsInputs(
+        nn.Linear(3, 2), lambda p: torch.optim.SGD(p, lr=0.1), loader, cpu_context(), cfg
+    )
+    assert trainer.train() == "finished"
+    epochs = [trainer.seen[i : i + 4] for i in range(0, 12, 4)]  # 8 samples: 4 steps of 2
+    assert len(trainer.seen) == 12
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2] and epochs[0] != epochs[2]
+
+
 class LogsInItsLoss(Trainer):
     """Logs a training metric in ``_compute_loss``, which the default eval_step also calls."""
 
