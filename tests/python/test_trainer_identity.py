@@ -223,11 +223,14 @@ def test_a_stop_at_max_steps_on_an_epochs_last_step_evaluates_that_epoch_when_re
     first = build(ck, trainer_cls=SignalAtStep, epochs=3, max_steps=4, signal_check_every=1)
     first.signal_at = 4
     assert first.train() == "requeue"
-    assert build(ck, epochs=3, max_steps=4).train() == "max_steps"
+    rerun = build(ck, epochs=3, max_steps=4)
+    assert rerun.train() == "max_steps"
+    assert rerun.global_step == 4  # evaluated epoch 0, trained no step of epoch 1
     expected = torch.load(tmp_path / "whole" / "last.pt", weights_only=True)
     got = torch.load(os.path.join(ck, "last.pt"), weights_only=True)
     assert (got["epoch"], got["metrics"]) == (expected["epoch"], expected["metrics"])
     assert got["metrics"] and got["epoch"] == 1
+    assert all(torch.equal(got["model"][k], v) for k, v in expected["model"].items())
 
 
 def test_hparams_of_functions_and_sets_have_the_same_fingerprint_in_every_process() -> None:
