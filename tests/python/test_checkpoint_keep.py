@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -29,11 +30,37 @@ def test_a_state_that_weights_only_loading_refuses_is_refused_at_its_save(tmp_pa
         ckpt.atomic_save(_state(100, best=np.float64(0.5)), path)
     message = str(info.value)
     assert message.startswith(f"{path}: torch.load(weights_only=True) refuses this state (")
-    assert "numpy" in message and message.endswith(
-        "keep to tensors and plain python types (float(x) for a numpy number)"
-    )
+    assert re.search(r"refuses this state \(it holds numpy\.\S+\); ", message)
+    assert message.endswith("keep to tensors and plain python types (float(x) for a numpy number)")
     assert "\n" not in message
     assert os.listdir(tmp_path) == []  # neither the file nor its temporary file
+
+
+def test_the_saves_check_maps_the_file_and_where_files_cannot_be_mapped_reads_it(
+    tmp_path, monkeypatch
+) -> None:
+    """The check that a save loads maps the file (a checkpoint of many GB is not read back);
+    on a file system that cannot map files (faked: torch's mapping call fails) it reads the
+    file instead, and a resume reads checkpoints without mapping them there too."""
+    mapped: list[str] = []
+    map_file = torch.UntypedStorage.from_file
+
+    def recorded(path, *args, **kwargs):
+        mapped.append(os.path.basename(path))
+        return map_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", recorded)
+    ckpt.atomic_save(_state(1), ckpt.checkpoint_path(str(tmp_path), 1))
+    assert len(mapped) == 1 and ".tmp." in mapped[0]  # the temporary file, before its rename
+
+    def cannot_map(*args, **kwargs):
+        raise RuntimeError("unable to mmap 2432 bytes from file: Operation not supported")
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", cannot_map)
+    path = ckpt.checkpoint_path(str(tmp_path), 2)
+    ckpt.atomic_save(_state(2), path)
+    loaded = ckpt.load_file(path)
+    assert loaded["global_step"] == 2 and torch.equal(loaded["model"]["w"], torch.full((3,), 2.0))
 
 
 def test_an_intact_checkpoint_that_weights_only_refuses_stops_the_resume(tmp_path) -> None:
