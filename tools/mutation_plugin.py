@@ -6,16 +6,16 @@ against those tests; a test that launches torchrun, a subprocess or spawned gloo
 seconds to a minute per mutant and kills nothing mutmut can attribute to it. Such a test is
 skipped the moment it tries (``pytest.skip`` raises BaseException: no ``except Exception``
 swallows it). Quick external commands the core itself calls (``scontrol show hostnames``) run
-as usual, so the code around them is tested, and so do a DataLoader's worker processes: they
-fork from the test's own process in milliseconds, run the loader code the Trainer drives, and
-what they load is checked in that process (a resumed epoch's order with persistent workers).
-Loaded only by the mutation run
-(``-p mutation_plugin``), never by ``make test``.
+as usual, so the code around them is tested, and so do a DataLoader's worker processes started
+by fork: they start in milliseconds, run the loader code the Trainer drives, and what they load
+is checked in the test's process (a resumed epoch's order with persistent workers).
+Loaded only by the mutation run (``-p mutation_plugin``), never by ``make test``.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import multiprocessing.process
 import os
 import shutil
@@ -32,7 +32,9 @@ QUICK_COMMANDS = frozenset({"scontrol"})
 def _start_unless_loader_worker(self: multiprocessing.process.BaseProcess) -> None:
     from torch.utils.data._utils.worker import _worker_loop  # noqa: PLC0415 (torch is heavy)
 
-    if getattr(self, "_target", None) is not _worker_loop:
+    # forked: a spawn or forkserver worker starts a fresh interpreter (seconds, not milliseconds)
+    forked = (self._start_method or multiprocessing.get_start_method()) == "fork"
+    if getattr(self, "_target", None) is not _worker_loop or not forked:
         pytest.skip(_REASON)
     _saved["start"](self)
 

@@ -38,8 +38,8 @@ def test_without_statistics_the_order_is_left_alone(tmp_path, monkeypatch):
 
 
 def test_a_loaders_workers_start_and_any_other_process_is_a_skip() -> None:
-    """A DataLoader's workers fork in milliseconds and run the code under test: they start.
-    Any other process (a spawned rank, torchrun) skips the test that starts it."""
+    """A DataLoader's forked workers start in milliseconds and run the code under test: they
+    start. Any other process (spawned workers or ranks, torchrun) skips the test that starts it."""
     import multiprocessing
 
     import pytest
@@ -56,5 +56,8 @@ def test_a_loaders_workers_start_and_any_other_process_is_a_skip() -> None:
             pytest.fail("the loader's workers were refused")
         with pytest.raises(pytest.skip.Exception, match="starts a process"):
             multiprocessing.get_context("spawn").Process(target=print).start()
+        spawned = DataLoader(torch.arange(6), num_workers=1, multiprocessing_context="spawn")
+        with pytest.raises(pytest.skip.Exception, match="starts a process"):
+            next(iter(spawned))  # a fresh interpreter per worker: seconds
     finally:
         plugin.pytest_unconfigure(None)
