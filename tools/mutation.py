@@ -211,7 +211,9 @@ class FileResult:
 
 
 def status_of(code: int | None) -> str:
-    if code in KILLED:
+    if code in KILLED or (code is not None and code < 0 and code not in TIMEOUT):
+        # killed by a signal: e.g. SIGUSR1 (-10) ends the test process when the mutant no
+        # longer installs its handler, which is the test failing
         return "killed"
     if code in TIMEOUT:
         return "timeout"

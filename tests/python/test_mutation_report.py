@@ -121,3 +121,13 @@ def test_the_plugin_records_which_test_killed_which_mutant(tmp_path, monkeypatch
         "hpc_harness.precision.x__fp16_works__mutmut_18\ttests/python/test_x.py::test_y\tcall\t"
         "t.py:3: AssertionError\n"
     )
+
+
+def test_a_test_process_killed_by_a_signal_kills_its_mutant():
+    status_of = _mutation_tool().status_of
+    # SIGUSR1's default action ends the process when a mutant no longer installs the handler
+    assert status_of(-10) == "killed"
+    assert status_of(-24) == "timeout"  # SIGXCPU: mutmut's CPU-time limit
+    assert status_of(0) == "survived"
+    assert status_of(2) == "other (2)"
+    assert status_of(None) == "not checked"
