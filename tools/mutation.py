@@ -81,7 +81,9 @@ timeout_constant = 10.0  # s: the wall limit also covers a forked pytest start-u
 
 [tool.pytest.ini_options]
 markers = ["cluster: needs the local SLURM cluster", "slow: takes more than a few seconds"]
-timeout = 300
+# a test that a mutant makes hang fails at 30 s (the slowest fast test takes 3): mutmut's own
+# limit, 10x the CPU time of all the tests of the mutant's function, is minutes in the Trainer
+timeout = 30
 """
 
 
