@@ -14,6 +14,7 @@ Loaded only by the mutation run (``-p mutation_plugin``), never by ``make test``
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import multiprocessing.process
@@ -56,6 +57,10 @@ _saved: dict[str, Any] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     """Patched for the whole session (module- and session-scoped fixtures start processes too)."""
+    # Every mutant's tests run in a fork of a process that has imported torch and collected
+    # every test: frozen, those objects are never scanned by the collector again (nor copied
+    # on write by a scan), a tenth of a Trainer test's CPU time.
+    gc.freeze()
     _saved["popen"] = subprocess.Popen.__init__
     _saved["start"] = multiprocessing.process.BaseProcess.start
     subprocess.Popen.__init__ = _popen_unless_quick  # type: ignore[method-assign]

@@ -477,6 +477,7 @@ def test_more_tasks_bound_to_a_gpu_than_it_has_are_refused(monkeypatch: pytest.M
 def test_the_local_ranks_seeing_a_set_are_read_from_this_nodes_keys() -> None:
     """A real store (in-process): node 1's tasks, not node 0's, whatever the order they wrote."""
     store = tdist.HashStore()
+    store.set_timeout(_timeout(5))  # a key read that is never written fails in 5 s, not 300
     info = dist.DistContext(
         "srun", rank=6, local_rank=2, world_size=8, local_world_size=4, node_rank=1
     )
