@@ -59,7 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from count_core_lines import CORE  # noqa: E402
 
 # mutmut's exit-code table (mutmut/stats.py), folded into the report's columns.
-KILLED = {1, 3, -11, -9}  # a test failed, pytest errored, or the run crashed
+KILLED = {1, 3}  # a test failed or pytest errored; a negative code not in TIMEOUT (a signal
+# ended the test process: a crash, or SIGUSR1 with the mutant's handler gone) also kills
 TIMEOUT = {36, -24, 24, 152, 255}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
@@ -218,12 +219,10 @@ class FileResult:
 
 
 def status_of(code: int | None) -> str:
-    if code in KILLED or (code is not None and code < 0 and code not in TIMEOUT):
-        # killed by a signal: e.g. SIGUSR1 (-10) ends the test process when the mutant no
-        # longer installs its handler, which is the test failing
-        return "killed"
     if code in TIMEOUT:
         return "timeout"
+    if code in KILLED or (code is not None and code < 0):
+        return "killed"
     if code in SURVIVED:
         return "survived"
     if code in NO_TESTS:

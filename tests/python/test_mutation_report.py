@@ -127,6 +127,7 @@ def test_a_test_process_killed_by_a_signal_kills_its_mutant():
     status_of = _mutation_tool().status_of
     # SIGUSR1's default action ends the process when a mutant no longer installs the handler
     assert status_of(-10) == "killed"
+    assert status_of(-11) == status_of(-9) == "killed"  # a crash, the OOM killer
     assert status_of(-24) == "timeout"  # SIGXCPU: mutmut's CPU-time limit
     assert status_of(0) == "survived"
     assert status_of(2) == "other (2)"
