@@ -147,6 +147,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def duration(seconds: float) -> str:
+    """``H:MM:SS``, with the days before it from one day on (a run's ETA may be days)."""
+    days, rest = divmod(round(seconds), 86400)
+    clock = f"{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
 class Trainer:
     """Training loop with exact resume and the requeue protocol (see module docstring)."""
 
@@ -394,7 +401,7 @@ class Trainer:
         self._print(
             f"hpc_harness: step {self.global_step}/{self.total_steps} epoch {epoch} "
             f"loss {values.get('train_loss', math.nan):.4f} lr {lr:.3g} samples/s {samples:.0f} "
-            f"eta {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            f"eta {duration(eta)}"
         )
         self.logger.log(self.global_step, epoch, {**values, "lr": lr, "samples_per_s": samples})
 

@@ -135,9 +135,7 @@ def test_a_sharded_checkpoint_run_writes_folders_and_resumes_from_them(tmp_path,
 
 def fixed_clock(monkeypatch, now: list[float]) -> None:
     """The trainer module's clock reads now[0]."""
-    fake = types.SimpleNamespace(
-        perf_counter=lambda: now[0], strftime=time.strftime, gmtime=time.gmtime
-    )
+    fake = types.SimpleNamespace(perf_counter=lambda: now[0])
     monkeypatch.setattr(trainer_mod, "time", fake)
 
 
@@ -176,6 +174,11 @@ def test_the_progress_line_and_rows_by_value(tmp_path, monkeypatch, capsys) -> N
     assert capsys.readouterr().out == (
         "hpc_harness: step 31/1000 epoch 3 loss nan lr 0.1 samples/s 6 eta 00:32:18\n"
     )
+    # 1 step in 100 s: (1000 - 32) / 0.01 = 96800 s, over a day (not shown modulo 24 h)
+    now[0], trainer.global_step = 202.5, 32
+    trainer.log("known", 2.0)
+    trainer._log_progress(3)
+    assert capsys.readouterr().out.endswith(" eta 1d 02:53:20\n")
     trainer.logger.close()
     rows = [(r["step"], r["epoch"], r["name"], r["value"]) for r in csv_rows(ck)]
     assert rows == [
@@ -186,6 +189,9 @@ def test_the_progress_line_and_rows_by_value(tmp_path, monkeypatch, capsys) -> N
         ("31", "3", "known", "5.5"),  # (1 + 10) / 2
         ("31", "3", "lr", "0.1"),
         ("31", "3", "samples_per_s", "6"),
+        ("32", "3", "known", "6"),
+        ("32", "3", "lr", "0.1"),
+        ("32", "3", "samples_per_s", "0.12"),
     ]
 
 
