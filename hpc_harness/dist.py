@@ -53,7 +53,7 @@ DEFAULT_TIMEOUT_S = 600
 # hold the GIL; if the interpreter is already finalizing by then, the process aborts
 # ("terminate called without an active exception", SIGABRT) after a finished run.
 GIL_YIELD_S = 0.1
-# lib.sh's MASTER_PORT_AVOID, in its order (tests/python/test_dist.py compares them)
+# lib.sh's MASTER_PORT_AVOID, ascending, in its order (tests/python/test_dist.py compares them)
 MASTER_PORT_AVOID = (
     *(15672, 16992, 16993, 16994, 16995, 17001, 17002, 17500),
     *(24007, 24008, 25565, 27017, 27018, 27019, 28015),
@@ -169,12 +169,13 @@ def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
 
 def srun_port(job: int, step: int) -> int:
     """The port of an srun launch without MASTER_PORT: hpc_files/node/lib.sh's master_port
-    (15000-28999, below the ephemeral ports; ports of common services stepped over), offset by
-    the step so that steps side by side differ. Step 0 gives the batch script's very port: the
-    rule is that script's, and a test holds the two to it."""
-    port = 15000 + (job + 1000 * step) % 14000
-    for avoid in MASTER_PORT_AVOID:
-        port += port == avoid
+    (15000-28999, below the ephemeral ports; the job id counts the ports common services do
+    not use, so neighbouring jobs differ), offset by the step so that steps side by side
+    differ. Step 0 gives the batch script's very port: the rule is that script's, and a test
+    holds the two to it."""
+    port = 15000 + (job + 1000 * step) % (14000 - len(MASTER_PORT_AVOID))
+    for avoid in MASTER_PORT_AVOID:  # ascending
+        port += port >= avoid
     return port
 
 

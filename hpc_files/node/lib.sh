@@ -139,17 +139,18 @@ first_node() {
 # master_port: derived from the job id (unique per array task, kept across
 # requeues) in 15000-28999, so two jobs sharing a node do not collide; below
 # Linux's ephemeral range (32768-60999, where any outgoing connection may take
-# the port) and torch's default 29500; ports that common services listen on
-# are stepped over. MASTER_PORT in the environment wins (batch.sh).
-# hpc_harness/dist.py's srun_port follows this rule for scripts not ours; a
-# test holds its copy of the list equal to this one.
+# the port) and torch's default 29500. The job id counts the ports of that
+# range that common services do not listen on (MASTER_PORT_AVOID, ascending),
+# so consecutive jobs get distinct ports. MASTER_PORT in the environment wins
+# (batch.sh). hpc_harness/dist.py's srun_port follows this rule for scripts
+# not ours; a test holds its copy of the list equal to this one.
 MASTER_PORT_AVOID=(15672 16992 16993 16994 16995 17001 17002 17500 24007 24008 25565 27017 27018 27019 28015)
 master_port() {
   local id port avoid
   to_decimal_node "${SLURM_JOB_ID:-0}" id
-  port=$((15000 + id % 14000))
+  port=$((15000 + id % (14000 - ${#MASTER_PORT_AVOID[@]})))
   for avoid in "${MASTER_PORT_AVOID[@]}"; do
-    ((port != avoid)) || port=$((port + 1))
+    ((port < avoid)) || port=$((port + 1))
   done
   printf '%s' "$port"
 }

@@ -53,13 +53,13 @@ def test_srun_variables() -> None:
     assert (info.launcher, info.rank, info.local_rank, info.world_size) == ("srun", 3, 1, 4)
     assert (info.node_rank, info.local_world_size) == (1, 2)
     assert info.master_addr == "gpu07"
-    assert info.master_port == 15000 + 123457 % 14000  # hpc_files/node/lib.sh's for step 0
+    assert info.master_port == 26588  # lib.sh's: 15000 + 123457 % 13985, 11 ports stepped over
     # A second step running beside it (sweeps packed into one job) on its own node: its own
     # address and port. From the job's node list and id alone, its ranks joined step 0's
     # rendezvous (or waited for a rank 0 on a node outside the step).
     step1 = {**env, "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "gpu[08-09]"}
     info = detect_launch(step1)
-    assert (info.master_addr, info.master_port) == ("gpu08", 15000 + (123457 + 1000) % 14000)
+    assert (info.master_addr, info.master_port) == ("gpu08", 27591)  # job 124457's
     # the batch script's exports win
     info = detect_launch({**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456"})
     assert (info.master_addr, info.master_port) == ("127.0.0.1", 23456)
@@ -293,7 +293,7 @@ def test_every_rank_of_srun_on_two_nodes_of_two(rank: int) -> None:
         4,
     )
     assert (info.node_rank, info.local_world_size) == (rank // 2, 2)
-    assert (info.master_addr, info.master_port) == ("gpu07", 15000 + 43217 % 14000)
+    assert (info.master_addr, info.master_port) == ("gpu07", 16263)  # 15000 + 43217 % 13985 + 1
 
 
 def test_srun_defaults_node_0_one_node_and_port_15000_without_a_job_id() -> None:

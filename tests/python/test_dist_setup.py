@@ -321,7 +321,7 @@ def test_the_srun_port_comes_from_the_digits_of_the_job_id(job_id: str, digits: 
         "SLURM_LOCALID": "0",
         "SLURM_JOB_NODELIST": "n1",
     }
-    assert detect_launch(env).master_port == 15000 + digits % 14000
+    assert detect_launch(env).master_port == dist.srun_port(digits, 0)
 
 
 def test_cleanup_lets_gloo_threads_take_the_gil_before_it_destroys_the_group(
@@ -527,6 +527,16 @@ def test_a_bound_task_without_cuda_visible_devices_publishes_an_empty_set(
     assert seen["init"] == []
 
 
+def test_every_job_id_in_a_cycle_of_the_port_range_has_a_port_of_its_own() -> None:
+    """A port stepped over used to land on the next job's (672 and 673: both 15673)."""
+    free = 14000 - len(dist.MASTER_PORT_AVOID)
+    ports = {dist.srun_port(job, 0) for job in range(free)}
+    assert len(ports) == free
+    assert min(ports) == 15000 and max(ports) == 28999
+    assert not ports & set(dist.MASTER_PORT_AVOID)
+    assert dist.srun_port(free, 0) == 15000
+
+
 def test_the_srun_port_steps_over_a_run_of_services_ports() -> None:
     """lib.sh's master_port gives these (tests/python/test_dist.py runs it; here in-process)."""
-    assert [dist.srun_port(job, 0) for job in (7, 1992, 13015)] == [15007, 16996, 28016]
+    assert [dist.srun_port(job, 0) for job in (7, 1992, 13015)] == [15007, 16997, 28030]

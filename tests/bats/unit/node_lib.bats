@@ -81,6 +81,15 @@ setup() {
   assert_success
 }
 
+@test "master_port gives neighbouring jobs distinct ports, also beside the ports stepped over" {
+  # a port stepped over used to land on the next job's: 672 and 673 both had 15673
+  in_lib 'for id in 672 673 1992 1993 1994 1995 1996 1997 13014 13015 13016 13017; do
+      SLURM_JOB_ID=$id master_port; echo
+    done | sort -u | wc -l'
+  assert_success
+  assert_output 12
+}
+
 @test "shared_base_ok accepts a private or sticky base and refuses one others may rename in" {
   mkdir -m 0755 "$base/private"
   mkdir -m 1777 "$base/sticky"
