@@ -196,7 +196,7 @@ submit_setup_job() {
   fi
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
   render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
-  output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
+  output=$(cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
   setup_job_id=${output%%;*}
   [[ "$setup_job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id for the setup job: ${output//$'\n'/ }"
@@ -214,9 +214,11 @@ submit_job() {
   fi
   # On the command line, the requeue protocol and the wall time beat SBATCH_*
   # variables of this shell; the job gets this shell's environment (ALL),
-  # minus the W&B key, which the node reads from its file.
+  # minus the W&B key, which the node reads from its file, and minus what an
+  # allocation this shell runs in (salloc, the bayes controller) set for itself:
+  # its node-local folder; MASTER_ADDR is the new job's first node (batch.sh).
   sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-  output=$(cd "$submission_dir" && unset WANDB_API_KEY && sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
+  output=$(cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}
   job_id=${job_id##*$'\n'}

@@ -116,6 +116,15 @@ check_job_contract() {
   fi
 }
 
+# export_rendezvous: MASTER_ADDR is this allocation's first node, always (one
+# that sbatch --export=ALL carried from the submitting shell names a host
+# outside this job); MASTER_PORT from the job id unless set (an override).
+export_rendezvous() {
+  MASTER_ADDR=$(first_node)
+  MASTER_PORT=${MASTER_PORT:-$(master_port)}
+  export MASTER_ADDR MASTER_PORT
+}
+
 decide_tmpdir() {
   case "${HPC_TMPDIR_MODE:-auto}" in
     yes)
@@ -303,9 +312,7 @@ main() {
     export OMP_NUM_THREADS=$(((${SLURM_CPUS_PER_TASK:-1} * ${SLURM_NTASKS_PER_NODE:-1}) / (HPC_PROCS_PER_NODE > 0 ? HPC_PROCS_PER_NODE : 1)))
     ((OMP_NUM_THREADS >= 1)) || OMP_NUM_THREADS=1
   fi
-  MASTER_ADDR=${MASTER_ADDR:-$(first_node)}
-  MASTER_PORT=${MASTER_PORT:-$(master_port)}
-  export MASTER_ADDR MASTER_PORT
+  export_rendezvous
   if ! start_keepers; then
     [[ -n "$signal_seen" ]] || exit 1
   fi

@@ -101,6 +101,14 @@ job.sbatch
   [[ "$output$stderr" != *"$key"* ]] || fail "the key was printed"
 }
 
+@test "the submitting shell's SLURM_TMPDIR and MASTER_ADDR do not reach the job; MASTER_PORT does" {
+  # Submitting from inside an allocation (salloc, a controller job): that job's
+  # node-local folder and rendezvous host are not the new job's.
+  SLURM_TMPDIR=/tmp/another_jobs_tmpdir MASTER_ADDR=127.0.0.1 MASTER_PORT=23456 submit_ok -e env -C "$ONE_LINE"
+  ! grep -E '^(SLURM_TMPDIR|MASTER_ADDR)=' "$SBATCH_LOG.env" || fail "sbatch got the shell's node-local folder or rendezvous host"
+  grep -qx 'MASTER_PORT=23456' "$SBATCH_LOG.env" || fail "sbatch lost MASTER_PORT, a documented override"
+}
+
 @test "a wandb key file others can read is refused before anything is written" {
   printf 'WANDB_API_KEY=x\n' >"$HOME/wandb_credentials.txt"
   chmod 644 "$HOME/wandb_credentials.txt"

@@ -192,3 +192,15 @@ task_exit() {
   assert_file_exists "$stage/stop"
   assert_equal "$keeper_pid" ""
 }
+
+@test "export_rendezvous: MASTER_ADDR is the allocation's first node even when the submitting shell had one; MASTER_PORT may be set" {
+  printf '#!/usr/bin/env bash\nprintf "gpu07\\ngpu08\\n"\n' >"$bin/scontrol"
+  chmod +x "$bin/scontrol"
+  # sbatch --export=ALL carries the login shell's (or an outer job's) MASTER_ADDR
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=23456 SLURM_JOB_NODELIST='gpu[07-08]' \
+    run bash -c 'source "$1"; export_rendezvous; echo "$MASTER_ADDR:$MASTER_PORT"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_success
+  assert_output gpu07:23456
+  SLURM_JOB_NODELIST='gpu[07-08]' run bash -c 'unset MASTER_PORT; source "$1"; export_rendezvous; echo "$MASTER_ADDR:$MASTER_PORT"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_output "gpu07:$(bash -c 'source "$1"; master_port' _ "$BATS_TEST_TMPDIR/node/lib.sh")"
+}
