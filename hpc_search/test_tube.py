@@ -267,10 +267,26 @@ class SlurmCluster:
             path = getattr(module, "__file__", None) or inspect.getsourcefile(main_or_script)
             if not path:
                 raise ValueError(f"cannot find the file that defines {main_or_script!r}")
-            program = str(Path(path).resolve())
+            program = self._in_snapshot(Path(path))
             return program, ["${env}", *interp, "${program}", TRIAL_FLAG, "${args}"]
-        program = str(Path(main_or_script).resolve())
+        program = self._in_snapshot(Path(main_or_script))
         return program, ["${env}", *interp, "${program}", "${args}"]
+
+    def _in_snapshot(self, script: Path) -> str:
+        """The script's path relative to the project (the folder holding hpc_files/, as
+        job_submitter.sh's project_paths has it): the trials run from the code snapshot taken
+        at submission, not the live tree a later edit changes. A script outside the project
+        keeps its absolute path (no snapshot holds it), with a warning."""
+        script = script.resolve()
+        project = Path(os.path.abspath(self._submitter_path())).parent.parent.resolve()
+        if script.is_relative_to(project):
+            return str(script.relative_to(project))
+        print(
+            f"hpc_search: warning: {script} is outside the project {project}: the trials run "
+            "it as it is when they start, not a snapshot of it",
+            file=sys.stderr,
+        )
+        return str(script)
 
     def write_sweep(self, main_or_script: MainOrScript, path: str | os.PathLike) -> dict:
         """Write the sweep file for this search; return the spec."""
@@ -348,11 +364,11 @@ class SlurmCluster:
             argv.append(f"--exp-name={job_name}")
         if self.modules:
             argv += ["--modules", " ".join(self.modules)]
+        if self.mem_per_gpu is not None:  # the submitter's own: sbatch refuses it beside --mem
+            argv.append(f"--mem-per-gpu={self.mem_per_gpu}")
         sbatch = []
         if self.memory_mb_per_node is not None:
             sbatch.append(f"--mem={int(self.memory_mb_per_node)}M")
-        if self.mem_per_gpu is not None:
-            sbatch.append(f"--mem-per-gpu={self.mem_per_gpu}")
         for cmd, value, _comment in self.slurm_commands:
             sbatch.append(f"--{cmd}" if value is None else f"--{cmd}={value}")
         if self.email:

@@ -47,7 +47,8 @@ def seed_parser(strategy: str = "grid_search") -> HyperOptArgumentParser:
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    script = tmp_path / "fake submitter.sh"
+    (tmp_path / "toolkit" / "hpc_files").mkdir(parents=True)  # its project: toolkit/
+    script = tmp_path / "toolkit" / "hpc_files" / "fake submitter.sh"
     script.write_text(FAKE_SUBMITTER)
     script.chmod(0o755)
     log = tmp_path / "argv.log"
@@ -198,12 +199,33 @@ def test_cpu_dry_run_list_trials_and_constructor_submitter(tmp_path, fake, monke
         "--seeds=3",
         "--gpus=0",
         "--exp-name=c",
-        "--sbatch-arg=--mem-per-gpu=10G",
+        "--mem-per-gpu=10G",
         "--dry-run",
         "--list-trials",
     ]
     trials = list_trials(Path(str(fake.log) + ".sweep.yml"), "--trials", "2")
     assert trials[0]["argv"][:4] == ["/usr/bin/env", "python3", "-u", str(tmp_path / "t.py")]
+
+
+def test_a_script_in_the_project_runs_from_the_snapshot(tmp_path, fake, monkeypatch, capsys):
+    """The sweep names the script relative to the project (the folder holding hpc_files/):
+    the node runs it in the code snapshot. Its absolute path ran the live tree: a trial queued
+    before an edit ran the edited code."""
+    project = tmp_path / "proj"
+    (project / "hpc_files").mkdir(parents=True)
+    (project / "hpc_files" / "job_submitter.sh").symlink_to(fake.script)
+    (project / "src").mkdir()
+    monkeypatch.setenv("HPC_JOB_SUBMITTER", str(project / "hpc_files" / "job_submitter.sh"))
+    cluster = SlurmCluster(hyperparam_optimizer=seed_parser())
+    cluster.optimize_parallel_cluster_cpu(str(project / "src" / "t.py"), nb_trials=1)
+    trials = list_trials(Path(str(fake.log) + ".sweep.yml"), "--trials", "1")
+    assert trials[0]["argv"][:3] == ["/usr/bin/env", "python", "src/t.py"]
+    assert capsys.readouterr().err == ""
+    # outside the project: its absolute path, and a warning that no snapshot holds it
+    cluster.optimize_parallel_cluster_cpu(str(tmp_path / "t.py"), nb_trials=1)
+    trials = list_trials(Path(str(fake.log) + ".sweep.yml"), "--trials", "1")
+    assert trials[0]["argv"][2] == str(tmp_path / "t.py")
+    assert "is outside the project" in capsys.readouterr().err
 
 
 def test_submitter_failure_raises(fake, monkeypatch):
@@ -258,12 +280,14 @@ def test_end_to_end_trials_rerun_the_script_and_call_main(tmp_path):
             cluster.optimize_parallel_cluster_gpu(main, nb_trials=4, job_name="e2e")
         """)
     )
-    node = tmp_path / "node submitter.sh"
+    (tmp_path / "hpc_files").mkdir()
+    node = tmp_path / "hpc_files" / "node submitter.sh"
     node.write_text(
         textwrap.dedent(f"""\
         #!/usr/bin/env bash
         set -euo pipefail
         sweep=$2; shift 2
+        cd "$(dirname "$0")/.."  # the project, where the node runs the trials (its snapshot)
         trial_args=()
         for arg; do
           case $arg in --trials=*|--seeds=*|--sweep-seed=*) trial_args+=("$arg") ;; esac
