@@ -154,3 +154,20 @@ run_results_py() {
   project_paths
   exec "$(login_python)" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
 }
+
+# sbatch_option_owner ARG: for an sbatch option the submitter sets itself (on
+# sbatch's command line, where it beats an #SBATCH line that a later 'sbatch
+# job.sbatch' would obey instead, or in the script's own lines for the log and
+# the array), the submitter's way to ask for it; nothing for any other option.
+sbatch_option_owner() {
+  case "${1%%[= ]*}" in
+    --time | -t*) printf 'use -t/--time' ;;
+    --requeue | --no-requeue) printf 'use --max-requeues or --no-signal' ;;
+    --signal) printf 'use --signal, --signal-lead or --no-signal' ;;
+    --dependency | -d*) printf 'use --dependency' ;;
+    --array | -a*) printf 'use --sweep, --seeds, -C or --array-throttle' ;;
+    --job-name | -J*) printf 'use -e/--exp-name' ;;
+    --output | -o* | --error | -e* | --open-mode) printf "the log is the submitter's: one per task, appended across requeues" ;;
+    --export) printf "the job needs the submitting shell's environment (--export=ALL)" ;;
+  esac
+}

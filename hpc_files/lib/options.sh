@@ -112,7 +112,9 @@ Resources:
                               NAME means hpc_files/sites/NAME.conf
   --modules "MOD..."          environment modules to load on the nodes (default: the
                               site's; --modules '' loads none)
-  --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable)
+  --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable); not
+                              what the options here set (--time, --signal, --requeue,
+                              --array, --dependency, --job-name, --output, --export)
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
 Experiments:

@@ -155,7 +155,8 @@ site_check_value() {
         site_value_error "$where" "$key" "$value" "NAME=value with NAME of letters, digits and '_' (not a digit first)"
       ;;
     sbatch)
-      [[ "$value" == -* ]] || site_value_error "$where" "$key" "$value" "an sbatch option starting with '-'"
+      [[ "$value" == -* && -z "$(sbatch_option_owner "$value")" ]] ||
+        site_value_error "$where" "$key" "$value" "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
       ;;
   esac
 }

@@ -228,7 +228,7 @@ validate_experiment_source() {
 }
 
 validate_optional_settings() {
-  local module word
+  local module word owner
   if [[ -n "${opt_account:-}" ]]; then
     [[ "$opt_account" =~ ^[A-Za-z0-9_.-]+$ ]] || usage_error "--account accepts letters, digits, '.', '_', '-', got '$opt_account'"
   fi
@@ -273,6 +273,8 @@ validate_optional_settings() {
   fi
   for word in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
     [[ "$word" == -* ]] || usage_error "--sbatch-arg expects an sbatch option starting with '-', got '$word'"
+    owner=$(sbatch_option_owner "$word")
+    [[ -z "$owner" ]] || usage_error "--sbatch-arg=$word sets what the submitter sets itself; $owner"
     [[ "$word" != *$'\n'* ]] || usage_error "--sbatch-arg must not contain a newline"
     # The #SBATCH line quotes the value in double quotes, which cannot nest.
     [[ "$word" != *'"'* && "$word" != *\\* ]] ||

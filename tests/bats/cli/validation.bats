@@ -460,6 +460,22 @@ setup() {
   refuse "--sbatch-arg" -- -C "$ONE_LINE" --sbatch-arg='--comment=a "b" c'
 }
 
+@test "sbatch arg: an option the submitter sets itself is refused, naming the submitter's" {
+  # Submitted, the submitter's command-line --time/--requeue/--signal beat these
+  # #SBATCH lines; a later 'sbatch job.sbatch' obeyed them: one folder, two jobs.
+  refuse "--sbatch-arg=--time=3 sets what the submitter sets itself; use -t/--time" -- -C "$ONE_LINE" --sbatch-arg=--time=3
+  refuse "--sbatch-arg=-t5 sets what the submitter sets itself; use -t/--time" -- -C "$ONE_LINE" --sbatch-arg=-t5
+  refuse "use --max-requeues or --no-signal" -- -C "$ONE_LINE" --sbatch-arg=--no-requeue
+  refuse "use --signal, --signal-lead or --no-signal" -- -C "$ONE_LINE" --sbatch-arg=--signal=B:USR2@40
+  refuse "use --dependency" -- -C "$ONE_LINE" --sbatch-arg=--dependency=afterok:1
+  refuse "use --sweep, --seeds, -C or --array-throttle" -- -C "$ONE_LINE" --sbatch-arg=--array=0-3
+  refuse "use -e/--exp-name" -- -C "$ONE_LINE" --sbatch-arg=-Jname
+  refuse "the log is the submitter's" -- -C "$ONE_LINE" --sbatch-arg=--output=x.out
+  refuse "the job needs the submitting shell's environment" -- -C "$ONE_LINE" --sbatch-arg=--export=NONE
+  # neighbours with other meanings pass
+  dry -C "$ONE_LINE" --sbatch-arg=--time-min=10 --sbatch-arg=--exclusive --sbatch-arg=--tmp=10G
+}
+
 # --- site profiles -----------------------------------------------------------
 
 @test "site: unknown name" {

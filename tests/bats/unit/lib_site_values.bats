@@ -104,7 +104,9 @@ echo hi'
   refused 'modules = cuda/12 $(touch "$PWNED")' "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
   refused 'tmpdir_base = relative/dir' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
   refused 'tmpdir_base = /tmp/"$(touch "$PWNED")"' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
-  refused 'sbatch = constraint=ib' "an sbatch option starting with '-'"
+  refused 'sbatch = constraint=ib' "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
+  # the submitter's command line beats it at submission, a later sbatch of the script obeys it
+  refused 'sbatch = --time=5' "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
 }
 
 @test "good typed values are kept as written" {
