@@ -546,10 +546,36 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         if run_ids[k]:  # a run's own arguments define its configuration, not the task's
             config = (json.dumps({x: v for x, v in params.items() if x not in ("run", "seed")}),)
         trial = Trial(index, params, config, state, failed, restarts)
-        folder = run_dirs[k] or sub.trial_dir(index)
-        trial.metrics = read_metrics(find_metrics_csv(folder, sub.array))
+        if run_dirs[k]:  # a run's own folder (wandb sweeps): no other run writes there
+            trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
+        else:  # another round's trials ran before this round's folder was written
+            since = None if other_job else submitted_at(sub)
+            path = own_metrics_csv(sub, index, since, state == "finished")
+            trial.metrics = read_metrics(path)
         trials.append(trial)
     return trials
+
+
+def submitted_at(sub: Submission) -> float | None:
+    """When the submission was written: its job.sbatch's modification time (None if absent)."""
+    try:
+        return os.stat(os.path.join(sub.path, "job.sbatch")).st_mtime
+    except OSError:
+        return None
+
+
+def own_metrics_csv(sub: Submission, index: int, since: float | None, finished: bool) -> str | None:
+    """Task ``index``'s metrics.csv, if this submission's run wrote it. Every submission of an
+    experiment shares trials/K (the folder resumes across submissions): a file last written
+    before this submission (``since``) holds an earlier run's rows, shown only once this
+    task finished (a run resumed at its end writes nothing again)."""
+    path = find_metrics_csv(sub.trial_dir(index), sub.array)
+    if path is None or since is None or finished:
+        return path
+    try:
+        return path if os.stat(path).st_mtime >= since else None
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------- tables
@@ -833,7 +859,10 @@ def status_text(sub: Submission, project: str) -> str:
             if log and not log.ended:  # SLURM forgot it and the log has no end: unknown
                 start = None
             elapsed = format_elapsed(end - start if start and end else None)
-        progress = (log.progress if log else None) or last_metrics_progress(sub, index) or "-"
+        finished = state in ("COMPLETED", "finished")
+        progress = (
+            (log.progress if log else None) or last_metrics_progress(sub, index, finished) or "-"
+        )
         rows.append([str(index), state, str(restarts), elapsed, progress])
     where = "SLURM" if tasks else "logs"
     head = (
@@ -843,8 +872,8 @@ def status_text(sub: Submission, project: str) -> str:
     return head + render_table(["task", "state", "restarts", "elapsed", "progress"], rows)
 
 
-def last_metrics_progress(sub: Submission, index: int) -> str | None:
-    series = read_metrics(find_metrics_csv(sub.trial_dir(index), sub.array))
+def last_metrics_progress(sub: Submission, index: int, finished: bool) -> str | None:
+    series = read_metrics(own_metrics_csv(sub, index, submitted_at(sub), finished))
     if not series:
         return None
     step = max(points[-1][0] for points in series.values())

@@ -369,3 +369,40 @@ def test_command_after_dashes_manifest_read_from_commands_txt(tmp_path: Path) ->
             "trial": 0,
         }
     ]
+
+
+def test_a_new_submission_does_not_show_an_earlier_ones_metrics(scratch) -> None:
+    """Every submission of an experiment shares trials/K: a metrics.csv last written before
+    this submission (its job.sbatch) is an earlier run's, unless this task finished (a run
+    resumed at its end writes nothing again). It showed the earlier run's values against the
+    new submission's parameters, pending or refused (exit 2: another run's checkpoints)."""
+    exp = scratch / "proj" / "configs"
+    old_metrics = exp / "trials" / "0" / "metrics.csv"
+    sub = exp / "20261124-100000-newr"
+    sub.mkdir()
+    (sub / "job.sbatch").write_text("#SBATCH --array=0-1\n")
+    (sub / "job_id").write_text("900\n")
+    (sub / "trials.jsonl").write_text(
+        "".join(
+            json.dumps({"trial": k, "params": {"lr": lr}, "argv": ["python", "train.py"]}) + "\n"
+            for k, lr in enumerate((0.5, 0.9))
+        )
+    )
+    submitted = (sub / "job.sbatch").stat().st_mtime
+    os.utime(old_metrics, (submitted - 60, submitted - 60))
+    log = scratch / "proj" / "hpc_outputs" / "proj_configs_900_0.out"
+
+    def metrics() -> list[dict]:
+        return [t.metrics for t in results.collect(results.load_submission(str(sub)), "proj")]
+
+    assert metrics() == [{}, {}]  # task 0 pending
+    log.write_text(
+        "hpc: job 900_0 (trial 0) on node1, restart 0, started 2026-11-24 10:00:05\n"
+        "hpc: training step ended with exit code 2 at 2026-11-24 10:00:09\n"
+    )
+    assert metrics() == [{}, {}]  # refused: the earlier run's checkpoints
+    log.write_text(log.read_text().replace("exit code 2", "exit code 0"))
+    assert metrics()[0]["test_acc"] == [(40, 0.45), (47, 0.5)]  # resumed at its end
+    os.utime(old_metrics)  # written by this submission's run
+    log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
+    assert metrics()[0]["test_acc"] == [(40, 0.45), (47, 0.5)]
