@@ -205,6 +205,9 @@ class Strategy:
         from torch.distributed.checkpoint import state_dict as dsd
 
         model = self._stateful(model)
+        for module in model.modules():  # a forward without a backward (an evaluation before
+            if hasattr(module, "reshard"):  # training) leaves FSDP2's root unsharded: a load
+                module.reshard()  # into it fails ("mixed torch.Tensor and DTensor")
         # Two calls: set_state_dict treats a rank with an empty model dict as "optimizer only"
         # (torch 2.13), so ranks other than 0 would skip the model's broadcast.
         opts = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed)

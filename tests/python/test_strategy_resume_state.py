@@ -5,6 +5,7 @@ before."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import gloo_context, spawn_gloo
 from torch import nn
@@ -48,11 +49,17 @@ class WithBatchNorm(nn.Module):
         return self.out(x)
 
 
-def _trainer(ctx, ck: str, make_model, max_steps: int | None = None, **cfg) -> Trainer:
+def _data(inputs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(32, inputs, generator=torch.Generator().manual_seed(1))
+    return x, torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(2))
+
+
+def _trainer(
+    ctx, ck: str, make_model, max_steps: int | None = None, plateau: bool = False, **cfg
+) -> Trainer:
     torch.manual_seed(0)  # the same initial weights in every run
     model = make_model()
-    x = torch.randn(32, model_inputs(model), generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(2))
+    x, y = _data(model_inputs(model))
     config = TrainConfig(
         epochs=2, ckpt_dir=ck, log_every=0, checkpoint_every_s=0, max_steps=max_steps, **cfg
     )
@@ -62,6 +69,7 @@ def _trainer(ctx, ck: str, make_model, max_steps: int | None = None, **cfg) -> T
         DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True),
         ctx,
         config,
+        make_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau if plateau else None,
         eval_data=TensorDataset(x[:8], y[:8]),
     )
 
@@ -113,16 +121,28 @@ def test_a_parameter_without_optimizer_state_resumes_from_a_sharded_checkpoint(t
     assert same and all(same.values()), same
 
 
-def _two_ranks(rank: int, world_size: int, tmp: str, strategy: str, sharded: bool) -> dict:
+def _two_ranks(
+    rank: int, world_size: int, tmp: str, strategy: str, sharded: bool, plateau: bool = False
+) -> dict:
     ctx = gloo_context(rank, world_size)
     same = _resumed_equals_uninterrupted(
-        ctx, tmp, WithBatchNorm, strategy=strategy, sharded_checkpoint=sharded
+        ctx, tmp, WithBatchNorm, strategy=strategy, sharded_checkpoint=sharded, plateau=plateau
     )
     trainer = _trainer(ctx, f"{tmp}/ranks", WithBatchNorm, strategy=strategy)
     trainer.train()
     model = trainer.strategy._stateful(trainer.model)
     buffers = {k: v.tolist() for k, v in model.named_buffers()}  # plain: a tensor would be
-    return {"same": same, "buffers": buffers}  # shared through a file the rank then removes
+    # shared through a file the rank then removes
+    return {"same": same, "buffers": buffers, "metrics": dict(trainer.metrics)}
+
+
+def _test_loss_of_the_saved_model(folder: str) -> float:
+    """The final model (last.pt) evaluated in one process: what the ranks should have logged."""
+    model = WithBatchNorm()
+    model.load_state_dict(torch.load(f"{folder}/last.pt", weights_only=True)["model"])
+    x, y = _data(6)
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model.eval()(x[:8]), y[:8]).item()
 
 
 def test_ddp_with_batchnorm_resumes_bitwise_from_a_sharded_checkpoint(tmp_path) -> None:
@@ -138,5 +158,16 @@ def test_fsdp_ranks_evaluate_and_save_one_model_and_resume_bitwise(tmp_path) -> 
     logged test loss averaged them), and a resume gave every rank rank 0's."""
     ranks = spawn_gloo(_two_ranks, 2, str(tmp_path), "fsdp", False)
     assert ranks[0]["buffers"] == ranks[1]["buffers"]
+    same = ranks[0]["same"]
+    assert all(same.values()), [k for k, v in same.items() if not v]
+    expected = _test_loss_of_the_saved_model(f"{tmp_path}/ranks")
+    assert ranks[0]["metrics"]["test_loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_fsdp_with_a_plateau_scheduler_resumes(tmp_path) -> None:
+    """The monitor's check (one evaluation batch before training) left FSDP2's root module
+    unsharded (a forward without a backward): the resume's load then failed at every requeue
+    ("got mixed torch.Tensor and DTensor")."""
+    ranks = spawn_gloo(_two_ranks, 2, str(tmp_path), "fsdp", False, True)
     same = ranks[0]["same"]
     assert all(same.values()), [k for k, v in same.items() if not v]
