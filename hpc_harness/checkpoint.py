@@ -269,6 +269,9 @@ def check_shards(folder: str) -> None:
             raise ValueError(f"damaged: {name} is {sizes[name]} bytes, its data end at byte {end}")
 
 
+REQUIRED_KEYS = ("model", "global_step")  # what load_file accepts (pieces.save_checkpoint)
+
+
 def load_file(path: str) -> dict[str, Any]:
     """Load one checkpoint onto the CPU; raises if it is not a readable hpc_harness checkpoint.
     Of a sharded one (a folder) only the small part: ``model`` and ``optimizer`` are None and
@@ -288,7 +291,7 @@ def load_file(path: str) -> dict[str, Any]:
             "another program or an older hpc_harness wrote it; if you trust it, load it with "
             "weights_only=False and save its state again with plain types, or move it away"
         ) from None
-    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise ValueError("not a hpc_harness checkpoint (missing keys)")
     return state
 

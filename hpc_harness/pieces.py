@@ -132,8 +132,18 @@ def save_checkpoint(
     of ``model`` and ``optimizer`` (``Strategy.state(..., sharded=True)``) and writes it into the
     folder ``ckpt_step<step>.dcp`` (checkpoint.save_sharded). Collective: call on every rank at
     the same step."""
-    if error := on_rank0(lambda: ckpt.takeover_error(ckpt_dir)):
-        raise ckpt.RunMismatch(error)
+
+    def check() -> None:  # rank 0's state: the others may pass None
+        if missing := [key for key in ckpt.REQUIRED_KEYS if key not in (state or {})]:
+            needs = " and ".join(repr(key) for key in ckpt.REQUIRED_KEYS)
+            raise ValueError(
+                f"save_checkpoint: the state has no {', '.join(map(repr, missing))}; a checkpoint "
+                f"needs {needs} (load_checkpoint skips a file without them)"
+            )
+        if error := ckpt.takeover_error(ckpt_dir):
+            raise ckpt.RunMismatch(error)
+
+    on_rank0(check)
     rng = gather_rng(rng_extra)
     path = ckpt.checkpoint_path(ckpt_dir, step, sharded)
     if sharded:

@@ -43,6 +43,21 @@ def test_save_then_load_returns_the_state_and_continues_every_rng(tmp_path, caps
     assert out == f"hpc_harness: resumed from {path} (global step 7)\n"
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_state_load_checkpoint_would_skip_is_refused_before_anything_is_written(
+    tmp_path, sharded: bool
+) -> None:
+    """nanoGPT's step is ``iter_num``: such a file saved, and every resume then skipped it as
+    unreadable (load_file's keys) and started the run over."""
+    with pytest.raises(ValueError) as err:
+        hp.save_checkpoint(str(tmp_path), {"model": {}, "iter_num": 3}, 3, sharded=sharded)
+    assert str(err.value) == (
+        "save_checkpoint: the state has no 'global_step'; a checkpoint needs 'model' and "
+        "'global_step' (load_checkpoint skips a file without them)"
+    )
+    assert os.listdir(tmp_path) == []
+
+
 def test_load_without_restoring_rng_leaves_the_generators_alone(tmp_path) -> None:
     hp.save_checkpoint(str(tmp_path), _state(1), 1)
     torch.manual_seed(5)
@@ -90,9 +105,9 @@ def test_every_rank_rng_is_saved_in_rank_order(tmp_path) -> None:
     torch.manual_seed(3)
     rng = hp.gather_rng()
     assert len(rng) == 1 and torch.equal(rng[0]["torch"], torch.get_rng_state())
-    path = hp.save_checkpoint(str(tmp_path), None, 5)
+    path = hp.save_checkpoint(str(tmp_path), _state(5), 5)
     saved = torch.load(path, weights_only=False)
-    assert set(saved) == {"rng"} and len(saved["rng"]) == 1
+    assert set(saved) == {"model", "global_step", "rng"} and len(saved["rng"]) == 1
 
 
 def test_requeue_exit_writes_the_marker_and_exits_42(tmp_path, monkeypatch) -> None:
