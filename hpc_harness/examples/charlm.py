@@ -30,7 +30,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
-from hpc_harness.checkpoint import RunMismatch, UnsafeCheckpoint, fingerprint
+from hpc_harness.checkpoint import (
+    RunMismatch,
+    UnsafeCheckpoint,
+    fingerprint,
+    move_aside,
+    slurm_attempt,
+)
 from hpc_harness.testing import TestingHooks
 from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
 
@@ -108,6 +114,12 @@ class CharLM(nn.Module):
 # --------------------------------------------------------------------------- the loop
 
 
+def start_fresh(ckpt_dir: str) -> None:
+    """``--fresh``: the earlier run's folder goes aside (renamed, never deleted)."""
+    if moved := move_aside(ckpt_dir, slurm_attempt()):
+        hp.say(f"hpc_harness: starting fresh; the earlier run's files are in {moved}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m hpc_harness.examples.charlm",
@@ -120,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default=None, help=f"default: {default_ckpt_dir()}")
+    p.add_argument(
+        "--fresh", action="store_true", help="move an earlier run's --ckpt-dir aside, start over"
+    )
     p.add_argument("--checkpoint-every-s", type=float, default=600.0, help="0: only at a stop")
     p.add_argument(
         "--log-every", type=int, default=20, help="steps between progress lines, 0: none"
@@ -146,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         steps_per_epoch = len(loader)
         run = fingerprint(vars(args))  # a resume with other arguments stops (RunMismatch)
+        if args.fresh:  # not this job's own folder at a requeue (move_aside)
+            hp.on_rank0(lambda: start_fresh(ckpt_dir))
         try:
             state = hp.load_checkpoint(ckpt_dir, fingerprint=run)
         except (RunMismatch, UnsafeCheckpoint) as exc:

@@ -162,6 +162,14 @@ def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.startswith(f"hpc_harness: error: {tmp_path} holds checkpoints of another run: lr ")
     assert err.count("\n") == 1
+    # the way out the message names: --fresh moves the earlier run's folder aside
+    ck = tmp_path / "ck"
+    args[-1] = str(ck)
+    assert _run_in_process(monkeypatch, args, []) == 0
+    assert _run_in_process(monkeypatch, [*args, "--lr", "0.1", "--fresh"], losses) == 0
+    assert len(losses) == 3
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("ck.old-")]) == 1
+    assert "starting fresh; the earlier run's files are in " in capsys.readouterr().out
 
 
 def test_a_checkpoint_weights_only_refuses_stops_before_training(
