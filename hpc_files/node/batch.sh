@@ -116,6 +116,20 @@ check_job_contract() {
   fi
 }
 
+# record_job_id: the submission's job_id names the newest job that ran it, also
+# one started by hand ('sbatch job.sbatch', later and again), for status.sh and
+# results.sh; an older job (a task of an earlier sbatch of this folder starting
+# late) does not replace a newer one. Job ids grow.
+record_job_id() {
+  local id=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} file="$HPC_SUBMISSION_DIR/job_id" recorded
+  [[ "$id" =~ ^[0-9]+$ ]] || return 0
+  recorded=$(cat "$file" 2>/dev/null) || recorded=0
+  [[ "$recorded" =~ ^[0-9]+$ ]] || recorded=0
+  ((id > recorded)) || return 0
+  { printf '%s\n' "$id" >"$file.$SLURM_JOB_ID" && mv -f "$file.$SLURM_JOB_ID" "$file"; } ||
+    hpc_log "warning: cannot record job $id in $file (status.sh shows job $recorded)"
+}
+
 # export_rendezvous: MASTER_ADDR is this allocation's first node, always (one
 # that sbatch --export=ALL carried from the submitting shell names a host
 # outside this job); MASTER_PORT from the job id unless set (an override).
@@ -304,6 +318,7 @@ main() {
   export SLURM_EXPORT_ENV=ALL
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   check_job_contract
+  record_job_id
   load_wandb_credentials
   unpack_code || exit 1
   decide_tmpdir

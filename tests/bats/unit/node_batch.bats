@@ -204,3 +204,16 @@ task_exit() {
   SLURM_JOB_NODELIST='gpu[07-08]' run bash -c 'unset MASTER_PORT; source "$1"; export_rendezvous; echo "$MASTER_ADDR:$MASTER_PORT"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
   assert_output "gpu07:$(bash -c 'source "$1"; master_port' _ "$BATS_TEST_TMPDIR/node/lib.sh")"
 }
+
+@test "record_job_id: a job started by hand (sbatch job.sbatch) becomes the submission's job_id; an older one never replaces a newer" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$HPC_SUBMISSION_DIR"
+  run bash -c 'source "$1"; SLURM_JOB_ID=13 record_job_id; cat "$HPC_SUBMISSION_DIR/job_id"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_output 13
+  run bash -c 'source "$1"; SLURM_JOB_ID=39 record_job_id; SLURM_JOB_ID=20 record_job_id; cat "$HPC_SUBMISSION_DIR/job_id"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_output 39
+  # an array task records its array's id
+  run bash -c 'source "$1"; SLURM_JOB_ID=52 SLURM_ARRAY_JOB_ID=50 SLURM_ARRAY_TASK_ID=2 record_job_id; cat "$HPC_SUBMISSION_DIR/job_id"' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_output 50
+  assert_equal "$(find "$HPC_SUBMISSION_DIR" -type f | wc -l)" 1
+}
