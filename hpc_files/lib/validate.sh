@@ -91,12 +91,15 @@ parse_memory_mb() {
   esac
 }
 
-# validate_scratch: SCRATCH is an absolute path the scripts can quote.
+# validate_scratch: SCRATCH is an absolute path, and the project folder under
+# it a name, that the scripts can quote.
 validate_scratch() {
   [[ -n "${SCRATCH:-}" ]] || usage_error "SCRATCH is not set; export SCRATCH=/path/to/your/scratch (the toolkit keeps logs, checkpoints and data under \$SCRATCH/<project>)"
   [[ "$SCRATCH" == /* ]] || usage_error "SCRATCH must be an absolute path, got '$SCRATCH'"
   [[ "$SCRATCH" != *$'\n'* ]] || usage_error "SCRATCH must not contain a newline"
   [[ "$SCRATCH" != *[\"\\]* ]] || usage_error "SCRATCH must not contain '\"' or '\\' (the log path goes in a quoted #SBATCH line), got '$SCRATCH'"
+  [[ "$project_name" != *[\"\\]* && "$project_name" != *$'\n'* ]] ||
+    usage_error "the project folder's name must not contain '\"', '\\' or a newline (it goes in quoted #SBATCH lines), got '$project_name'; rename the folder"
 }
 
 # validate_settings: every option, as given or defaulted, and the site's
@@ -109,6 +112,8 @@ validate_settings() {
   require_uint --num-nodes "$opt_nodes" 1 "${site_max_nodes:-4096}"
   require_one_of --which-distributed "$opt_kind" lightning torchrun script none
   require_name --exp-name "$opt_exp_name"
+  [[ "$opt_exp_name" != hpc_outputs ]] ||
+    usage_error "--exp-name 'hpc_outputs' is the folder of the job logs under \$SCRATCH/<project>; pick another name"
   parse_slurm_time "$opt_time" seconds
   [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
@@ -168,6 +173,8 @@ validate_kind_layout() {
   if [[ -n "${OPT_GIVEN[tasks_per_node]:-}" ]] && ((10#$opt_gpus > 0)); then
     usage_error "--tasks-per-node applies to CPU-only runs (--gpus 0); with GPUs there is one process per GPU"
   fi
+  [[ -z "${OPT_GIVEN[tasks_per_node]:-}" || "$kind" != none ]] ||
+    usage_error "--tasks-per-node does not apply to -W none, which runs one process; use -W lightning or -W torchrun"
   [[ "$kind" != none ]] || ((10#$opt_nodes == 1)) ||
     usage_error "-W none runs one process on one node, got --num-nodes $((10#$opt_nodes)); use -W torchrun or -W lightning for several nodes"
   case "${opt_pass_local_rank:-}" in

@@ -254,6 +254,22 @@ setup() {
   refuse "--exp-name accepts letters, digits" -- -C "$ONE_LINE" -e $'run\xff\xfe'
 }
 
+@test "exp name: the job logs' folder" {
+  # its submissions would go among the logs, and status.sh could not find them
+  refuse "--exp-name 'hpc_outputs' is the folder of the job logs" -- -C "$ONE_LINE" -e hpc_outputs
+}
+
+@test "project: a folder name with a double quote is refused before anything is written" {
+  local project="$BATS_TEST_TMPDIR/q\"proj"
+  mkdir -p "$project"
+  cp -r "$REPO_ROOT/hpc_files" "$project/"
+  SUBMITTER="$project/hpc_files/job_submitter.sh" refuse "the project folder's name" -- -C "$ONE_LINE"
+}
+
+@test "layout: --tasks-per-node with -W none, which runs one process" {
+  refuse "--tasks-per-node does not apply to -W none" -- -C "$ONE_LINE" -g 0 -W none --tasks-per-node 4
+}
+
 # --- parsing -----------------------------------------------------------------
 
 @test "parsing: unknown long option" {
