@@ -61,6 +61,7 @@ ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
 KILLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 PROGRESS = re.compile(r"^hpc_harness: step (\d+)/(\d+) epoch (\d+) loss (\S+)")
+IMAGE_TYPES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot and --curves write
 LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IGNORECASE)
 SCONTROL_FIELDS = ("JobId", "ArrayJobId", "ArrayTaskId", "JobState", "Restarts", "RunTime")
 
@@ -1054,6 +1055,8 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     for opt, path in (("--csv", csv_out), ("--plot", plot_out), ("--curves", curves_out)):
         if path == "":
             raise UsageError(f"{opt} expects a file name, got ''")
+        if opt != "--csv" and path and os.path.splitext(path)[1].lower() not in IMAGE_TYPES:
+            raise UsageError(f"{opt} expects a .png, .pdf, .svg or .jpg file, got {path!r}")
     if run_path is not None:
         if run_path == "":
             raise UsageError("--run expects a run folder or its metrics.csv, got ''")

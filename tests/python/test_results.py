@@ -182,6 +182,9 @@ def test_curves_of_one_run_outside_slurm(tmp_path, capsys, monkeypatch) -> None:
         (["--run", "{empty}", "--csv", "x", "--curves", "{out}"], "--csv is for an experiment's"),
         (["grid", "--curves="], "--curves expects a file name, got ''"),
         (["--run=", "--curves", "{out}"], "--run expects a run folder or its metrics.csv, got"),
+        # matplotlib's traceback, 23 lines and exit 1, once the table was printed
+        (["grid", "--plot", "x.txt"], "--plot expects a .png, .pdf, .svg or .jpg file, got"),
+        (["--run", "{empty}", "--curves", "c.jpgg"], "--curves expects a .png, .pdf, .svg or"),
     ],
 )
 def test_curves_refusals_exit_2_one_line_nothing_written(tmp_path, capsys, args, message):
