@@ -266,6 +266,20 @@ requeue_already_requested() {
     ((10#$restarts > ${SLURM_RESTART_COUNT:-0}))
 }
 
+# being_preempted: SLURM is preempting this job (a PreemptTime) on a partition
+# that preempts by requeueing. It signals the steps, not this script: a program
+# that dies of the TERM ends the step before the grace time, and the job would
+# end FAILED instead of being requeued.
+being_preempted() {
+  local record when mode
+  record=$(job_record "$(job_key)")
+  record_field "$record" PreemptTime when || return 1
+  [[ -n "$when" && "$when" != None && "$when" != Unknown ]] || return 1
+  record=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" -o 2>/dev/null) || return 1
+  record_field "$record" PreemptMode mode || return 1
+  [[ ",$mode," == *,REQUEUE,* ]]
+}
+
 requeue_or_stop() {
   local restarts=${SLURM_RESTART_COUNT:-0} key
   key=$(job_key)
@@ -339,6 +353,10 @@ main() {
   fi
   stop_keeper
   if [[ -f "$marker" || "$step_status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then
+    requeue_or_stop
+  fi
+  if [[ "$step_status" != 0 ]] && being_preempted; then
+    hpc_log "preempted: the training step ended with exit code $step_status without a checkpoint marker; requeueing (the program starts again, from its own checkpoints if it keeps any)"
     requeue_or_stop
   fi
   if [[ -n "$signal_seen" ]] && requeue_already_requested; then

@@ -161,3 +161,18 @@ setup() {
   run job_log "$job_id"
   assert_output --partial 'already requeued 1 time(s) (--max-requeues 1); not requeueing'
 }
+
+@test "preempted (PreemptMode=REQUEUE), a program that dies of the TERM without a checkpoint marker is requeued, not ended FAILED" {
+  # SLURM signals the steps, not the batch script: the step ended (exit 1)
+  # before the grace time, and the job ended FAILED, never to run again.
+  submit -p notmpdir -n 2 -g 4 -c 2 -W lightning -t 10 -e preempt -- \
+    python -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); print("READY", flush=True); time.sleep(600)'
+  wait_log "$job_id" READY 60
+  local urgent
+  urgent=$(sbatch --parsable -p urgent -N 2 --ntasks-per-node=1 -c 8 -o /dev/null --wrap 'sleep 1')
+  release_requeued "$job_id" 1 120
+  run job_log "$job_id"
+  assert_output --partial "preempted: the training step ended with exit code 1 without a checkpoint marker; requeueing"
+  wait_log "$job_id" 'restart 1, started' 120
+  wait_job_done "$urgent" 60
+}

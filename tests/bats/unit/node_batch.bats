@@ -217,3 +217,31 @@ task_exit() {
   assert_output 50
   assert_equal "$(find "$HPC_SUBMISSION_DIR" -type f | wc -l)" 1
 }
+
+# scontrol_preempting PREEMPT_TIME MODE: 'show job' says PreemptTime, 'show partition' PreemptMode.
+scontrol_preempting() {
+  cat >"$bin/scontrol" <<STUB
+#!/usr/bin/env bash
+case "\$2" in
+  job) echo "JobId=77 JobState=RUNNING Reason=None Requeue=1 Restarts=0 Partition=p PreemptEligibleTime=2026-11-26T19:46:55 PreemptTime=$1 SuspendTime=None" ;;
+  partition) echo "PartitionName=p Nodes=node[1-2] PriorityTier=1 PreemptMode=$2 State=UP" ;;
+esac
+STUB
+  chmod +x "$bin/scontrol"
+}
+
+@test "being_preempted: a PreemptTime on a partition that preempts by requeueing, not otherwise" {
+  export SLURM_JOB_PARTITION=p
+  scontrol_preempting 2026-11-26T19:46:59 REQUEUE
+  run being_preempted
+  assert_success
+  scontrol_preempting 2026-11-26T19:46:59 GANG,REQUEUE
+  run being_preempted
+  assert_success
+  scontrol_preempting None REQUEUE
+  run being_preempted
+  assert_failure
+  scontrol_preempting 2026-11-26T19:46:59 CANCEL
+  run being_preempted
+  assert_failure
+}
