@@ -56,6 +56,10 @@ def test_a_state_load_checkpoint_would_skip_is_refused_before_anything_is_writte
         "'global_step' (load_checkpoint skips a file without them)"
     )
     assert os.listdir(tmp_path) == []
+    with pytest.raises(
+        ValueError, match="^save_checkpoint: the state has no 'model', 'global_step';"
+    ):
+        hp.save_checkpoint(str(tmp_path), {}, 3, sharded=sharded)
 
 
 def test_load_without_restoring_rng_leaves_the_generators_alone(tmp_path) -> None:

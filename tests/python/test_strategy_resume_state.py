@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hpc_harness import dist as hdist
+from hpc_harness.strategy import Strategy
 from hpc_harness.trainer import TrainConfig, Trainer
 
 
@@ -171,3 +172,19 @@ def test_fsdp_with_a_plateau_scheduler_resumes(tmp_path) -> None:
     ranks = spawn_gloo(_two_ranks, 2, str(tmp_path), "fsdp", False, True)
     same = ranks[0]["same"]
     assert all(same.values()), [k for k, v in same.items() if not v]
+
+
+def test_every_module_that_can_reshard_is_resharded_before_a_load() -> None:
+    """The test above in this one process (mutation testing runs none): Strategy.load first
+    calls reshard() (FSDP2's) on each module that has it."""
+    calls: list[nn.Module] = []
+
+    class Resharded(nn.Linear):
+        def reshard(self) -> None:
+            calls.append(self)
+
+    model = nn.Sequential(Resharded(2, 2), nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    Strategy("ddp", hdist.setup(verbose=False)).load(model, optimizer, state)
+    assert calls == [model[0]]

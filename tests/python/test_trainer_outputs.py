@@ -139,6 +139,14 @@ def fixed_clock(monkeypatch, now: list[float]) -> None:
     monkeypatch.setattr(trainer_mod, "time", fake)
 
 
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(59.6, "00:01:00"), (1938, "00:32:18"), (3600, "01:00:00"), (96800, "1d 02:53:20")],
+)
+def test_a_duration_shows_its_days_from_one_day_on(seconds: float, shown: str) -> None:
+    assert trainer_mod.duration(seconds) == shown
+
+
 def test_the_progress_line_and_rows_by_value(tmp_path, monkeypatch, capsys) -> None:
     """Two ranks (the other one's sums added by a stand-in all-reduce), batch 2, accumulate 3."""
     ck = str(tmp_path / "ck")
