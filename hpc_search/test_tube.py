@@ -31,11 +31,14 @@ per_experiment_nb_nodes -> ``--num-nodes``, per_experiment_nb_gpus -> ``--gpus``
 (``optimize_parallel_cluster_cpu`` passes ``--gpus=0``), per_experiment_nb_cpus ->
 ``--cpus``, job_time -> ``--time`` (as given), job_name -> ``--exp-name``,
 load_modules -> ``--modules "a b"``, memory_mb_per_node -> ``--sbatch-arg=--mem=NM``,
-mem_per_gpu -> ``--sbatch-arg=--mem-per-gpu=X``, add_slurm_cmd -> ``--sbatch-arg=--CMD=V``,
+mem_per_gpu -> ``--mem-per-gpu=X``, add_slurm_cmd -> ``--sbatch-arg=--CMD=V``,
 notify_job_status -> ``--sbatch-arg=--mail-user=..`` and ``--mail-type=END,FAIL``,
 add_command("export NAME=VALUE") -> the submitter's environment (sbatch's default
 ``--export=ALL`` carries it into the job); other add_command lines are refused.
 log_path is accepted and unused: logs go where the submitter puts them.
+The trials run the script (the file defining ``main``, or the path given) from the
+submission's code snapshot: the sweep names it relative to the project; a script outside
+the project runs as it is when a trial starts, and a warning says so.
 
 grid_search: opt_list options become ``values``; opt_range becomes nb_samples evenly
 spaced values (geometric with log_base); the first nb_trials grid points run, the
