@@ -510,6 +510,7 @@ def bayes_round_jobs(sub: Submission) -> dict[str, str]:
 
 def collect(sub: Submission, project: str) -> list[Trial]:
     tasks = scontrol_tasks(sub.job_id)
+    submitted = submitted_at(sub)
     round_jobs = bayes_round_jobs(sub)
     raw_params = [{k: v for k, v in t.get("params", {}).items() if k != "seed"} for t in sub.trials]
     argvs = [strip_seed(list(t.get("argv", []))) for t in sub.trials]
@@ -550,7 +551,7 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         if run_dirs[k]:  # a run's own folder (wandb sweeps): no other run writes there
             trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
         else:  # another round's trials ran before this round's folder was written
-            since = None if other_job else submitted_at(sub)
+            since = None if other_job else submitted
             path = own_metrics_csv(sub, index, since, state == "finished")
             trial.metrics = read_metrics(path)
         trials.append(trial)
@@ -841,6 +842,7 @@ def plot_curves(trials: list[Trial], names: list[str], out: str) -> dict[str, li
 
 def status_text(sub: Submission, project: str) -> str:
     tasks = scontrol_tasks(sub.job_id)
+    submitted = submitted_at(sub)
     rows = []
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
@@ -862,7 +864,9 @@ def status_text(sub: Submission, project: str) -> str:
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
         progress = (
-            (log.progress if log else None) or last_metrics_progress(sub, index, finished) or "-"
+            (log.progress if log else None)
+            or last_metrics_progress(sub, index, submitted, finished)
+            or "-"
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
     where = "SLURM" if tasks else "logs"
@@ -873,8 +877,10 @@ def status_text(sub: Submission, project: str) -> str:
     return head + render_table(["task", "state", "restarts", "elapsed", "progress"], rows)
 
 
-def last_metrics_progress(sub: Submission, index: int, finished: bool) -> str | None:
-    series = read_metrics(own_metrics_csv(sub, index, submitted_at(sub), finished))
+def last_metrics_progress(
+    sub: Submission, index: int, since: float | None, finished: bool
+) -> str | None:
+    series = read_metrics(own_metrics_csv(sub, index, since, finished))
     if not series:
         return None
     step = max(points[-1][0] for points in series.values())
