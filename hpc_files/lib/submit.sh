@@ -182,6 +182,15 @@ warn_if_other_command_checkpointed() {
   warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 
+# sbatch_from_submission ARG...: sbatch ARG... in the submission folder, its
+# output and errors on stdout. The jobs get this shell's environment minus the
+# W&B key, which the node reads from its file, and minus what an allocation
+# this shell runs in (salloc, the bayes controller) set for itself: its
+# node-local folder; MASTER_ADDR is the new job's first node (batch.sh).
+sbatch_from_submission() {
+  (cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch "$@" 2>&1)
+}
+
 # submit_setup_job: with --setup-venv, a setup job before the training job,
 # only when the venv's digest stamp does not match the requirements file.
 # Sets setup_job_id (empty when the venv is up to date).
@@ -196,7 +205,7 @@ submit_setup_job() {
   fi
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
   render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
-  output=$(cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch --parsable --export=ALL setup.sbatch 2>&1) ||
+  output=$(sbatch_from_submission --parsable --export=ALL setup.sbatch) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
   setup_job_id=${output%%;*}
   [[ "$setup_job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id for the setup job: ${output//$'\n'/ }"
@@ -213,12 +222,10 @@ submit_job() {
     sbatch_args+=(--dependency="afterok:$setup_job_id${plan_dependency:+,$plan_dependency}" --kill-on-invalid-dep=yes)
   fi
   # On the command line, the requeue protocol and the wall time beat SBATCH_*
-  # variables of this shell; the job gets this shell's environment (ALL),
-  # minus the W&B key, which the node reads from its file, and minus what an
-  # allocation this shell runs in (salloc, the bayes controller) set for itself:
-  # its node-local folder; MASTER_ADDR is the new job's first node (batch.sh).
+  # variables of this shell; the job gets this shell's environment (ALL), less
+  # what sbatch_from_submission leaves out.
   sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-  output=$(cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch "${sbatch_args[@]}" job.sbatch 2>&1) ||
+  output=$(sbatch_from_submission "${sbatch_args[@]}" job.sbatch) ||
     die "sbatch refused the job: ${output//$'\n'/ }"
   job_id=${output%%;*}
   job_id=${job_id##*$'\n'}
