@@ -69,8 +69,8 @@ main() {
   make_submission_dir
   plan_submission_folder "$submission_dir"
   fill_submission_dir "$@"
-  render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   stage_data_tarball
+  render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   warn_if_other_command_checkpointed
   if [[ -n "${opt_no_submit:-}" ]]; then
     report_unsubmitted

@@ -1,12 +1,15 @@
 # shellcheck shell=bash
 # Data staging, submit side (-d): the paths, relative to $SCRATCH/<project>,
 # become ONE tarball in a cache folder on scratch, named by a digest of the
-# sorted path list (plan_data in plan.sh). It is reused only while its manifest (every file's path, size and
-# mtime) still matches, built under a lock to a temporary name and renamed only
-# when tar succeeded, so a killed or failed tar never leaves a trusted tarball.
-# Beside it: NAME.manifest and NAME.meta (size of the tarball and of its
-# contents, which the nodes check before extracting; read with meta_value,
-# node/shared.sh). Sourced; functions only.
+# sorted path list (plan_data in plan.sh) and one of their manifest (every
+# file's path, size and mtime; name_data_tarball). Named by its contents, a
+# tarball never changes once built: a job queued, requeued or sbatched again
+# stages the data it was submitted with, whatever later submissions build.
+# Built under a lock to a temporary name and renamed only when tar succeeded,
+# so a killed or failed tar never leaves a trusted tarball. Beside it:
+# NAME.manifest and NAME.meta (size of the tarball and of its contents, which
+# the nodes check before extracting; read with meta_value, node/shared.sh).
+# Sourced; functions only.
 
 # validate_data_paths: every -d path is relative, exists and stays inside the
 # project's scratch folder, symbolic links followed; the first path (in
@@ -50,34 +53,59 @@ data_manifest() {
   (cd "$plan_scratch_dir" && find "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
 }
 
-# stage_data_tarball: build or reuse the tarball. Prints what it did on stderr.
-# The manifest streams from find into cmp and is never held in a variable:
-# bash takes ~1 s per million files to copy and compare strings that large.
+# data_manifest_digest VAR: the sha256 of data_manifest's output, the paths as
+# they are now, in VAR. The manifest streams from find into sha256sum and is
+# never held in a variable: bash takes ~1 s per million files to copy strings
+# that large. Dies when the paths cannot be listed.
+data_manifest_digest() {
+  local sum
+  sum=$(data_manifest | sha256sum) || die "cannot list the --data paths in $plan_scratch_dir"
+  printf -v "$1" '%s' "${sum%% *}"
+}
+
+# name_data_tarball: plan_data_tarball, the cached tarball of the -d paths as
+# they are now: data-<paths digest>-<manifest digest>.tar[.zst|.gz].
+name_data_tarball() {
+  local digest
+  plan_data_tarball=""
+  ((${#plan_data_paths[@]} > 0)) || return 0
+  data_manifest_digest digest
+  data_tarball_name "$plan_data_paths_digest-${digest:0:16}" "$plan_compress" plan_data_tarball
+  plan_data_tarball="$plan_data_cache/$plan_data_tarball"
+}
+
+# stage_data_tarball: name the tarball (name_data_tarball), and build it
+# unless it is in the cache already. Prints what it did on stderr.
 stage_data_tarball() {
-  local lock_fd tmp_tar tmp_manifest tar_status bytes
+  local lock_fd tmp_tar tmp_manifest tar_status bytes digest earlier
   local -a tar_args=()
+  name_data_tarball
   [[ -n "$plan_data_tarball" ]] || return 0
   [[ -d "$plan_data_cache" ]] || mkdir -p "$plan_data_cache" || die "cannot create $plan_data_cache"
-  if data_cache_fresh; then
+  if data_tarball_complete; then
     info "data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
     return 0
   fi
-  # One builder at a time per tarball; the others wait, then find it fresh.
+  # One builder at a time per tarball; the others wait, then find it built.
   exec {lock_fd}>"$plan_data_tarball.lock" || die "cannot open $plan_data_tarball.lock"
   flock -w 3600 "$lock_fd" || die "timed out waiting for another submission building ${plan_data_tarball##*/}"
-  if data_cache_fresh; then
+  if data_tarball_complete; then
     exec {lock_fd}>&-
     info "data: reusing ${plan_data_tarball##*/} (built by a concurrent submission)"
     return 0
   fi
-  info "data: building ${plan_data_tarball##*/} from ${#plan_data_paths[@]} path(s) ..."
+  data_earlier_tarballs earlier
+  info "data: building ${plan_data_tarball##*/} from ${#plan_data_paths[@]} path(s)${earlier:+; $earlier} ..."
   tmp_tar=$(mktemp "$plan_data_tarball.tmp.XXXXXX") || die "mktemp failed in $plan_data_cache"
   tmp_manifest=$(mktemp "$plan_data_tarball.manifest.XXXXXX") || die "mktemp failed in $plan_data_cache"
   register_cleanup "$tmp_tar"
   register_cleanup "$tmp_manifest"
   # The manifest is taken before tar: a file changed while tar reads it
-  # makes the next submission rebuild.
+  # makes the next submission build another tarball.
   data_manifest >"$tmp_manifest" || die "cannot list the --data paths in $plan_scratch_dir"
+  digest=$(sha256sum <"$tmp_manifest")
+  [[ "${plan_data_tarball##*/}" == "data-$plan_data_paths_digest-${digest:0:16}."* ]] ||
+    die "the --data paths changed while this submission named their tarball; submit again"
   bytes=$(awk -F '\t' '{ total += $2 } END { printf "%d", total }' "$tmp_manifest")
   if [[ -t 2 ]]; then
     # On a terminal: what tar has written so far, every 10 MiB or so.
@@ -90,33 +118,37 @@ stage_data_tarball() {
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||
     die "cannot write $plan_data_tarball.meta"
-  # Tarball first, manifest last: a manifest only ever describes a complete tarball.
+  # Tarball first, meta last: a meta file only ever describes a complete tarball.
   mv -f "$tmp_tar" "$plan_data_tarball" || die "cannot move the data tarball into $plan_data_cache"
-  mv -f "$plan_data_tarball.meta.tmp" "$plan_data_tarball.meta" || die "cannot write $plan_data_tarball.meta"
   mv -f "$tmp_manifest" "$plan_data_tarball.manifest" || die "cannot write $plan_data_tarball.manifest"
+  mv -f "$plan_data_tarball.meta.tmp" "$plan_data_tarball.meta" || die "cannot write $plan_data_tarball.meta"
   exec {lock_fd}>&-
   info "data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
 }
 
-# data_cache_fresh: the cached tarball is that of the -d paths as they are
-# now; dies when they cannot be listed.
-data_cache_fresh() {
-  local -a status
-  data_manifest | data_cache_matches && return 0 || status=("${PIPESTATUS[@]}")
-  ((status[0] == 0)) || die "cannot list the --data paths in $plan_scratch_dir"
-  return 1
+# data_earlier_tarballs VAR: in VAR, how many tarballs of the same -d paths
+# with other contents the cache holds and their size, or '' when none. They
+# stay: submission folders that name them may run again.
+data_earlier_tarballs() {
+  local pattern tarball count=0 bytes=0
+  data_tarball_name "$plan_data_paths_digest-*" "$plan_compress" pattern
+  # shellcheck disable=SC2086 # a glob (no spaces): every tarball of these paths
+  for tarball in "$plan_data_cache"/$pattern; do
+    [[ -f "$tarball" && "$tarball" != "$plan_data_tarball" ]] || continue
+    count=$((count + 1))
+    bytes=$((bytes + $(stat -c %s "$tarball")))
+  done
+  printf -v "$1" '%s' ""
+  ((count == 0)) ||
+    printf -v "$1" '%s earlier tarball(s) of these paths (%s MiB) stay for the submissions that name them (--prune-data-cache removes those none names)' \
+      "$count" "$((bytes / 1048576))"
 }
 
-# data_cache_matches: the cached tarball is complete and its manifest is
-# exactly the one on stdin (data_manifest's output). Reads stdin to the end
-# either way, so the writer never meets a closed pipe.
-data_cache_matches() {
+# data_tarball_complete: the cached tarball exists and is as large as its
+# meta file says it was built.
+data_tarball_complete() {
   local size recorded
-  if [[ ! -f "$plan_data_tarball" || ! -f "$plan_data_tarball.manifest" || ! -f "$plan_data_tarball.meta" ]] ||
-    ! cmp -s - "$plan_data_tarball.manifest"; then
-    cat >/dev/null
-    return 1
-  fi
+  [[ -f "$plan_data_tarball" && -f "$plan_data_tarball.meta" ]] || return 1
   size=$(stat -c %s "$plan_data_tarball")
   recorded=$(meta_value "$plan_data_tarball.meta" tarball_bytes) || return 1
   [[ "$size" == "$recorded" ]]

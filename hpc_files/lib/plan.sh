@@ -145,12 +145,13 @@ data_tarball_name() {
   printf -v "$3" 'data-%s.tar%s' "$1" "$suffix"
 }
 
-# plan_data: the -d paths (sorted, unique) and the tarball's path, a pure
-# function of the path list and the compression, so the rendered script
-# names it without building it.
+# plan_data: the -d paths (sorted, unique) and plan_data_paths_digest, a
+# digest of the path list: the first half of their tarballs' names (the
+# second, a digest of the contents, is name_data_tarball's in data.sh).
 plan_data() {
   local path digest
   plan_data_paths=()
+  plan_data_paths_digest=""
   plan_data_tarball=""
   plan_compress=$opt_compress
   ((${#opt_data[@]} > 0)) || return 0
@@ -162,8 +163,7 @@ plan_data() {
   ((${#plan_data_paths[@]} == 1)) ||
     mapfile -t plan_data_paths < <(printf '%s\n' "${plan_data_paths[@]}" | LC_ALL=C sort -u)
   digest=$(sha256sum < <(printf '%s\0' "${plan_data_paths[@]}"))
-  data_tarball_name "${digest:0:16}" "$opt_compress" plan_data_tarball
-  plan_data_tarball="$plan_data_cache/$plan_data_tarball"
+  plan_data_paths_digest=${digest:0:16}
 }
 
 # plan_array TRIALS [FIRST]: an array job when there is more than one trial

@@ -55,9 +55,11 @@ prepare_trials() {
 }
 
 # preview_submission: --dry-run. The batch script as a submission would
-# write it; nothing is written.
+# write it (the data tarball named by the -d paths as they are now); nothing
+# is written.
 preview_submission() {
   plan_submission_folder "$plan_exp_dir/<YYYYmmdd-HHMMSS-XXXX>" 1
+  name_data_tarball
   render_script
 }
 

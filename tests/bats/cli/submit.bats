@@ -280,19 +280,27 @@ tarballs() {
   assert_equal "$(stat -c '%i %Y' "$tarball")" "$first"
 }
 
-@test "data: a changed file rebuilds the tarball" {
+@test "data: a changed file builds a new tarball; the earlier submission keeps naming its own, unchanged" {
   make_data
   submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
-  local tarball first
+  local tarball first_sbatch
   tarball=$(tarballs)
-  first=$(cat "$tarball.manifest")
+  the_submission data
+  first_sbatch=$sub/job.sbatch
   printf 'changed\n' >"$SCRATCH/$PROJECT/labels/l.csv"
   touch -d '+1 min' "$SCRATCH/$PROJECT/labels/l.csv"
   submit_ok -e data -C "$ONE_LINE" -d 'ds one' labels
-  assert_regex "$stderr" "data: building ${tarball##*/}"
-  [[ "$(cat "$tarball.manifest")" != "$first" ]] || fail "the manifest did not change"
-  assert_equal "$(tar -xOf "$tarball" labels/l.csv)" changed
-  assert_equal "$(tarballs)" "$tarball"
+  local new
+  new=$(tarballs | grep -vxF "$tarball")
+  [[ -n "$new" && "$new" != *$'\n'* ]] || fail "expected one new tarball beside $tarball, found: $(tarballs)"
+  assert_regex "$stderr" "data: building ${new##*/} from 2 path\(s\); 1 earlier tarball\(s\) of these paths \([0-9]+ MiB\) stay for the submissions that name them"
+  assert_equal "$(tar -xOf "$new" labels/l.csv)" changed
+  # A job queued (or sbatched again) from the first submission stages what it was submitted with.
+  assert_equal "$(tar -xOf "$tarball" labels/l.csv)" l
+  grep -qF "${tarball##*/}" "$first_sbatch" || fail "the first job.sbatch no longer names ${tarball##*/}"
+  local second
+  second=$(submission_dirs data | grep -vxF "${first_sbatch%/job.sbatch}")
+  grep -qF "${new##*/}" "$second/job.sbatch" || fail "the new job.sbatch does not name ${new##*/}"
 }
 
 @test "data: tar failing -> exit 1, no tarball left, nothing submitted" {

@@ -35,8 +35,8 @@ setup() {
     run job_log "$job_id"
     # Extracted once per node (2 nodes), not once per task (4 tasks).
     assert_equal "$(grep -c 'staged data-.* into ' <<<"$output")" 2
-    assert_output --regexp "node1: staged data-[0-9a-f]+\.tar into "
-    assert_output --regexp "node2: staged data-[0-9a-f]+\.tar into "
+    assert_output --regexp "node1: staged data-[0-9a-f]{16}-[0-9a-f]{16}\.tar into "
+    assert_output --regexp "node2: staged data-[0-9a-f]{16}-[0-9a-f]{16}\.tar into "
     assert_equal "$(grep -c 'probe read .*/datasets/d1/a.txt: one' <<<"$output")" 4
     assert_equal "$(grep -c 'probe read .*/datasets/d2/b.txt: two' <<<"$output")" 4
     # Every task on a node saw the same folder; the two nodes saw different ones.
@@ -49,15 +49,28 @@ setup() {
   done
 }
 
-@test "the data tarball is reused while unchanged and rebuilt when a source file changes" {
+@test "the data tarball is reused while unchanged; a changed file builds another, and a job queued before stages the data it was submitted with" {
   submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
   assert_file_contains "$submit_err" "data: building data-"
-  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 --sbatch-arg=--hold -- \
+    bash -c 'echo "read: $(cat "$SLURM_TMPDIR/datasets/d1/a.txt")"'
   assert_file_contains "$submit_err" "data: reusing data-"
+  local queued=$job_id
+  echo changed >"$SCRATCH/$project/datasets/d1/a.txt"
   touch -d '+1 minute' "$SCRATCH/$project/datasets/d1/a.txt"
-  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- \
+    bash -c 'echo "read: $(cat "$SLURM_TMPDIR/datasets/d1/a.txt")"'
   assert_file_contains "$submit_err" "data: building data-"
+  assert_file_contains "$submit_err" "1 earlier tarball(s) of these paths"
   wait_job_done "$job_id" 60
+  run job_log "$job_id"
+  assert_line "read: changed"
+  # The job held since before the change runs now, with the data of its submission.
+  scontrol release "$queued"
+  wait_job_done "$queued" 60
+  assert_job_state "$queued" COMPLETED
+  run job_log "$queued"
+  assert_line "read: one"
 }
 
 @test "a tarball truncated after submission fails the job on the node, before training starts" {

@@ -88,23 +88,37 @@ validate_data_paths_for() {
   assert_equal "$problem" "--data path '-rf' must not start with '-'"
 }
 
-@test "plan_data: the name is a digest of the path list, with the compression's suffix; no paths, no tarball" {
+@test "name_data_tarball: a digest of the path list, then one of the manifest, with the compression's suffix; no paths, no tarball" {
   local first
   planned 'ds one' labels
-  assert_regex "$plan_data_tarball" "^$plan_scratch_dir/\.hpc_data_cache/data-[0-9a-f]{16}\.tar$"
+  name_data_tarball
+  assert_regex "$plan_data_tarball" "^$plan_scratch_dir/\.hpc_data_cache/data-$plan_data_paths_digest-[0-9a-f]{16}\.tar$"
+  assert_regex "$plan_data_paths_digest" '^[0-9a-f]{16}$'
   assert_equal "$plan_data_cache" "$plan_scratch_dir/.hpc_data_cache"
   first=$plan_data_tarball
   planned labels 'ds one'
+  name_data_tarball
   assert_equal "$plan_data_tarball" "$first"
   planned labels
+  name_data_tarball
   [[ "$plan_data_tarball" != "$first" ]] || fail "another path list, the same name"
   opt_compress=zstd
   planned 'ds one' labels
+  name_data_tarball
   assert_equal "$plan_data_tarball" "$first.zst"
   opt_compress=pigz
   planned 'ds one' labels
+  name_data_tarball
   assert_equal "$plan_data_tarball" "$first.gz"
+  # The same paths with a changed file: the same first digest, another second.
+  opt_compress=none
+  printf 'x' >>"$plan_scratch_dir/labels/l.csv"
+  planned 'ds one' labels
+  name_data_tarball
+  assert_equal "${plan_data_tarball%-*}" "${first%-*}"
+  [[ "$plan_data_tarball" != "$first" ]] || fail "changed contents, the same name"
   planned
+  name_data_tarball
   assert_equal "$plan_data_tarball" ""
 }
 
@@ -120,6 +134,7 @@ validate_data_paths_for() {
 
 @test "stage_data_tarball: builds the tarball, its manifest and its .meta (sizes), then reuses it" {
   planned 'ds one' labels
+  name_data_tarball # what stage_data_tarball names, in this shell (run's is a subshell)
   run --separate-stderr stage_data_tarball
   assert_success
   assert_regex "$stderr" "data: building ${plan_data_tarball##*/} from 2 path\(s\) \.\.\."
@@ -130,24 +145,56 @@ validate_data_paths_for() {
   assert_equal "$(tar -xOf "$plan_data_tarball" 'ds one/sub/b.txt')" bb
   run --separate-stderr stage_data_tarball
   assert_equal "$stderr" "job_submitter.sh: data: reusing ${plan_data_tarball##*/} (manifest unchanged)"
+  # Another submission's name for the same data is this one.
+  local built=$plan_data_tarball
+  name_data_tarball
+  assert_equal "$plan_data_tarball" "$built"
 }
 
-@test "data_cache_matches: only a tarball whose manifest and .meta size both match" {
+@test "data_tarball_complete: only a tarball whose .meta exists and gives its size" {
   planned 'ds one' labels
   stage_data_tarball 2>/dev/null
-  data_manifest | data_cache_matches || fail "a fresh tarball did not match"
-  # A changed file: another manifest.
-  printf 'x' >>"$plan_scratch_dir/labels/l.csv"
-  ! data_manifest | data_cache_matches || fail "a changed manifest matched"
-  stage_data_tarball 2>/dev/null
-  # A truncated tarball: its size is not the .meta's.
+  data_tarball_complete || fail "a built tarball is not complete"
+  # A truncated tarball: its size is not the .meta's; the next submission builds it again.
   truncate -s -1 "$plan_data_tarball"
-  ! data_manifest | data_cache_matches || fail "a truncated tarball matched"
-  stage_data_tarball 2>/dev/null
-  data_manifest | data_cache_matches || fail "the rebuilt tarball did not match"
+  ! data_tarball_complete || fail "a truncated tarball is complete"
+  run --separate-stderr stage_data_tarball
+  assert_regex "$stderr" "data: building ${plan_data_tarball##*/} "
+  data_tarball_complete || fail "the rebuilt tarball is not complete"
   # No .meta: never completed.
   rm "$plan_data_tarball.meta"
-  ! data_manifest | data_cache_matches || fail "a tarball without .meta matched"
+  ! data_tarball_complete || fail "a tarball without .meta is complete"
+}
+
+@test "stage_data_tarball: a changed file builds another tarball and leaves the earlier one as it was" {
+  local first
+  planned 'ds one' labels
+  stage_data_tarball 2>/dev/null
+  first=$plan_data_tarball
+  printf 'changed\n' >"$plan_scratch_dir/labels/l.csv"
+  run --separate-stderr stage_data_tarball
+  name_data_tarball
+  [[ "$plan_data_tarball" != "$first" ]] || fail "a changed file, the same tarball"
+  assert_equal "$stderr" "job_submitter.sh: data: building ${plan_data_tarball##*/} from 2 path(s); 1 earlier tarball(s) of these paths (0 MiB) stay for the submissions that name them (--prune-data-cache removes those none names) ...
+job_submitter.sh: data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
+  assert_equal "$(tar -xOf "$plan_data_tarball" labels/l.csv)" changed
+  assert_equal "$(tar -xOf "$first" labels/l.csv)" l
+  data_tarball_complete || fail "the new tarball is not complete"
+}
+
+@test "stage_data_tarball: paths that change between naming the tarball and building it stop the submission" {
+  planned 'ds one' labels
+  # data_manifest lists the paths twice: once to name, once to build; the second sees a change.
+  eval "$(declare -f data_manifest | sed '1s/data_manifest/original_manifest/')"
+  data_manifest() {
+    original_manifest
+    [[ ! -e "$BATS_TEST_TMPDIR/named" ]] || printf 'late\t1\t1\tf\n'
+    : >"$BATS_TEST_TMPDIR/named"
+  }
+  run --separate-stderr stage_data_tarball
+  assert_failure 1
+  assert_equal "${stderr_lines[-1]}" "job_submitter.sh: error: the --data paths changed while this submission named their tarball; submit again"
+  assert_equal "$(find "$plan_data_cache" -name 'data-*.tar')" ""
 }
 
 @test "prune_data_cache: removes tarballs no job.sbatch names, keeps named and locked ones" {

@@ -174,16 +174,20 @@ auto /t/$USER'
 /s p/proj/.hpc_data_cache"
 }
 
-@test "plan_data: the paths sorted and unique, the tarball named by them and the compression" {
-  planned 'printf "%s\n" "${plan_data_paths[@]}" "$plan_data_tarball"' -d b/ ./a b
+@test "plan_data: the paths sorted and unique, and a digest of them" {
+  local first
+  planned 'printf "%s\n" "${plan_data_paths[@]}" "$plan_data_paths_digest"' -d b/ ./a b
   assert_success
   assert_line --index 0 a
   assert_line --index 1 b
-  [[ "${lines[2]}" =~ ^/s\ p/proj/.hpc_data_cache/data-[0-9a-f]{16}\.tar$ ]] || fail "tarball: ${lines[2]}"
-  planned 'printf "%s" "$plan_data_tarball"' -d a b --compress zstd
-  [[ "$output" =~ ^/s\ p/proj/.hpc_data_cache/data-[0-9a-f]{16}\.tar\.zst$ ]] || fail "tarball: $output"
-  planned 'printf "[%s]" "$plan_data_tarball"'
-  assert_output "[]"
+  [[ "${lines[2]}" =~ ^[0-9a-f]{16}$ ]] || fail "digest: ${lines[2]}"
+  first=${lines[2]}
+  planned 'printf "%s" "$plan_data_paths_digest"' -d a b --compress zstd
+  assert_output "$first"
+  planned 'printf "%s" "$plan_data_paths_digest"' -d a
+  [[ "$output" != "$first" ]] || fail "another path list, the same digest"
+  planned 'printf "[%s] [%s]" "$plan_data_paths_digest" "$plan_data_tarball"'
+  assert_output "[] []"
 }
 
 @test "data_tarball_name: one name for the plan and the pattern prune globs" {
