@@ -92,12 +92,13 @@ fill_submission_dir() {
   wait "$git_state_pid" || die "cannot write $dir/git.txt"
 }
 
-# record_git_state FILE: what the snapshot is: the project's commit, 'git
-# status' and 'git diff HEAD' (the uncommitted edits the snapshot holds).
-# A project outside git gets 'not a git repository'.
+# record_git_state FILE: what the snapshot is: the project's commit, the
+# checkout it came from, 'git status' and 'git diff HEAD' (the uncommitted
+# edits the snapshot holds). A project outside git gets 'not a git repository'.
 record_git_state() {
   {
     printf 'commit: %s\n' "$(git -C "$source_dir" rev-parse HEAD 2>/dev/null || echo 'not a git repository')"
+    printf 'source: %s\n' "$source_dir"
     printf 'status:\n'
     # No index refresh: ls-files of the snapshot may read it meanwhile.
     GIT_OPTIONAL_LOCKS=0 git -C "$source_dir" status --porcelain 2>/dev/null || true
@@ -178,10 +179,39 @@ warn_if_other_command_checkpointed() {
     break
   done < <(ls -td -- "$plan_exp_dir"/*/commands.txt 2>/dev/null)
   [[ -n "$previous" ]] || return 0
-  cmp -s "$previous" "$submission_dir/commands.txt" && return 0
   # The new commands start over on purpose.
   ! grep -qE -- '(^| )--fresh( |$)' "$submission_dir/commands.txt" || return 0
+  if cmp -s "$previous" "$submission_dir/commands.txt"; then
+    warn_if_other_code "${previous%/commands.txt}"
+    return 0
+  fi
   warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+}
+
+# warn_if_other_code PREVIOUS: the same commands as submission folder
+# PREVIOUS, but from another checkout of the same folder name (both write
+# $SCRATCH/<name>) or other code (another commit, other uncommitted edits;
+# their git.txt files). The runs will resume PREVIOUS's checkpoints with this
+# code: after a fix that is what is meant, else it mixes two programs in one
+# run. A project outside git has no commit to compare: nothing is said.
+warn_if_other_code() {
+  local previous=$1 mine="$submission_dir/git.txt" their_source their_commit my_commit what=""
+  [[ -f "$previous/git.txt" ]] || return 0
+  their_source=$(sed -n 's/^source: //p' "$previous/git.txt")
+  their_commit=$(sed -n '1s/^commit: //p' "$previous/git.txt")
+  my_commit=$(sed -n '1s/^commit: //p' "$mine")
+  # Submissions from before git.txt named its checkout: no source to compare.
+  if [[ -n "$their_source" && "$their_source" != "$source_dir" ]]; then
+    what="came from another checkout ($their_source; this one is $source_dir, and both write $plan_scratch_dir)"
+  elif [[ "$their_commit" == "not a git repository" || "$my_commit" == "not a git repository" ]]; then
+    return 0
+  elif [[ "$their_commit" != "$my_commit" ]]; then
+    what="ran other code (commit ${their_commit:0:12}, this one ${my_commit:0:12})"
+  elif ! cmp -s <(sed -n '/^diff:$/,$p' "$previous/git.txt") <(sed -n '/^diff:$/,$p' "$mine"); then
+    what="ran other code (commit ${my_commit:0:12}, other uncommitted edits)"
+  fi
+  [[ -n "$what" ]] || return 0
+  warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission ($previous) $what; its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
 }
 
 # sbatch_from_submission ARG...: sbatch ARG... in the submission folder, its

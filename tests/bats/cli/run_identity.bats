@@ -3,7 +3,8 @@
 # --no-submit writes a folder whose job.sbatch names itself; the code snapshot
 # holds the project as it was; --dry-run refuses what a submission refuses;
 # the environment cannot change the requeue contract; a resubmission warns
-# when the experiment's checkpoints came from other commands. No cluster.
+# when the experiment's checkpoints came from other commands, other code or
+# another checkout. No cluster.
 
 load '../test_helper'
 load 'cli_helper'
@@ -188,4 +189,62 @@ one_submission() {
   last=$(sed -n 's/^  submission: //p' <<<"$output")
   submit_ok -e sharded -- python -m hpc_harness.train --lr 0.001
   assert_equal "$stderr" "job_submitter.sh: warning: experiment 'sharded' already holds checkpoints, and its last submission ($last) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+}
+
+# checkpointed PROJECT EXP: a checkpoint in EXP's folder, as a run leaves it.
+checkpointed() {
+  mkdir -p "$SCRATCH/${1##*/}/$2/checkpoints"
+  touch "$SCRATCH/${1##*/}/$2/checkpoints/ckpt_step00000010.pt"
+}
+
+@test "resubmitting the same commands with other code warns that the runs resume the checkpoints with it; the same code does not" {
+  local project="$BATS_TEST_TMPDIR/gitproj" last head
+  make_project "$project" git
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  checkpointed "$project" code
+  # Untracked results beside the code are not the code: no warning.
+  printf 'out\n' >"$project/results.txt"
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  assert_equal "$stderr" ""
+  last=$(sed -n 's/^  submission: //p' <<<"$output")
+  # An uncommitted edit.
+  printf 'echo "code version 2"\n' >"$project/prog.sh"
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  head=$(git -C "$project" rev-parse --short=12 HEAD)
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'code' already holds checkpoints, and its last submission ($last) ran other code (commit $head, other uncommitted edits); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
+  # The edit committed: another commit.
+  last=$(sed -n 's/^  submission: //p' <<<"$output")
+  git -C "$project" -c user.name=t -c user.email=t@t commit -qam two
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'code' already holds checkpoints, and its last submission ($last) ran other code (commit $head, this one $(git -C "$project" rev-parse --short=12 HEAD)); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
+}
+
+@test "resubmitting from another checkout with the same folder name warns: both write \$SCRATCH/<name>" {
+  local first="$BATS_TEST_TMPDIR/a/proj" second="$BATS_TEST_TMPDIR/b/proj" last
+  make_project "$first" git
+  mkdir -p "${second%/*}"
+  cp -a "$first" "$second"
+  run --separate-stderr "$first/hpc_files/job_submitter.sh" -e shared -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  checkpointed "$first" shared
+  last=$(sed -n 's/^  submission: //p' <<<"$output")
+  run --separate-stderr "$second/hpc_files/job_submitter.sh" -e shared -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'shared' already holds checkpoints, and its last submission ($last) came from another checkout ($first; this one is $second, and both write $SCRATCH/proj); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
+}
+
+@test "a project outside git: resubmitting after an edit says nothing of the code (no commit to compare)" {
+  local project="$BATS_TEST_TMPDIR/plainproj"
+  make_project "$project"
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e plain -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  checkpointed "$project" plain
+  printf 'echo "code version 2"\n' >"$project/prog.sh"
+  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e plain -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+  assert_equal "$stderr" ""
 }

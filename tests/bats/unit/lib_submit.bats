@@ -110,6 +110,7 @@ REQUEUE_HOLD 0:15'
   record_git_state "$BATS_TEST_TMPDIR/git.txt"
   run cat "$BATS_TEST_TMPDIR/git.txt"
   assert_line "commit: $(git -C "$source_dir" rev-parse HEAD)"
+  assert_line "source: $source_dir"
   assert_line " M train.py"
   assert_line "+two"
 }
