@@ -252,11 +252,15 @@ def _numpy_globals() -> list[Any]:
 
 
 def check_shards(folder: str) -> None:
-    """Raise ValueError when a file that a sharded checkpoint's ``.metadata`` names is missing
-    or shorter than the data it holds: damaged after the save (which is atomic), found before
-    the checkpoint is chosen rather than in ``dcp.load`` at every requeue."""
+    """Raise ValueError when a sharded checkpoint's ``.metadata`` or ``meta.pt`` is missing, or
+    a file that ``.metadata`` names is missing or shorter than the data it holds: damaged after
+    the save (which is atomic), found before the checkpoint is chosen rather than in
+    ``dcp.load`` at every requeue (or as a FileNotFoundError, which stops the resume)."""
     from torch.distributed.checkpoint import FileSystemReader
 
+    for name in (".metadata", "meta.pt"):
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise ValueError(f"damaged: {name} is missing")
     sizes: dict[str, int] = {}
     for info in FileSystemReader(folder).read_metadata().storage_data.values():
         name, end = info.relative_path, info.offset + info.length

@@ -236,6 +236,40 @@ def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, c
     assert "skipping unreadable checkpoint " + paths[2] in capsys.readouterr().out
 
 
+def test_a_sharded_checkpoint_without_its_metadata_or_meta_pt_is_skipped_as_damaged(
+    tmp_path, capsys
+) -> None:
+    """The folder is renamed into place complete, so a ``.metadata`` or ``meta.pt`` missing in
+    it is damage after the save (a partial copy, a hand clean-up): skipped like a missing
+    shard, not a FileNotFoundError that stops every resume (an OSError is a read error, which
+    stops it: the file may be fine)."""
+    from types import SimpleNamespace
+
+    from hpc_harness.strategy import Strategy
+
+    ctx = SimpleNamespace(world_size=1, local_world_size=1, device=torch.device("cpu"), devices=[])
+    model, opt = _model_and_optimizer(0)
+    msd, osd = Strategy("ddp", ctx).state(model, opt, sharded=True)
+    paths = []
+    for step in (4, 8, 12):
+        paths.append(ckpt.checkpoint_path(str(tmp_path), step, sharded=True))
+        state = {"model": dict(msd), "optimizer": dict(osd), "global_step": step}
+        ckpt.save_sharded(state, paths[-1])
+    os.unlink(os.path.join(paths[2], "meta.pt"))
+    os.unlink(os.path.join(paths[1], ".metadata"))
+    with pytest.raises(ValueError) as no_meta:
+        ckpt.load_file(paths[2])
+    assert str(no_meta.value) == "damaged: meta.pt is missing"
+    with pytest.raises(ValueError) as no_metadata:
+        ckpt.load_file(paths[1])
+    assert str(no_metadata.value) == "damaged: .metadata is missing"
+    state, path = ckpt.load_latest(str(tmp_path))
+    assert path == paths[0] and state["global_step"] == 4
+    out = capsys.readouterr().out
+    assert "skipping unreadable checkpoint " + paths[2] in out
+    assert "skipping unreadable checkpoint " + paths[1] in out
+
+
 # --------------------------------------------------------------------------- identity
 
 
