@@ -35,11 +35,13 @@ else draws from the global RNG between the load and the step (give the DataLoade
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
-(``checkpoint.RunMismatch``).
+(``checkpoint.RunMismatch``); :func:`start_fresh` before it (your ``--fresh``) moves the earlier
+run's folder aside instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -74,6 +76,7 @@ __all__ = [
     "setup",
     "shield_workers",
     "signals_blocked",
+    "start_fresh",
 ]
 
 
@@ -207,6 +210,25 @@ def load_checkpoint(
     if rank == 0:
         say(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
     return {**state, "path": path, "rng": mine}
+
+
+def start_fresh(ckpt_dir: str, run_dir: str | None = None) -> None:
+    """``--fresh``: rank 0 moves an earlier run's ``ckpt_dir`` aside (renamed, never deleted;
+    not this same job's own folder at a requeue, see checkpoint.move_aside), and with it
+    ``run_dir`` (metrics.csv, the W&B run id) when it is a folder of its own, and says where
+    they are. Collective: call on every rank before :func:`load_checkpoint`."""
+
+    def move() -> None:
+        moved = [ckpt.move_aside(ckpt_dir, ckpt.slurm_attempt())]
+        if moved[0] is None:
+            return
+        ck, run = os.path.abspath(ckpt_dir), os.path.abspath(run_dir or ckpt_dir)
+        if os.path.commonpath([run, ck]) not in (run, ck):  # neither holds the other
+            moved.append(ckpt.move_aside(run))
+        where = " and ".join(m for m in moved if m)
+        say(f"hpc_harness: starting fresh; the earlier run's files are in {where}")
+
+    on_rank0(move)
 
 
 def announce_requeue(step: int, epoch: int, checkpoint: str, stop: StopAgreement) -> None:

@@ -117,7 +117,7 @@ class TrainConfig:
     # (with both 0: only at a signal, max_steps and the end)
     keep_last: int = 3
     resume: bool = True
-    fresh: bool = False  # move an earlier run's folder aside (checkpoint.move_aside) and start over
+    fresh: bool = False  # move an earlier run's folder aside (pieces.start_fresh) and start over
     # distribution and precision
     strategy: str = "ddp"
     fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
@@ -593,7 +593,7 @@ class Trainer:
             if self._plateau:  # before the folder is claimed: the fixed run may use it
                 self._check_monitor()
             if cfg.fresh:
-                pieces.on_rank0(self._move_aside)
+                pieces.start_fresh(cfg.ckpt_dir, cfg.run_dir)
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
             if not cfg.resume:  # else load_checkpoint claimed the folder
                 pieces.on_rank0(lambda: ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint))
@@ -643,19 +643,6 @@ class Trainer:
                     self.logger.close()
             finally:
                 self.agreement.uninstall()
-
-    def _move_aside(self) -> None:
-        """``fresh``: the checkpoint folder (unless this same job's, see checkpoint.move_aside)
-        and with it a separate ``run_dir`` (metrics.csv, the W&B run id) go aside."""
-        moved = [ckpt.move_aside(self.cfg.ckpt_dir, ckpt.slurm_attempt())]
-        if moved[0] is None:
-            return
-        ck = os.path.abspath(self.cfg.ckpt_dir)
-        run_dir = os.path.abspath(self.cfg.run_dir or ck)
-        if os.path.commonpath([run_dir, ck]) not in (run_dir, ck):  # neither holds the other
-            moved.append(ckpt.move_aside(run_dir))
-        where = " and ".join(m for m in moved if m)
-        self._print(f"hpc_harness: starting fresh; the earlier run's files are in {where}")
 
     def _end_epoch(self) -> bool:
         """Evaluate, log, step a ReduceLROnPlateau scheduler, and move to the next epoch; False

@@ -34,8 +34,6 @@ from hpc_harness.checkpoint import (
     RunMismatch,
     UnsafeCheckpoint,
     fingerprint,
-    move_aside,
-    slurm_attempt,
 )
 from hpc_harness.testing import TestingHooks
 from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
@@ -114,12 +112,6 @@ class CharLM(nn.Module):
 # --------------------------------------------------------------------------- the loop
 
 
-def start_fresh(ckpt_dir: str) -> None:
-    """``--fresh``: the earlier run's folder goes aside (renamed, never deleted)."""
-    if moved := move_aside(ckpt_dir, slurm_attempt()):
-        hp.say(f"hpc_harness: starting fresh; the earlier run's files are in {moved}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m hpc_harness.examples.charlm",
@@ -161,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         steps_per_epoch = len(loader)
         run = fingerprint(vars(args))  # a resume with other arguments stops (RunMismatch)
-        if args.fresh:  # not this job's own folder at a requeue (move_aside)
-            hp.on_rank0(lambda: start_fresh(ckpt_dir))
+        if args.fresh:  # not this job's own folder at a requeue
+            hp.start_fresh(ckpt_dir)
         try:
             state = hp.load_checkpoint(ckpt_dir, fingerprint=run)
         except (RunMismatch, UnsafeCheckpoint) as exc:

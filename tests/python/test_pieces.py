@@ -433,3 +433,34 @@ def test_every_line_load_checkpoint_prints_is_one_write(tmp_path, monkeypatch) -
         f"hpc_harness: warning: ignoring incomplete checkpoint {stale} (a save was interrupted)\n",
         f"hpc_harness: resumed from {path} (global step 2)\n",
     ]
+
+
+def test_start_fresh_moves_the_folder_and_a_separate_run_dir_aside_once(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A user's own loop with --fresh: the checkpoint folder goes aside, and a run_dir of its
+    own with it; a run_dir inside the checkpoint folder (or holding it) goes with that one
+    rename; nothing to move, nothing said."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    ck, runs = tmp_path / "ck", tmp_path / "runs"
+    hp.start_fresh(str(ck), str(runs))
+    assert os.listdir(tmp_path) == [] and capsys.readouterr().out == ""
+    for folder in (ck, runs):
+        folder.mkdir()
+        (folder / "x").write_text(folder.name)
+    hp.start_fresh(str(ck), str(runs))
+    [moved_ck] = [p for p in os.listdir(tmp_path) if p.startswith("ck.old-")]
+    [moved_runs] = [p for p in os.listdir(tmp_path) if p.startswith("runs.old-")]
+    assert (tmp_path / moved_ck / "x").read_text() == "ck"
+    assert (tmp_path / moved_runs / "x").read_text() == "runs"
+    assert capsys.readouterr().out == (
+        "hpc_harness: starting fresh; the earlier run's files are in "
+        f"{tmp_path / moved_ck} and {tmp_path / moved_runs}\n"
+    )
+    (ck / "runs").mkdir(parents=True)
+    hp.start_fresh(str(ck), str(ck / "runs"))  # inside: one rename moves both
+    assert sorted(p.split(".old-")[0] for p in os.listdir(tmp_path)) == ["ck", "ck", "runs"]
+    (ck / "inner").mkdir(parents=True)
+    hp.start_fresh(str(ck / "inner"), str(ck))  # the run_dir holds the checkpoints: it stays
+    assert sorted(p.split(".old-")[0] for p in os.listdir(tmp_path)) == ["ck", "ck", "ck", "runs"]
+    assert sorted(p.split(".old-")[0] for p in os.listdir(ck)) == ["inner"]
