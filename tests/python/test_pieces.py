@@ -464,3 +464,20 @@ def test_start_fresh_moves_the_folder_and_a_separate_run_dir_aside_once(
     hp.start_fresh(str(ck / "inner"), str(ck))  # the run_dir holds the checkpoints: it stays
     assert sorted(p.split(".old-")[0] for p in os.listdir(tmp_path)) == ["ck", "ck", "ck", "runs"]
     assert sorted(p.split(".old-")[0] for p in os.listdir(ck)) == ["inner"]
+
+
+def test_start_fresh_leaves_the_folder_of_this_same_job_requeued(tmp_path, monkeypatch) -> None:
+    """A requeued job runs its command again, --fresh included: the folder this job claimed
+    in an earlier attempt is its own and resumes; in a new job it goes aside."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "111")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    ckpt.write_run_file(str(ck), {"lr": 0.1})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    hp.start_fresh(str(ck))
+    assert os.listdir(tmp_path) == ["ck"]
+    monkeypatch.setenv("SLURM_JOB_ID", "222")
+    hp.start_fresh(str(ck))
+    assert [p.split(".old-")[0] for p in os.listdir(tmp_path)] == ["ck"]
+    assert os.listdir(tmp_path) != ["ck"]
