@@ -3,14 +3,17 @@
 # scripts, git state, the exact command), the sbatch call, and --wait.
 # Sourced; functions only.
 
-# The credentials file is read on the node only; refuse one others can read.
+# The credentials file is read on the node only; refuse one others can read,
+# and say now when the node will find no key in it.
 check_wandb_credentials() {
-  local file="$HOME/wandb_credentials.txt" mode
+  local file="$HOME/wandb_credentials.txt" mode key
   [[ -e "$file" ]] || return 0
   mode=$(stat -c %a "$file") || die "cannot stat $file"
   if ((8#$mode & 8#077)); then
     usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
   fi
+  wandb_key_in "$file" key ||
+    warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
 }
 
 # make_submission_dir: $plan_scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp

@@ -72,10 +72,11 @@ load_wandb_credentials() {
     hpc_error "$file is readable by others (mode $mode); not using it (chmod 600 it)"
     return 0
   fi
-  key=$(tr -d '[:space:]' <"$file")
-  # The file holds the key, or WANDB_API_KEY=<key> as in a dotenv file.
-  key=${key#WANDB_API_KEY=}
-  [[ -n "$key" ]] && export WANDB_API_KEY="$key"
+  wandb_key_in "$file" key || {
+    hpc_error "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); W&B gets none from it"
+    return 0
+  }
+  [[ -z "$key" ]] || export WANDB_API_KEY="$key"
 }
 
 # unpack_code: the code snapshot taken at submission (code.tar) into code/

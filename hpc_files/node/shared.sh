@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Facts that the login node (job_submitter.sh, plai_cleanups/) and the
 # compute nodes (batch.sh, keeper.sh) both read, each read in one place:
-# SLURM's record of a job, and the .meta file beside a data tarball.
+# SLURM's record of a job, the .meta file beside a data tarball, and the W&B
+# key in ~/wandb_credentials.txt.
 # It lives in node/ because a submission folder gets a copy of node/*.sh and
 # nothing else of hpc_files/. Sourced by node/lib.sh (the node scripts),
 # lib/common.sh (the submitter and the cleanup) and tests/bats/test_helper.bash.
@@ -68,4 +69,31 @@ meta_value() {
       return 0
     fi
   done <"$1"
+}
+
+# wandb_key_in FILE VAR: the W&B key FILE holds, in VAR: its line
+# WANDB_API_KEY=<key> as in a dotenv file ('export' and quotes allowed), or
+# its only line when that is the key alone. Blank lines and '#' comments do
+# not count. Status 1 when other lines hold no key (a dotenv file without it:
+# its lines run together are not a key); '' when the file holds nothing.
+wandb_key_in() {
+  local line found="" count=0 alone=""
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    line=${line%$'\r'}
+    line=${line#"${line%%[![:space:]]*}"}
+    line=${line%"${line##*[![:space:]]}"}
+    [[ -n "$line" && "$line" != '#'* ]] || continue
+    count=$((count + 1))
+    [[ "$line" != "export "* ]] || line=${line#export }
+    if [[ "$line" == WANDB_API_KEY=* ]]; then
+      found=${line#WANDB_API_KEY=}
+      found=${found#[\"\']}
+      found=${found%[\"\']}
+      break
+    fi
+    [[ "$line" == *=* ]] || alone=$line
+  done <"$1"
+  ((count != 1)) || [[ -n "$found" ]] || found=$alone
+  printf -v "$2" '%s' "$found"
+  [[ -n "$found" || count -eq 0 ]]
 }

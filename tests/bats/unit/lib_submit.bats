@@ -65,8 +65,22 @@ REQUEUE_HOLD 0:15'
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: $HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600 '$HOME/wandb_credentials.txt'"
   chmod 600 "$HOME/wandb_credentials.txt"
-  run check_wandb_credentials
+  run --separate-stderr check_wandb_credentials
   assert_success
+  assert_equal "$stderr" ""
+}
+
+@test "check_wandb_credentials: a private file the node would find no key in is said at submission (a warning)" {
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME"
+  (umask 077 && printf 'WANDB_ENTITY=me\nWANDB_PROJECT=p\n' >"$HOME/wandb_credentials.txt")
+  run --separate-stderr check_wandb_credentials
+  assert_success
+  assert_equal "$stderr" "job_submitter.sh: warning: $HOME/wandb_credentials.txt holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
+  (umask 077 && printf 'WANDB_ENTITY=me\nWANDB_API_KEY=k\n' >"$HOME/wandb_credentials.txt")
+  run --separate-stderr check_wandb_credentials
+  assert_success
+  assert_equal "$stderr" ""
 }
 
 @test "make_submission_dir: a new private folder <stamp>-XXXX under the experiment, and the log and checkpoint folders" {

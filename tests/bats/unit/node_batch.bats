@@ -245,3 +245,39 @@ STUB
   run being_preempted
   assert_failure
 }
+
+# key_from CONTENT: load_wandb_credentials on a private file holding CONTENT;
+# prints the WANDB_API_KEY it exported, or <unset>.
+key_from() {
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME"
+  (umask 077 && printf '%s' "$1" >"$HOME/wandb_credentials.txt")
+  unset WANDB_API_KEY
+  load_wandb_credentials
+  printf '%s\n' "${WANDB_API_KEY-<unset>}"
+}
+
+@test "load_wandb_credentials: the key alone, or the WANDB_API_KEY line of a dotenv file; other lines are not part of the key" {
+  run key_from $'0123abcd\n'
+  assert_output 0123abcd
+  run key_from $'  0123abcd  \r\n\n'
+  assert_output 0123abcd
+  run key_from $'WANDB_API_KEY=0123abcd\n'
+  assert_output 0123abcd
+  run key_from $'# my W&B key\nexport WANDB_API_KEY="0123abcd"\nWANDB_ENTITY=me\nWANDB_BASE_URL=https://wandb.example.org\n'
+  assert_output 0123abcd
+  run key_from $'WANDB_ENTITY=me\nWANDB_API_KEY=\'0123abcd\'\n'
+  assert_output 0123abcd
+}
+
+@test "load_wandb_credentials: a file without a key it can tell says so on stderr and exports none" {
+  run --separate-stderr key_from $'WANDB_ENTITY=me\nWANDB_PROJECT=p\n'
+  assert_output "<unset>"
+  assert_equal "$stderr" "hpc: error: $BATS_TEST_TMPDIR/home/wandb_credentials.txt holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); W&B gets none from it"
+  run --separate-stderr key_from $'first\nsecond\n'
+  assert_output "<unset>"
+  assert_equal "$stderr" "hpc: error: $BATS_TEST_TMPDIR/home/wandb_credentials.txt holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); W&B gets none from it"
+  run --separate-stderr key_from $'\n# nothing yet\n'
+  assert_output "<unset>"
+  assert_equal "$stderr" ""
+}
