@@ -220,6 +220,7 @@ job.sbatch
   assert_success
   dir=$(find "$SCRATCH/proj/nogit" -mindepth 1 -maxdepth 1 -type d ! -name checkpoints)
   assert_equal "$(cat "$dir/git.txt")" "commit: not a git repository
+source: $project
 status:
 diff:"
 }
