@@ -618,7 +618,7 @@ def sweep_metric(path: str) -> tuple[str | None, str | None]:
         return None, None
     if not isinstance(metric, dict) or not metric.get("name"):
         return None, None
-    goal = str(metric.get("goal", "maximize"))
+    goal = str(metric.get("goal", "minimize"))  # W&B's default, and trials.py's
     return str(metric["name"]), ("min" if goal.startswith("min") else "max")
 
 

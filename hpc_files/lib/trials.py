@@ -406,15 +406,19 @@ def load_sweep(path: str) -> dict:
         raise TrialsError(f"{path}: method must be grid, random or bayes, got {_q(method)}")
     metric = doc.get("metric")
     metric_name = goal = None
-    if method == "bayes":
+    if method == "bayes" and metric is None:
+        raise TrialsError(
+            f"{path}: method bayes needs metric: with name: (a metric the program "
+            "logs to metrics.csv) and goal: minimize or maximize"
+        )
+    if metric is not None:  # results.sh ranks by it too: W&B's default goal, minimize
         if (
             not isinstance(metric, dict)
             or not isinstance(metric.get("name"), str)
             or not metric["name"]
         ):
             raise TrialsError(
-                f"{path}: method bayes needs metric: with name: (a metric the program "
-                "logs to metrics.csv) and goal: minimize or maximize"
+                f"{path}: metric must be a mapping with name: (and goal: minimize or maximize)"
             )
         metric_name = metric["name"]
         goal = metric.get("goal", "minimize")

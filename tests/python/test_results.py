@@ -409,3 +409,13 @@ def test_a_new_submission_does_not_show_an_earlier_ones_metrics(scratch) -> None
     os.utime(old_metrics)  # written by this submission's run
     log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
     assert metrics()[0]["test_acc"] == [(40, 0.45), (47, 0.5)]
+
+
+def test_a_sweep_metric_without_a_goal_is_minimized_as_wandb_and_bayes_do(tmp_path) -> None:
+    """W&B's default goal is minimize, and trials.py (bayes) uses it: results.sh ranks the
+    same way, or its best row is the worst trial."""
+    sweep = tmp_path / "sweep.yml"
+    sweep.write_text("metric: {name: test_loss}\n")
+    assert results.sweep_metric(str(sweep)) == ("test_loss", "min")
+    sweep.write_text("metric:\n  name: test_acc\n  goal: maximize\n")
+    assert results.sweep_metric(str(sweep)) == ("test_acc", "max")

@@ -452,6 +452,15 @@ BAD_SWEEPS = [
         "method random needs --trials",
     ),
     ("program: t.py\nmethod: grid\nparameters: {seed: {values: [1, 2]}}\n", "already sets --seed"),
+    (
+        "program: t.py\nmethod: grid\nmetric: {name: loss, goal: lowest}\n"
+        "parameters: {a: {value: 1}}\n",
+        "metric goal must be minimize or maximize, got 'lowest'",
+    ),
+    (
+        "program: t.py\nmethod: grid\nmetric: loss\nparameters: {a: {value: 1}}\n",
+        "metric must be a mapping with name: (and goal: minimize or maximize)",
+    ),
 ]
 
 
