@@ -3,10 +3,13 @@
 # launch.sh inside the runtime) and speaks the requeue protocol for it.
 #
 # Exit status: `wandb agent` itself exits 0 even when every run failed. The
-# agent starts runs with `python` from PATH, so a shim first on PATH runs the
-# real python and records each run's exit status; this script exits with the
-# first non-zero one, or 42 (HPC_REQUEUE_EXIT_CODE) when a run checkpointed at
-# a signal and asked to be requeued.
+# agent starts a run with the sweep's command, found on PATH: `python` by
+# default, or a launcher (torchrun, accelerate, deepspeed). A shim of each,
+# first on PATH, runs the real one and records the run's exit status; this
+# script exits with the first non-zero one, or 42 (HPC_REQUEUE_EXIT_CODE) when
+# a run checkpointed at a signal and asked to be requeued. A command the shims
+# cannot see (an absolute path) runs untracked: the log says so when the agent
+# ran no run through them.
 #
 # Signals (USR1 at the wall time, TERM at preemption): this script, the agent
 # and the run all trap them; none dies of them. The script forwards the signal
@@ -61,18 +64,43 @@ runs_folder() {
   printf '%s/runs' "$folder"
 }
 
-write_shim() {
-  local real_python=$1 runs
-  runs=$(runs_folder)
+# The commands a sweep's run may start with, each shimmed when on PATH.
+readonly RUN_LAUNCHERS="python python3 torchrun accelerate deepspeed"
+
+# write_shims: a shim in $status_dir/bin for each of RUN_LAUNCHERS on PATH
+# (python3 falls back to python's real one).
+write_shims() {
+  local name real real_python
+  real_python=$(command -v python || command -v python3) || {
+    hpc_error "no python on PATH for the wandb agent's runs"
+    exit 1
+  }
   mkdir -p "$status_dir/bin"
-  cat >"$status_dir/bin/python" <<SHIM
+  for name in $RUN_LAUNCHERS; do
+    if ! real=$(command -v "$name"); then
+      [[ "$name" == python* ]] || continue
+      real=$real_python
+    fi
+    write_shim "$name" "$real"
+  done
+}
+
+# write_shim NAME REAL: the shim NAME, which runs REAL as one wandb run.
+write_shim() {
+  local name=$1 real=$2 runs
+  runs=$(runs_folder)
+  cat >"$status_dir/bin/$name" <<SHIM
 #!/usr/bin/env bash
 # Written by wandb_agent.sh: runs one wandb run in its own folder, forwards
 # USR1/TERM to it and records its exit status. The program starts with USR1
 # ignored; a USR1 is delivered once the program catches it (its handler shows
-# in /proc/PID/status), so an early one is neither lost nor fatal.
+# in /proc/PID/status), so an early one is neither lost nor fatal. A shimmed
+# command the run itself starts (a python subprocess) is the run's own
+# business: it runs as it is.
+[[ -z "\${HPC_WANDB_RUN_TRACKED:-}" ]] || exec $(printf '%q' "$real") "\$@"
 set -uo pipefail
 run=\${WANDB_RUN_ID:-run\$\$}
+export HPC_WANDB_RUN_TRACKED=\$run
 export HPC_TRIAL_DIR=$(printf '%q' "$runs")/"\$run"
 mkdir -p "\$HPC_TRIAL_DIR"
 pending=""
@@ -95,7 +123,7 @@ on_signal() {
 }
 # Ignored from before the fork, so that the program never sees USR1's default.
 trap '' USR1
-$(printf '%q' "$real_python") "\$@" &
+$(printf '%q' "$real") "\$@" &
 child=\$!
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
@@ -125,8 +153,7 @@ done
 printf '%s\n' "\$status" >$(printf '%q' "$status_dir")/"\$run.status"
 exit "\$status"
 SHIM
-  chmod +x "$status_dir/bin/python"
-  ln -s python "$status_dir/bin/python3"
+  chmod +x "$status_dir/bin/$name"
 }
 
 # agent_argv ARGS...: wandb's argv, with --forward-signals after 'agent'.
@@ -167,16 +194,12 @@ run_agent() {
 }
 
 main() {
-  local real_python file run status runs=0 requeue_run="" failed_run="" failed_status=0
-  real_python=$(command -v python || command -v python3) || {
-    hpc_error "no python on PATH for the wandb agent's runs"
-    exit 1
-  }
+  local file run status runs=0 requeue_run="" failed_run="" failed_status=0
   status_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-wandb.XXXXXX")
   trap 'rm -rf -- "${status_dir:?}"' EXIT
   trap 'on_signal USR1' USR1
   trap 'on_signal TERM' TERM
-  write_shim "$real_python"
+  write_shims
   agent_argv "$@"
   run_agent
   for file in "$status_dir"/*.status; do
@@ -206,6 +229,10 @@ main() {
     exit "$HPC_REQUEUE_EXIT_CODE"
   fi
   ((agent_status == 0)) || exit "$agent_status"
+  if ((runs == 0)); then
+    hpc_log "wandb agent ended without a run through the toolkit's shims ($RUN_LAUNCHERS): the sweep had no work left, or its command starts the program another way (an absolute path), whose exit code and folder are then not tracked"
+    return 0
+  fi
   hpc_log "wandb agent finished $runs run(s), all succeeded"
 }
 

@@ -18,7 +18,7 @@ setup() {
 #!/usr/bin/env bash
 printf '%s\n' "$*" >>"$FAKE_WANDB_LOG"
 for run in $FAKE_RUNS; do
-  WANDB_RUN_ID=${run%%:*} CHILD_EXIT=${run#*:} python -c '
+  WANDB_RUN_ID=${run%%:*} CHILD_EXIT=${run#*:} ${FAKE_LAUNCHER:-python} -c '
 import os, sys
 open(os.path.join(os.environ["HPC_TRIAL_DIR"], "ran"), "w").close()
 sys.exit(int(os.environ["CHILD_EXIT"]))'
@@ -30,7 +30,7 @@ STUB
   export scratch_dir="$BATS_TEST_TMPDIR/scratch space/proj" exp_name=sweep
   export HPC_TRIAL_DIR="$scratch_dir/$exp_name/trials/3"
   mkdir -p "$HPC_TRIAL_DIR"
-  unset FAKE_AGENT_EXIT
+  unset FAKE_AGENT_EXIT FAKE_LAUNCHER
 }
 
 @test "all runs succeed: exit 0; each run's files under runs/<run id>; the task logs its runs" {
@@ -87,4 +87,36 @@ functions() {
   unset scratch_dir
   run runs_folder
   assert_output "$HPC_TRIAL_DIR/runs"
+}
+
+@test "a run started by a launcher (torchrun) is tracked like python's: its exit code fails the task, its files go under runs/<run id>" {
+  # A console script as pip writes it: an absolute interpreter, not python from PATH.
+  cat >"$bin/torchrun" <<STUB
+#!$(command -v python3)
+import subprocess, sys
+sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))
+STUB
+  chmod +x "$bin/torchrun"
+  export FAKE_LAUNCHER=torchrun FAKE_RUNS="r1:3"
+  run --separate-stderr timeout 60 bash "$WRAPPER" agent --count 1 ent/proj/sw1
+  assert_failure 3
+  assert_equal "$stderr" "hpc: error: wandb run r1 exited with code 3 (wandb agent reported success)"
+  assert_file_exists "$scratch_dir/$exp_name/runs/r1/ran"
+  assert_file_not_exists "$HPC_TRIAL_DIR/ran"
+}
+
+@test "a python the run starts itself is not another run: one run recorded, with the run's own status" {
+  export FAKE_RUNS="r1:3"
+  # The run's program starts a python subprocess (through PATH, so the shim) that exits 0.
+  sed -i 's|^import os, sys$|import os, subprocess, sys\nsubprocess.check_call(["python", "-c", "pass"])|' "$bin/wandb"
+  run --separate-stderr timeout 60 bash "$WRAPPER" agent --count 1 ent/proj/sw1
+  assert_failure 3
+  assert_equal "$(cat "$HPC_TRIAL_DIR/wandb_runs.txt")" "r1 3"
+}
+
+@test "an agent that ran no run through the shims says so; it still exits 0 (a finished sweep has no work left)" {
+  export FAKE_RUNS=""
+  run --separate-stderr timeout 60 bash "$WRAPPER" agent --count 1 ent/proj/sw1
+  assert_success
+  assert_line --partial "hpc: wandb agent ended without a run through the toolkit's shims (python python3 torchrun accelerate deepspeed)"
 }
