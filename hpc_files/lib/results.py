@@ -459,12 +459,15 @@ def with_restarts(state: str, restarts: int) -> str:
     return f"{state}, requeued {restarts}x" if restarts else state
 
 
-def wandb_run(trial_dir: str) -> str | None:
-    """The wandb run a task of a wandb sweep array ran (the last line of the task's
-    ``wandb_runs.txt``: run id and exit status), or None for any other submission."""
+def wandb_run(trial_dir: str, job_id: str | None) -> str | None:
+    """The wandb run task K of a wandb sweep array job ``job_id`` ran: the last line of its
+    ``trials/K/wandb_runs.txt`` (run id, exit status, job id) of that job; ``trials/K`` is
+    shared by every submission of the experiment, whose runs are not this one's. None for
+    any other submission, or before the task ran a run."""
     text = _read_text(os.path.join(trial_dir, "wandb_runs.txt")) or ""
-    lines = [line.split() for line in text.splitlines() if line.strip()]
-    return lines[-1][0] if lines else None
+    lines = [line.split() for line in text.splitlines()]
+    mine = [fields[0] for fields in lines if len(fields) == 3 and fields[2] == job_id]
+    return mine[-1] if mine and job_id else None
 
 
 def run_fingerprint(run_dir: str) -> dict[str, Any]:
@@ -518,7 +521,10 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         raw_params = argv_params(argvs)
     # A wandb sweep array: K identical trials, each task's run (and its files, under
     # <exp>/runs/<run id>) chosen by the W&B server; the parameters are the run's.
-    run_ids = [wandb_run(sub.trial_dir(int(t.get("trial", k)))) for k, t in enumerate(sub.trials)]
+    run_ids = [
+        wandb_run(sub.trial_dir(int(t.get("trial", k))), sub.job_id)
+        for k, t in enumerate(sub.trials)
+    ]
     run_dirs = [os.path.join(os.path.dirname(sub.path), "runs", r) if r else None for r in run_ids]
     if any(run_ids):
         prints = [run_fingerprint(d) if d else {} for d in run_dirs]

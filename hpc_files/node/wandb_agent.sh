@@ -28,7 +28,7 @@
 # sees it as HPC_TRIAL_DIR; the harness keeps checkpoints/ there), never under
 # the array index: whoever gets a run resumes that run's checkpoint, and a new
 # run never finds another run's. The task's own folder keeps a log of the runs
-# it ran (wandb_runs.txt: run id and exit status, one per line).
+# it ran (wandb_runs.txt: run id, exit status and job id, one run per line).
 #
 # Usage: wandb_agent.sh agent [--count N] SWEEP_ID
 set -euo pipefail
@@ -208,7 +208,9 @@ main() {
     status=$(<"$file")
     run=${file##*/}
     run=${run%.status}
-    [[ -z "${HPC_TRIAL_DIR:-}" ]] || printf '%s %s\n' "$run" "$status" >>"$HPC_TRIAL_DIR/wandb_runs.txt"
+    # The job too: trials/K is shared by every submission of the experiment.
+    [[ -z "${HPC_TRIAL_DIR:-}" ]] ||
+      printf '%s %s %s\n' "$run" "$status" "${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:--}}" >>"$HPC_TRIAL_DIR/wandb_runs.txt"
     if [[ "$status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then
       requeue_run=${requeue_run:-$run}
     elif [[ "$status" != 0 && -z "$failed_run" ]]; then

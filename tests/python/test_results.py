@@ -336,7 +336,7 @@ def test_wandb_sweep_array_reads_each_tasks_run(scratch, capsys) -> None:
         [("aaaa1111", 0.01, 0.9, 0), ("bbbb2222", 0.1, 0.95, 0), ("cccc3333", 0.5, 0.2, 7)]
     ):
         (exp / "trials" / str(k)).mkdir(parents=True)
-        (exp / "trials" / str(k) / "wandb_runs.txt").write_text(f"{run_id} {code}\n")
+        (exp / "trials" / str(k) / "wandb_runs.txt").write_text(f"{run_id} {code} 800\n")
         ck = exp / "runs" / run_id / "checkpoints"
         ck.mkdir(parents=True)
         (ck / "run.json").write_text(
@@ -419,3 +419,17 @@ def test_a_sweep_metric_without_a_goal_is_minimized_as_wandb_and_bayes_do(tmp_pa
     assert results.sweep_metric(str(sweep)) == ("test_loss", "min")
     sweep.write_text("metric:\n  name: test_acc\n  goal: maximize\n")
     assert results.sweep_metric(str(sweep)) == ("test_acc", "max")
+
+
+def test_a_wandb_task_shows_only_a_run_of_its_own_job(tmp_path) -> None:
+    """trials/K is shared by every W&B sweep submission of an experiment, and each task
+    appends its runs to trials/K/wandb_runs.txt: a submission's task shows the last run of
+    its own job, never an earlier submission's (before it runs: none)."""
+    (tmp_path / "wandb_runs.txt").write_text("oldrunA 0 101\noldrunB 1 101\n")
+    assert results.wandb_run(str(tmp_path), "202") is None
+    assert results.wandb_run(str(tmp_path), "101") == "oldrunB"
+    (tmp_path / "wandb_runs.txt").write_text("oldrunA 0 101\nnew1 42 202\nnew1 0 202\nx 0 2020\n")
+    assert results.wandb_run(str(tmp_path), "202") == "new1"
+    assert results.wandb_run(str(tmp_path), None) is None
+    (tmp_path / "wandb_runs.txt").write_text("oldrun 0\n")  # no job: not this one's
+    assert results.wandb_run(str(tmp_path), "202") is None

@@ -200,8 +200,8 @@ EOF
     assert_line --regexp "^sweep_program: trial=$k run=fakerun00[1-3] args=--layers=[12] --lr=0\.[12] key_len=40 exit=0\$"
     # The task's folder names the run it ran; the run's files live under its run id.
     run cat "$SCRATCH/$project/$exp/trials/$k/wandb_runs.txt"
-    assert_output --regexp '^fakerun00[1-3] 0$'
-    run cat "$SCRATCH/$project/$exp/runs/${output% 0}/runs.jsonl"
+    assert_output --regexp "^fakerun00[1-3] 0 $job_id\$"
+    run cat "$SCRATCH/$project/$exp/runs/${output%% *}/runs.jsonl"
     assert_equal "${#lines[@]}" 1
     line=$("$REPO_ROOT/.venv/bin/python" -c 'import json, sys; r = json.loads(sys.argv[1]); print(r["trial"], r["sweep_id"], r["key_len"], r["run_id"], " ".join(r["args"]))' "$output")
     assert_regex "$line" "^$k fakesw01 40 fakerun00[1-3] "
@@ -349,8 +349,8 @@ EOF
   refute_output --partial fakerun002
   # The task ran one run, fakerun001, every time: preempted, ..., then finished.
   run cat "$SCRATCH/$project/$exp/trials/0/wandb_runs.txt"
-  assert_equal "${lines[0]}" 'fakerun001 42'
-  assert_equal "${lines[${#lines[@]} - 1]}" 'fakerun001 0'
+  assert_equal "${lines[0]}" "fakerun001 42 $job_id"
+  assert_equal "${lines[${#lines[@]} - 1]}" "fakerun001 0 $job_id"
   assert_equal "${#lines[@]}" $((restarts + 1))
   # W&B's side: one run, handed out once per start, finished; no new point used.
   assert_equal "$(fake_state_field 'len(s["runs"]), s["next_point"], s["runs"]["fakerun001"]["state"], len(s["runs"]["fakerun001"]["issued"])')" \

@@ -40,7 +40,7 @@ STUB
   assert_line "hpc: wandb agent finished 2 run(s), all succeeded"
   assert_file_exists "$scratch_dir/$exp_name/runs/r1/ran"
   assert_file_exists "$scratch_dir/$exp_name/runs/r2/ran"
-  assert_equal "$(cat "$HPC_TRIAL_DIR/wandb_runs.txt")" $'r1 0\nr2 0'
+  assert_equal "$(cat "$HPC_TRIAL_DIR/wandb_runs.txt")" $'r1 0 -\nr2 0 -'
   assert_equal "$(cat "$FAKE_WANDB_LOG")" "agent --forward-signals --count 2 ent/proj/sw1"
 }
 
@@ -111,7 +111,8 @@ STUB
   sed -i 's|^import os, sys$|import os, subprocess, sys\nsubprocess.check_call(["python", "-c", "pass"])|' "$bin/wandb"
   run --separate-stderr timeout 60 bash "$WRAPPER" agent --count 1 ent/proj/sw1
   assert_failure 3
-  assert_equal "$(cat "$HPC_TRIAL_DIR/wandb_runs.txt")" "r1 3"
+  SLURM_ARRAY_JOB_ID=500 SLURM_JOB_ID=501 run --separate-stderr timeout 60 bash "$WRAPPER" agent --count 1 ent/proj/sw1
+  assert_equal "$(cat "$HPC_TRIAL_DIR/wandb_runs.txt")" $'r1 3 -\nr1 3 500'
 }
 
 @test "an agent that ran no run through the shims says so; it still exits 0 (a finished sweep has no work left)" {
