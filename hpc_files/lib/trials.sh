@@ -87,6 +87,19 @@ write_trials() {
   read -r trials_count bayes_first <<<"$out"
 }
 
+# refuse_bayes_over_trials: a new method-bayes search (round 1, from the
+# user) in an experiment whose trials/K folders an earlier search used. Its
+# trials number from 0 again (task K runs line K of commands.txt), so trial K
+# would find another configuration's checkpoints in trials/K: refused.
+refuse_bayes_over_trials() {
+  local used
+  [[ -n "${bayes_first:-}" && -z "${HPC_BAYES_ROUND:-}" ]] || return 0
+  for used in "$plan_exp_dir"/trials/*; do
+    [[ -d "$used" ]] || continue
+    usage_error "experiment '$opt_exp_name' holds the trial folders of an earlier search (trials/${used##*/} ...); a new method-bayes search numbers its trials from 0 again and would resume theirs: use another -e"
+  done
+}
+
 # bayes_journal: the study's journal file, in the experiment folder.
 bayes_journal() {
   printf '%s/optuna.journal' "$plan_exp_dir"

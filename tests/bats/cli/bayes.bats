@@ -79,3 +79,15 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   refuse "--rounds applies to method bayes only" -- --site local --sweep "$grid" --rounds 2
   refuse "--rounds only applies with --sweep" -- --site local --rounds 2 -- true
 }
+
+@test "a second method-bayes search in an experiment whose trials/K folders an earlier search used is refused: its trials would number from 0 again and resume them" {
+  run --separate-stderr timeout 60 "$SUBMITTER" --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 </dev/null
+  ((status == 0)) || fail "exit $status: $stderr"
+  # The first search's tasks ran: their folders hold checkpoints.
+  mkdir -p "$SCRATCH/$PROJECT/bo2/trials/0/checkpoints" "$SCRATCH/$PROJECT/bo2/trials/1"
+  rm -f "$SBATCH_LOG"
+  refuse "experiment 'bo2' holds the trial folders of an earlier search (trials/0 ...); a new method-bayes search numbers its trials from 0 again and would resume theirs: use another -e" -- \
+    --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 --sweep-seed 2
+  refuse "experiment 'bo2' holds the trial folders of an earlier search" -- \
+    --dry-run --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 --sweep-seed 2
+}
