@@ -233,8 +233,8 @@ run_training_step() {
 # recorded_step_status: the largest exit status the step's tasks recorded
 # (exit_records) into step_status; unchanged when none did.
 recorded_step_status() {
-  local status node task max=-1
-  while read -r status node task; do
+  local status max=-1
+  while read -r status _; do
     ((status <= max)) || max=$status
   done < <(exit_records)
   ((max < 0)) || step_status=$max
@@ -243,13 +243,11 @@ recorded_step_status() {
 # report_first_failure: names the task that failed first (srun then killed
 # the others) and makes its exit code the step's.
 report_first_failure() {
-  local status node task
-  while read -r status node task; do
-    ((status != 0)) || continue
-    hpc_error "$task on $node exited first, with code $status"
-    step_status=$status
-    return 0
-  done < <(exit_records)
+  local record status node name
+  record=$(first_failure "") || return 0
+  read -r status node name <<<"$record"
+  hpc_error "$name on $node exited first, with code $status"
+  step_status=$status
 }
 
 # requeue_already_requested: someone (Lightning) ran 'scontrol requeue' on

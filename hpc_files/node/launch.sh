@@ -3,9 +3,12 @@
 # command of this trial and runs it in the runtime (venv or container):
 #   lightning, none  the trial's command as it is (one task per GPU / one task)
 #   torchrun         torchrun --nnodes=N --nproc-per-node=G with c10d
-#                    rendezvous at MASTER_ADDR:MASTER_PORT (or --standalone)
+#                    rendezvous at MASTER_ADDR:MASTER_PORT (or --standalone),
+#                    each worker under torchrun_worker.sh, which records its
+#                    exit code (torchrun exits 1 for any failed worker)
 # Then records this task's exit status in the run folder (record_exit, lib.sh),
-# so batch.sh can tell which rank failed first, and exits with it.
+# so batch.sh can tell which rank failed first, and exits with it: under
+# torchrun, when it failed, the code of the worker that failed first.
 #
 # Signals: SLURM delivers a step's signals to every process of the step, so
 # the program receives USR1/TERM directly. torchrun forwards them too when it
@@ -17,26 +20,20 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# torchrun_program_args ARGV...: the program words torchrun takes for ARGV,
-# into torchrun_program: '-m MODULE ARGS' or 'SCRIPT ARGS' when ARGV runs
-# python ([/usr/bin/env] python[3] [-u] ...), else '--no-python ARGV'.
+# torchrun_program_args ARGV...: the command each torchrun worker runs (under
+# torchrun_worker.sh) for ARGV, into torchrun_program: ARGV itself, with
+# python's -u added (unbuffered, as torchrun runs a script) when ARGV runs
+# python ([/usr/bin/env] python[3[.N]] ...). The interpreter is the one the
+# line names, found on PATH as on a laptop: an image may have python3 alone.
 torchrun_program_args() {
   local -a words=("$@")
-  if [[ "${words[0]}" == /usr/bin/env || "${words[0]}" == env ]]; then
-    words=("${words[@]:1}")
-  fi
-  case "${words[0]##*/}" in
-    python | python3 | python3.*)
-      words=("${words[@]:1}")
-      [[ "${words[0]:-}" != -u ]] || words=("${words[@]:1}")
-      if [[ "${words[0]:-}" == -m ]]; then
-        torchrun_program=(-m "${words[@]:1}")
-      else
-        torchrun_program=(${words[@]+"${words[@]}"})
-      fi
-      ;;
-    *)
-      torchrun_program=(--no-python "${words[@]}")
+  local at=0
+  [[ "${words[0]}" != /usr/bin/env && "${words[0]}" != env ]] || at=1
+  torchrun_program=("${words[@]}")
+  case "${words[at]:-}" in
+    python | python3 | python3.* | */python | */python3 | */python3.*)
+      [[ "${words[at + 1]:-}" == -u ]] ||
+        torchrun_program=("${words[@]:0:at+1}" -u "${words[@]:at+1}")
       ;;
   esac
 }
@@ -119,19 +116,31 @@ build_command() {
       else
         ignore_wall_signal=1
       fi
-      command_argv+=("${torchrun_program[@]}")
       if [[ -n "${HPC_PASS_LOCAL_RANK:-}" ]]; then
         # torchrun sets LOCAL_RANK per worker; a shim turns it into the
         # --local-rank argument old torch.distributed.launch programs expect.
-        command_argv=("${command_argv[@]:0:${#command_argv[@]}-${#torchrun_program[@]}}" --no-python
-          bash "$HPC_SUBMISSION_DIR/node/local_rank_shim.sh" "${torchrun_program[@]}")
+        torchrun_program=(bash "$HPC_SUBMISSION_DIR/node/local_rank_shim.sh" --no-python "${torchrun_program[@]}")
       fi
+      command_argv+=(--no-python bash "$HPC_SUBMISSION_DIR/node/torchrun_worker.sh" "${torchrun_program[@]}")
       ;;
     *)
       hpc_error "unknown HPC_KIND '$HPC_KIND'"
       exit 1
       ;;
   esac
+}
+
+# worker_status STATUS: torchrun's exit status STATUS when it is 0; else the
+# code of the worker that failed first, on any node, as torchrun_worker.sh
+# recorded it (first_failure, lib.sh: by the time its record was written);
+# STATUS itself when no worker recorded a failure (a failed rendezvous, say).
+worker_status() {
+  local record
+  if (($1 != 0)) && record=$(first_failure rank); then
+    printf '%s' "${record%% *}"
+  else
+    printf '%s' "$1"
+  fi
 }
 
 # signal_before_start: a signal came before the program started (during the
@@ -181,6 +190,11 @@ main() {
   else
     (runtime_exec "${command_argv[@]}") || status=$?
   fi
+  # The program has ended: a signal now (srun's TERM as it ends the other
+  # tasks after one failed) must not cut the recording short; the subshells
+  # and commands below inherit the ignored signals.
+  trap '' TERM ${wall_signal:+"$wall_signal"}
+  [[ "$HPC_KIND" != torchrun ]] || status=$(worker_status "$status")
   record_exit "$status"
   exit "$status"
 }

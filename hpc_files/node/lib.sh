@@ -42,18 +42,22 @@ stage_dir() {
   printf '%s/stage' "$(run_dir)"
 }
 
-# record_exit STATUS: this task's exit status, for batch.sh: the file
-# <run>/exit/task<SLURM_PROCID> holds 'STATUS NODE'. Read by exit_records.
+# record_exit STATUS [NAME]: an exit status, for batch.sh and launch.sh: the
+# file <run>/exit/NAME holds 'STATUS NODE'. NAME is task<SLURM_PROCID> (the
+# default) for a task of the training step (launch.sh), rank<RANK> for a
+# torchrun worker (torchrun_worker.sh). Read by exit_records.
 record_exit() {
   local dir
-  dir="$(run_dir)/exit"
+  dir=$(run_dir) || return 1
+  dir+=/exit
   mkdir -p "$dir"
-  printf '%s %s\n' "$1" "${SLURMD_NODENAME:-?}" >"$dir/task${SLURM_PROCID:-0}"
+  printf '%s %s\n' "$1" "${SLURMD_NODENAME:-?}" >"$dir/${2:-task${SLURM_PROCID:-0}}"
 }
 
-# exit_records: 'STATUS NODE TASK' for each exit file record_exit wrote in
-# this run, oldest first (the order the tasks ended in); files without a
-# numeric status (cut short) are left out.
+# exit_records: 'STATUS NODE NAME' for each exit file record_exit wrote in
+# this run (tasks and torchrun workers), oldest first by modification time,
+# the order they ended in (a worker's record is written before its torchrun
+# can see it end); files without a numeric status (cut short) are left out.
 exit_records() {
   local dir file status node
   dir="$(run_dir)/exit"
@@ -62,7 +66,20 @@ exit_records() {
     read -r status node <"$file" || [[ -n "$status" ]] || continue
     [[ "$status" =~ ^[0-9]+$ ]] || continue
     printf '%s %s %s\n' "$status" "${node:-?}" "${file##*/}"
-  done < <(ls -tr -- "$dir"/task* 2>/dev/null)
+  done < <(ls -tr -- "$dir"/task* "$dir"/rank* 2>/dev/null)
+}
+
+# first_failure [PREFIX]: 'STATUS NODE NAME' of the oldest non-zero record of
+# exit_records whose NAME starts with PREFIX (task, rank; any without);
+# fails when there is none.
+first_failure() {
+  local status node name
+  while read -r status node name; do
+    [[ "$status" != 0 && "$name" == "${1:-}"* ]] || continue
+    printf '%s %s %s\n' "$status" "$node" "$name"
+    return 0
+  done < <(exit_records)
+  return 1
 }
 
 # mimic_tmpdir [NODE]: the job-unique node-local folder used where the site
