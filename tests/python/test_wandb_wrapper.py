@@ -95,6 +95,7 @@ def start_wrapper(fake: FakeWandb, work: Path) -> subprocess.Popen:
         "scratch_dir": str(work / "scratch"),
         "exp_name": "exp",
         "WANDB_DIR": str(work),
+        "SLURM_ARRAY_JOB_ID": "700",  # the job wandb_runs.txt names
     }
     return subprocess.Popen(
         ["bash", str(WRAPPER), "agent", "--count", "1", fake.sweep_path],
@@ -142,7 +143,7 @@ def test_a_signal_reaches_the_run_which_checkpoints_and_the_wrapper_exits_42(wor
     assert info["run_id"] == run_id and name in info["signals"]
     # The run's files are under its run id, not the array task's folder.
     assert info["folder"] == str(work / "scratch" / "exp" / "runs" / run_id)
-    assert (work / "task" / "wandb_runs.txt").read_text() == f"{run_id} 42\n"
+    assert (work / "task" / "wandb_runs.txt").read_text() == f"{run_id} 42 700\n"
     if sig == signal.SIGUSR1 or to == "wrapper":
         assert run["state"] == "preempted"  # it told W&B, which will hand it out again
     else:  # SLURM's TERM (preemption) also reaches wandb's service: W&B sees a crash
