@@ -126,12 +126,13 @@ job_log() {
   cat "$SCRATCH/${REPO_ROOT##*/}/hpc_outputs/"*"_$1.out"
 }
 
-# wait_log JOB REGEX SECONDS: poll the job's log for a line matching REGEX.
+# wait_log JOB REGEX SECONDS [COUNT]: poll the job's log until COUNT lines
+# (default 1) match REGEX.
 wait_log() {
-  local job=$1 regex=$2 deadline=$((SECONDS + $3))
-  until job_log "$job" 2>/dev/null | grep -qE "$regex"; do
+  local job=$1 regex=$2 deadline=$((SECONDS + $3)) count=${4:-1}
+  until (($(job_log "$job" 2>/dev/null | grep -cE "$regex") >= count)); do
     ((SECONDS < deadline)) ||
-      fail "no line matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
+      fail "not $count line(s) matching '$regex' in job $job's log within $3 s: $(job_log "$job" 2>&1 | tail -n 20)"
     sleep 0.3
   done
 }

@@ -201,11 +201,8 @@ def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypa
         assert os.listdir(tmp_path / leftover) == [".nfs0000000000000001"]
 
 
-def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, capsys) -> None:
-    """load_file reads only meta.pt of a folder; the shards are read later, by Strategy.load.
-    A shard missing or shorter than its data (damaged after the save) is found at the choice,
-    so the resume falls back to the newest complete checkpoint instead of failing in dcp.load
-    at every requeue."""
+def _three_sharded_checkpoints(tmp_path) -> list[str]:
+    """Sharded checkpoints of steps 4, 8 and 12 in ``tmp_path``, oldest first."""
     from types import SimpleNamespace
 
     from hpc_harness.strategy import Strategy
@@ -218,6 +215,15 @@ def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, c
         paths.append(ckpt.checkpoint_path(str(tmp_path), step, sharded=True))
         state = {"model": dict(msd), "optimizer": dict(osd), "global_step": step}
         ckpt.save_sharded(state, paths[-1])
+    return paths
+
+
+def test_a_damaged_sharded_checkpoint_is_skipped_like_a_damaged_file(tmp_path, capsys) -> None:
+    """load_file reads only meta.pt of a folder; the shards are read later, by Strategy.load.
+    A shard missing or shorter than its data (damaged after the save) is found at the choice,
+    so the resume falls back to the newest complete checkpoint instead of failing in dcp.load
+    at every requeue."""
+    paths = _three_sharded_checkpoints(tmp_path)
     shard = os.path.join(paths[2], "__0_0.distcp")
     size = os.path.getsize(shard)
     with open(shard, "r+b") as f:
@@ -243,18 +249,7 @@ def test_a_sharded_checkpoint_without_its_metadata_or_meta_pt_is_skipped_as_dama
     it is damage after the save (a partial copy, a hand clean-up): skipped like a missing
     shard, not a FileNotFoundError that stops every resume (an OSError is a read error, which
     stops it: the file may be fine)."""
-    from types import SimpleNamespace
-
-    from hpc_harness.strategy import Strategy
-
-    ctx = SimpleNamespace(world_size=1, local_world_size=1, device=torch.device("cpu"), devices=[])
-    model, opt = _model_and_optimizer(0)
-    msd, osd = Strategy("ddp", ctx).state(model, opt, sharded=True)
-    paths = []
-    for step in (4, 8, 12):
-        paths.append(ckpt.checkpoint_path(str(tmp_path), step, sharded=True))
-        state = {"model": dict(msd), "optimizer": dict(osd), "global_step": step}
-        ckpt.save_sharded(state, paths[-1])
+    paths = _three_sharded_checkpoints(tmp_path)
     os.unlink(os.path.join(paths[2], "meta.pt"))
     os.unlink(os.path.join(paths[1], ".metadata"))
     with pytest.raises(ValueError) as no_meta:

@@ -42,6 +42,13 @@ submit_ok() {
   ((status == 0)) || fail "job_submitter.sh $* exited $status: $stderr"
 }
 
+# submit_prog PROJECT EXP: PROJECT's submitter runs 'bash prog.sh' as EXP
+# and succeeds; sets output/stderr.
+submit_prog() {
+  run --separate-stderr "$1/hpc_files/job_submitter.sh" -e "$2" -g 0 -W none -- bash prog.sh </dev/null
+  assert_success
+}
+
 # one_submission PROJECT EXP: the one submission folder (sets sub).
 one_submission() {
   sub=$(find "$SCRATCH/${1##*/}/$2" -mindepth 1 -maxdepth 1 -type d ! -name checkpoints ! -name trials)
@@ -98,8 +105,7 @@ one_submission() {
   printf 'new\n' >"$project/untracked.txt"
   printf 'secret data\n' >"$project/ignored.txt"
   rm "$project/hpc_files/sites/cedar.conf"
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e snap -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" snap
   one_submission "$project" snap
   unpacked_snapshot
   assert_file_contains "$code/prog.sh" 'code version 2'
@@ -200,26 +206,22 @@ checkpointed() {
 @test "resubmitting the same commands with other code warns that the runs resume the checkpoints with it; the same code does not" {
   local project="$BATS_TEST_TMPDIR/gitproj" last head
   make_project "$project" git
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" code
   checkpointed "$project" code
   # Untracked results beside the code are not the code: no warning.
   printf 'out\n' >"$project/results.txt"
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" code
   assert_equal "$stderr" ""
   last=$(sed -n 's/^  submission: //p' <<<"$output")
   # An uncommitted edit.
   printf 'echo "code version 2"\n' >"$project/prog.sh"
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" code
   head=$(git -C "$project" rev-parse --short=12 HEAD)
   assert_equal "$stderr" "job_submitter.sh: warning: experiment 'code' already holds checkpoints, and its last submission ($last) ran other code (commit $head, other uncommitted edits); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
   # The edit committed: another commit.
   last=$(sed -n 's/^  submission: //p' <<<"$output")
   git -C "$project" -c user.name=t -c user.email=t@t commit -qam two
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e code -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" code
   assert_equal "$stderr" "job_submitter.sh: warning: experiment 'code' already holds checkpoints, and its last submission ($last) ran other code (commit $head, this one $(git -C "$project" rev-parse --short=12 HEAD)); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
 }
 
@@ -228,23 +230,19 @@ checkpointed() {
   make_project "$first" git
   mkdir -p "${second%/*}"
   cp -a "$first" "$second"
-  run --separate-stderr "$first/hpc_files/job_submitter.sh" -e shared -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$first" shared
   checkpointed "$first" shared
   last=$(sed -n 's/^  submission: //p' <<<"$output")
-  run --separate-stderr "$second/hpc_files/job_submitter.sh" -e shared -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$second" shared
   assert_equal "$stderr" "job_submitter.sh: warning: experiment 'shared' already holds checkpoints, and its last submission ($last) came from another checkout ($first; this one is $second, and both write $SCRATCH/proj); its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
 }
 
 @test "a project outside git: resubmitting after an edit says nothing of the code (no commit to compare)" {
   local project="$BATS_TEST_TMPDIR/plainproj"
   make_project "$project"
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e plain -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" plain
   checkpointed "$project" plain
   printf 'echo "code version 2"\n' >"$project/prog.sh"
-  run --separate-stderr "$project/hpc_files/job_submitter.sh" -e plain -g 0 -W none -- bash prog.sh </dev/null
-  assert_success
+  submit_prog "$project" plain
   assert_equal "$stderr" ""
 }

@@ -48,13 +48,9 @@ setup() {
 @test "Lightning's auto-requeue fires through the toolkit's signal path and the job resumes from hpc_ckpt_1.ckpt" {
   submit -n 2 -g 2 -c 1 -W lightning -t 10 -e boringrq -- \
     python "$BORING" --nodes 2 --devices 2 --epochs 1 --step-sleep 1.0 --root "$BATS_TEST_TMPDIR/root"
-  local deadline=$((SECONDS + 180))
-  until [[ "$(job_log "$job_id" 2>/dev/null | grep -c 'restart 0 training$')" == 4 ]]; do
-    ((SECONDS < deadline)) || fail "Lightning did not start 4 ranks within 180 s: $(job_log "$job_id" | tail -n 20)"
-    sleep 0.3
-  done
+  wait_log "$job_id" 'restart 0 training$' 180 4 # Lightning started its 4 ranks
   scancel --signal=USR1 --batch "$job_id"
-  deadline=$((SECONDS + 120))
+  local deadline=$((SECONDS + 120))
   until [[ "$(job_field "$job_id" Restarts)" == 1 && "$(job_field "$job_id" JobState)" == PENDING ]]; do
     ((SECONDS < deadline)) || fail "job $job_id was not requeued within 120 s: $(job_log "$job_id" | tail -n 30)"
     sleep 0.5

@@ -91,11 +91,7 @@ assert_failed_with() {
 
 @test "torchrun 2 nodes x 1 process: the wall-time signal reaches every worker through torchrun_worker.sh; marker and 42 requeue the job, which then completes" {
   submit -p notmpdir -n 2 -g 1 -c 1 -W torchrun -t 5 --signal-lead 60 -e rq2x1 -- "$PROGRAMS/requeue_probe.sh"
-  local deadline=$((SECONDS + 120))
-  until [[ "$(job_log "$job_id" 2>/dev/null | grep -c '^requeue_probe: run restart=0')" == 2 ]]; do
-    ((SECONDS < deadline)) || fail "both workers did not start within 120 s: $(job_log "$job_id" 2>&1 | tail -n 20)"
-    sleep 0.3
-  done
+  wait_log "$job_id" '^requeue_probe: run restart=0' 120 2 # both workers started
   # As SLURM does at the wall time: USR1 to the batch shell.
   scancel --signal=USR1 --batch "$job_id"
   release_requeued "$job_id" 1
