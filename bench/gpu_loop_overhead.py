@@ -255,7 +255,8 @@ def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, A
     trainer = Interleaved(
         work.make_model(), work.make_optimizer, shuffled, ctx, cfg, loss_fn=work.loss_fn
     )
-    trainer.train()
+    if trainer.train() != "finished":  # a stop signal (the caller's timeout) before the end
+        raise SystemExit(f"gpu_loop_overhead: {work.name} stopped before its last round")
     syncs["raw"] = count_syncs(device, raw_epoch)
     syncs["pieces"] = count_syncs(device, pieces_epoch)
     # the first round is the warm-up (allocator, cuDNN/cuBLAS heuristics, autotuning)
@@ -328,8 +329,8 @@ def main() -> int:
             result = measure(work, ctx, rounds, tmp)
         text.append(render(work, result))
         print(text[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("".join(text))
+        if args.out:  # after each workload: a run stopped in the next keeps what it measured
+            Path(args.out).write_text("".join(text))
     hp.cleanup()
     return 0
 

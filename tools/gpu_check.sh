@@ -21,7 +21,7 @@ nvidia-smi -L || true
 "$python" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())'
 
 rc=0
-PYTHONPATH=bench:. timeout 250 "$python" bench/gpu_loop_overhead.py --out "$out/BENCHMARKS_GPU.md" \
+PYTHONPATH=bench:. timeout 330 "$python" bench/gpu_loop_overhead.py --out "$out/BENCHMARKS_GPU.md" \
   >"$out/bench.log" 2>&1 || rc=$?
 grep -E '^(###|- )' "$out/bench.log" || true
 echo "gpu_check: benchmark exit $rc (log: $out/bench.log)"
