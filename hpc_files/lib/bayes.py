@@ -21,7 +21,8 @@ on NFS). Every Optuna trial is keyed by its round and index (user attributes
 Round K's submission folder holds the manifest of rounds 1..K (trial = global index,
 so ``trials/K`` folders never collide) and ``bayes.json`` (study, journal, round, the
 submitter's argv and folder). Re-running a controller tells only trials not yet told
-and submits the next round only once (``next_round`` in its folder).
+and submits the next round only once: ``next_round`` in its folder is created (pending)
+before the submitter runs and holds the round's folder after.
 
 Usage::
 
@@ -331,9 +332,8 @@ def cmd_controller(argv: list[str]) -> int:
     if round_ >= info["rounds"]:
         return record_best(sub, study, spec)
     marker = os.path.join(sub, "next_round")
-    if os.path.exists(marker):
-        print(f"bayes: round {round_ + 1} was already submitted: {open(marker).read().strip()}")
-        return 0
+    if not _claim(marker):
+        return _already_submitted(marker, sub, info["study"], round_ + 1)
     env = dict(os.environ)
     env.update(
         HPC_BAYES_ROUND=str(round_ + 1),
@@ -351,14 +351,65 @@ def cmd_controller(argv: list[str]) -> int:
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
+        os.unlink(marker)  # nothing was queued (the submitter's own rule): the next one tries again
         raise BayesError(f"submitting round {round_ + 1} failed (exit {proc.returncode})", 1)
     folder = ""
     for line in proc.stdout.splitlines():
         if line.strip().startswith("submission:"):
             folder = line.split(":", 1)[1].strip()
-    with open(marker, "w", encoding="utf-8") as fh:
-        fh.write(folder + "\n")
+    trials_mod.write_atomic(marker, folder + "\n")
     return 0
+
+
+PENDING = "pending: "
+
+
+def _claim(marker: str) -> bool:
+    """Create ``next_round`` before submitting, or find it there: a controller stopped
+    between the submitter's sbatch and recording its folder leaves it pending, so no later
+    controller (nor one running beside it) submits the round a second time."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(f"{PENDING}controller pid {os.getpid()} on {os.uname().nodename}\n")
+    return True
+
+
+def _already_submitted(marker: str, sub: str, study: str, round_: int) -> int:
+    with open(marker, encoding="utf-8") as fh:
+        text = fh.read().strip()
+    if not text.startswith(PENDING):
+        print(f"bayes: round {round_} was already submitted: {text}")
+        return 0
+    folder = _queued_round(os.path.dirname(sub), study, round_)
+    if not folder:
+        raise BayesError(
+            f"round {round_} may have been submitted by a controller that stopped before "
+            f"recording it ({text[len(PENDING) :]}), and no submission of it with a job id is "
+            f"in {os.path.dirname(sub)}; if squeue shows none, remove {marker} to submit it",
+            1,
+        )
+    trials_mod.write_atomic(marker, folder + "\n")
+    print(f"bayes: round {round_} was already submitted: {folder}")
+    return 0
+
+
+def _queued_round(experiment: str, study: str, round_: int) -> str:
+    """The experiment's submission folder of this study's round that sbatch accepted (the
+    submitter writes ``job_id`` after sbatch, bayes.json before), or ''."""
+    for name in sorted(os.listdir(experiment)):
+        folder = os.path.join(experiment, name)
+        try:
+            with open(os.path.join(folder, "bayes.json"), encoding="utf-8") as fh:
+                info = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        queued = os.path.exists(os.path.join(folder, "job_id"))
+        if queued and info.get("study") == study and info.get("round") == round_:
+            return folder
+    return ""
 
 
 def submitter_argv(argv: list[str]) -> list[str]:

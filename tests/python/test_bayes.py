@@ -8,6 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,3 +282,88 @@ def test_the_controllers_json_files_are_written_whole_or_refused_in_one_line(
     with pytest.raises(trials.TrialsError) as refused:
         bayes._write_json(str(tmp_path / "gone" / "bayes.json"), {})
     assert refused.value.code == 1 and "cannot write" in str(refused.value)
+
+
+def _round_two_submitter(tmp_path: Path, calls: Path, code: int = 0) -> Path:
+    """A stand-in submitter that records its call and, like the real one, leaves round 2's
+    folder (bayes.json, job_id) in the experiment before printing it."""
+    fake = tmp_path / "round_two_submitter.sh"
+    exp = tmp_path / "scratch" / "proj" / "exp"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$HPC_BAYES_ROUND" >>"{calls}"\n'
+        f"[ {code} = 0 ] || exit {code}\n"
+        f'dir="{exp}/20261123-150000-XyZw"\n'
+        'mkdir -p "$dir"\n'
+        'printf \'{"round": %s, "study": "%s"}\\n\' "$HPC_BAYES_ROUND" "$HPC_BAYES_STUDY"'
+        ' >"$dir/bayes.json"\n'
+        'echo 501 >"$dir/job_id"\n'
+        'echo "  submission: $dir"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def test_a_controller_stopped_after_submitting_the_next_round_never_submits_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The controller job killed (time limit, node failure) after the submitter queued round
+    # 2 but before the controller recorded it: the next controller must not queue round 2
+    # a second time (two array jobs would train the same trials/K folders at once).
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    calls = tmp_path / "calls.txt"
+    sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls))])
+    real_run = bayes.subprocess.run
+
+    def killed_after_submitting(*args: Any, **kwargs: Any) -> Any:
+        real_run(*args, **kwargs)
+        raise KeyboardInterrupt  # stands for the SIGKILL: nothing after it runs
+
+    monkeypatch.setattr(bayes.subprocess, "run", killed_after_submitting)
+    with pytest.raises(KeyboardInterrupt):
+        bayes.main(["controller", "--submission", str(sub)])
+    monkeypatch.setattr(bayes.subprocess, "run", real_run)
+    assert bayes.main(["controller", "--submission", str(sub)]) == 0
+    assert calls.read_text() == "2\n"
+    round2 = tmp_path / "scratch" / "proj" / "exp" / "20261123-150000-XyZw"
+    assert (sub / "next_round").read_text() == f"{round2}\n"
+
+
+def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Stopped before round 2's folder held a job id: whether sbatch ran is unknown, so the
+    # next controller submits nothing and says how to go on, in one line.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    calls = tmp_path / "calls.txt"
+    sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls))])
+
+    def killed_before_submitting(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bayes.subprocess, "run", killed_before_submitting)
+    with pytest.raises(KeyboardInterrupt):
+        bayes.main(["controller", "--submission", str(sub)])
+    capsys.readouterr()
+    monkeypatch.undo()
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    assert bayes.main(["controller", "--submission", str(sub)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bayes.py: error: round 2 ")
+    assert f"remove {sub}/next_round to submit it" in err
+    assert not calls.exists()
+    (sub / "next_round").unlink()  # as the line says: then round 2 is submitted once
+    assert bayes.main(["controller", "--submission", str(sub)]) == 0
+    assert calls.read_text() == "2\n"
+
+
+def test_a_failed_submission_of_the_next_round_is_tried_again_by_the_next_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    calls = tmp_path / "calls.txt"
+    sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls, code=3))])
+    assert bayes.main(["controller", "--submission", str(sub)]) == 1
+    assert not (sub / "next_round").exists()
+    assert bayes.main(["controller", "--submission", str(sub)]) == 1
+    assert calls.read_text() == "2\n2\n"

@@ -18,10 +18,10 @@ setup() {
   data=$(digits_dataset)
 }
 
-# wait_file FILE SECONDS
+# wait_file FILE SECONDS [REGEX]: until FILE exists (and holds a line matching REGEX)
 wait_file() {
   local deadline=$((SECONDS + $2))
-  until [[ -e "$1" ]]; do
+  until [[ -e "$1" ]] && grep -qE "${3:-}" "$1"; do
     ((SECONDS < deadline)) || fail "no $1 within $2 s; queue: $(squeue -h 2>&1 | head -n 10); logs: $(tail -n 5 "$SCRATCH/$project/hpc_outputs/"*bayes* 2>&1)"
     sleep 1
   done
@@ -34,7 +34,8 @@ wait_file() {
   submit -n 1 -g 0 -c 1 -W none -t 10 -e bo --sweep "$REPO_ROOT/tests/bats/fixtures/sweeps/bayes_example.yml" --rounds 2 --trials 3
   local exp="$SCRATCH/$project/bo" round1 round2
   round1=$(ls -d "$exp"/20*)
-  wait_file "$round1/next_round" 400
+  # next_round is pending while the controller submits; then it names round 2's folder.
+  wait_file "$round1/next_round" 400 '^/'
   round2=$(cat "$round1/next_round")
   [[ -d "$round2" && "$round2" != "$round1" ]] || fail "round 2's folder: '$round2'"
   wait_file "$round2/bayes_best.json" 400
