@@ -350,14 +350,17 @@ def cmd_controller(argv: list[str]) -> int:
     )
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    if proc.returncode != 0:
-        os.unlink(marker)  # nothing was queued (the submitter's own rule): the next one tries again
+    folder = _queued_round(os.path.dirname(sub), info["study"], round_ + 1)
+    if not folder:
+        os.unlink(marker)  # nothing was queued: the next controller tries again
         raise BayesError(f"submitting round {round_ + 1} failed (exit {proc.returncode})", 1)
-    folder = ""
-    for line in proc.stdout.splitlines():
-        if line.strip().startswith("submission:"):
-            folder = line.split(":", 1)[1].strip()
     trials_mod.write_atomic(marker, folder + "\n")
+    if proc.returncode != 0:  # e.g. sbatch refused the round's own controller job
+        raise BayesError(
+            f"round {round_ + 1} was queued ({folder}), then its submitter failed "
+            f"(exit {proc.returncode}; its message is above)",
+            1,
+        )
     return 0
 
 

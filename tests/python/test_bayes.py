@@ -236,19 +236,14 @@ def test_controller_submits_the_next_round_once(
 ) -> None:
     monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "fake_submitter.sh"
-    fake.write_text(
-        "#!/usr/bin/env bash\n"
-        f'printf "%s %s %s\\n" "$HPC_BAYES_ROUND" "$HPC_BAYES_STUDY" "$*" >>"{calls}"\n'
-        'echo "  submission: /scratch/next"\n'
-    )
-    fake.chmod(0o755)
+    fake = _round_two_submitter(tmp_path, calls, record='"$HPC_BAYES_ROUND $HPC_BAYES_STUDY $*"')
     sub = _submission(tmp_path, 2, [str(fake), "--sweep", "x.yml", "--wait", "--", "a", "--wait"])
     for _ in range(2):
         assert bayes.main(["controller", "--submission", str(sub)]) == 0
     # --wait is the user's, for round 1: the controller does not wait for round 2.
     assert calls.read_text() == f"2 {sub.name} --sweep x.yml -- a --wait\n"
-    assert (sub / "next_round").read_text() == "/scratch/next\n"
+    round2 = tmp_path / "scratch" / "proj" / "exp" / "20261123-150000-XyZw"
+    assert (sub / "next_round").read_text() == f"{round2}\n"
     assert not (sub / "bayes_best.json").exists()
 
 
@@ -284,14 +279,21 @@ def test_the_controllers_json_files_are_written_whole_or_refused_in_one_line(
     assert refused.value.code == 1 and "cannot write" in str(refused.value)
 
 
-def _round_two_submitter(tmp_path: Path, calls: Path, code: int = 0) -> Path:
-    """A stand-in submitter that records its call and, like the real one, leaves round 2's
-    folder (bayes.json, job_id) in the experiment before printing it."""
+def _round_two_submitter(
+    tmp_path: Path,
+    calls: Path,
+    code: int = 0,
+    code_after: int = 0,
+    record: str = '"$HPC_BAYES_ROUND"',
+) -> Path:
+    """A stand-in submitter that records its call (``record``) and, like the real one, leaves
+    round 2's folder (bayes.json, then job_id once queued) in the experiment and prints it;
+    it exits ``code`` before queuing anything, or ``code_after`` once it has."""
     fake = tmp_path / "round_two_submitter.sh"
     exp = tmp_path / "scratch" / "proj" / "exp"
     fake.write_text(
         "#!/usr/bin/env bash\n"
-        f'echo "$HPC_BAYES_ROUND" >>"{calls}"\n'
+        f'echo {record} >>"{calls}"\n'
         f"[ {code} = 0 ] || exit {code}\n"
         f'dir="{exp}/20261123-150000-XyZw"\n'
         'mkdir -p "$dir"\n'
@@ -299,6 +301,7 @@ def _round_two_submitter(tmp_path: Path, calls: Path, code: int = 0) -> Path:
         ' >"$dir/bayes.json"\n'
         'echo 501 >"$dir/job_id"\n'
         'echo "  submission: $dir"\n'
+        f"exit {code_after}\n"
     )
     fake.chmod(0o755)
     return fake
@@ -367,3 +370,18 @@ def test_a_failed_submission_of_the_next_round_is_tried_again_by_the_next_contro
     assert not (sub / "next_round").exists()
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
     assert calls.read_text() == "2\n2\n"
+
+
+def test_a_round_queued_by_a_submitter_that_failed_after_is_not_queued_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The submitter queued round 2, then failed (sbatch refused round 2's controller job):
+    # the round is recorded and the next controller does not queue it a second time.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    calls = tmp_path / "calls.txt"
+    sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls, code_after=1))])
+    assert bayes.main(["controller", "--submission", str(sub)]) == 1
+    assert "bayes.py: error: round 2 was queued (" in capsys.readouterr().err
+    assert bayes.main(["controller", "--submission", str(sub)]) == 0
+    assert calls.read_text() == "2\n"
+    assert "round 2 was already submitted" in capsys.readouterr().out
