@@ -115,11 +115,15 @@ plan_site_settings() {
 
 # plan_runtime: venv or container, and which ones (realpath: as the nodes
 # will find them); with --setup-venv the digest the venv is stamped with.
+# plan_venv_held: the digest the venv's stamp holds now (a --setup-venv done);
+# plan_venv_digest: the one the job expects to find there (its own
+# --setup-venv's, else the one held now), checked by node/batch.sh.
 plan_runtime() {
   plan_runtime=venv
   plan_venv=""
   plan_container=""
   plan_requirements_digest=""
+  plan_venv_held=""
   [[ -z "${opt_setup_venv:-}" ]] || plan_requirements_digest=$(sha256sum <"$opt_setup_venv" | cut -d' ' -f1)
   if [[ -n "${opt_container:-}" ]]; then
     plan_runtime=singularity
@@ -132,6 +136,9 @@ plan_runtime() {
   elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
     plan_venv="$source_dir/.venv"
   fi
+  # The stamp node/lib.sh's venv_stamp names.
+  [[ -z "$plan_venv" ]] || plan_venv_held=$(cat "$plan_venv/.hpc-requirements.sha256" 2>/dev/null) || plan_venv_held=""
+  plan_venv_digest=${plan_requirements_digest:-$plan_venv_held}
 }
 
 # data_tarball_name DIGEST COMPRESS VAR: the cached data tarball's file name

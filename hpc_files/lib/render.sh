@@ -124,6 +124,7 @@ render_environment() {
   printf 'export HPC_TMPDIR_BASE="%s"  # may name $USER\n' "$plan_tmpdir_base"
   export_line HPC_RUNTIME "$plan_runtime"
   [[ -z "$plan_venv" ]] || export_line HPC_VENV "$plan_venv"
+  [[ -z "$plan_venv_digest" ]] || export_line HPC_VENV_DIGEST "$plan_venv_digest"
   if [[ "$plan_runtime" == singularity ]]; then
     export_line HPC_CONTAINER "$plan_container"
     export_line HPC_CONTAINER_RUNTIME "$plan_container_runtime"

@@ -230,11 +230,10 @@ sbatch_from_submission() {
 # only when the venv's digest stamp does not match the requirements file.
 # Sets setup_job_id (empty when the venv is up to date).
 submit_setup_job() {
-  local stamp output
+  local output
   setup_job_id=""
   [[ -n "${opt_setup_venv:-}" ]] || return 0
-  stamp="$plan_venv/.hpc-requirements.sha256"
-  if [[ -f "$stamp" && "$(<"$stamp")" == "$plan_requirements_digest" ]]; then
+  if [[ "$plan_venv_held" == "$plan_requirements_digest" ]]; then
     info "venv: $plan_venv matches ${opt_setup_venv##*/}; no setup job"
     return 0
   fi

@@ -117,6 +117,30 @@ check_job_contract() {
   fi
 }
 
+# check_venv: the venv as submitted. HPC_VENV_DIGEST is the digest of the
+# requirements the venv held at submission (or that this submission's
+# --setup-venv installs); a later --setup-venv of other requirements updates
+# the same venv in place. A setup installing into it now (it holds the venv's
+# lock) is waited for, so the program never imports a half-installed package;
+# then a changed digest is said in the log.
+check_venv() {
+  local venv=${HPC_VENV:-} want=${HPC_VENV_DIGEST:-} held lock
+  [[ -n "$venv" && -n "$want" ]] || return 0
+  if [[ -e "$venv.lock" ]] && exec {lock}<"$venv.lock"; then
+    if ! flock -s -n "$lock"; then
+      hpc_log "a --setup-venv job is installing into $venv; waiting for it (at most 30 min)"
+      flock -s -w 1800 "$lock" || hpc_log "warning: $venv's setup still runs after 30 min; going on"
+    fi
+    exec {lock}<&-
+  fi
+  held=$(cat "$(venv_stamp "$venv")" 2>/dev/null) || held=""
+  if [[ -z "$held" ]]; then
+    hpc_log "warning: $venv holds no finished --setup-venv (its digest stamp is gone: a setup failed, or is running); this job runs with it as it is"
+  elif [[ "$held" != "$want" ]]; then
+    hpc_log "warning: $venv now holds other requirements than at submission (digest ${held:0:12}, was ${want:0:12}: a later --setup-venv changed it); this job runs with them"
+  fi
+}
+
 # record_job_id: the submission's job_id names the newest job that ran it, also
 # one started by hand ('sbatch job.sbatch', later and again), for status.sh and
 # results.sh; an older job (a task of an earlier sbatch of this folder starting
@@ -334,6 +358,7 @@ main() {
   record_job_id
   load_wandb_credentials
   unpack_code || exit 1
+  check_venv
   decide_tmpdir
   # One thread pool per process sized to its CPUs (torchrun would pick 1).
   if [[ -z "${OMP_NUM_THREADS:-}" ]]; then

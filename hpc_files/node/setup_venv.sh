@@ -9,10 +9,13 @@
 # HPC_REQUIREMENTS_DIGEST, HPC_SETUP_PYTHON (default python3).
 set -euo pipefail
 
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 venv=${HPC_VENV:?}
 requirements=${HPC_REQUIREMENTS:?}
 digest=${HPC_REQUIREMENTS_DIGEST:?}
-stamp="$venv/.hpc-requirements.sha256"
+stamp=$(venv_stamp "$venv")
 
 echo "hpc: setting up $venv from $requirements ($(date '+%F %T') on ${SLURMD_NODENAME:-$(hostname -s)})"
 mkdir -p "$(dirname "$venv")"

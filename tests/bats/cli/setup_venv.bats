@@ -66,3 +66,24 @@ CONF
   assert_equal "$(cat "$BATS_TEST_TMPDIR/scancel.log")" 100
   assert_equal "$(submission_dirs refused)" ""
 }
+
+@test "the training job records the requirements digest it expects in its venv: its own --setup-venv's, else the one the venv holds" {
+  local digest venv="$BATS_TEST_TMPDIR/venv"
+  digest=$(sha256sum <"$BATS_TEST_TMPDIR/requirements.txt" | cut -d' ' -f1)
+  run --separate-stderr "$SUBMITTER" --venv "$venv" --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" -C "$ONE_LINE" </dev/null
+  assert_success
+  grep -qx "export HPC_VENV_DIGEST=$digest" "$SBATCH_LOG.script2"
+  # A later plain submission with that venv set up: the digest it holds now.
+  mkdir -p "$venv/bin"
+  ln -s "$(command -v python3)" "$venv/bin/python"
+  echo feedbeef >"$venv/.hpc-requirements.sha256"
+  run --separate-stderr "$SUBMITTER" --venv "$venv" -C "$ONE_LINE" </dev/null
+  assert_success
+  grep -qx "export HPC_VENV_DIGEST=feedbeef" "$SBATCH_LOG.script3"
+  # A venv never set up by --setup-venv: nothing to check.
+  rm "$venv/.hpc-requirements.sha256"
+  run --separate-stderr "$SUBMITTER" --venv "$venv" -C "$ONE_LINE" </dev/null
+  assert_success
+  run grep -c HPC_VENV_DIGEST "$SBATCH_LOG.script4"
+  assert_output 0
+}

@@ -33,9 +33,23 @@ setup() {
   run cat "$SCRATCH/$project/hpc_outputs/${project}_venv_$job_id.out"
   assert_output --partial "venv-python $venv"
 
-  # Same requirements: no second setup job.
-  submit -n 1 -g 0 -W none -t 5 -e venv --venv "$venv" --setup-venv "$requirements" -- true
+  # Same requirements: no second setup job. The job is held in the queue while
+  # another submission's --setup-venv installs other requirements into the same
+  # venv: once released, it runs with them and says so.
+  submit -n 1 -g 0 -W none -t 5 -e venv --venv "$venv" --setup-venv "$requirements" --sbatch-arg=--hold -- true
   assert_file_contains "$submit_err" "venv: $venv matches requirements.txt; no setup job"
+  local held=$job_id before after
+  before=$(cat "$venv/.hpc-requirements.sha256")
+  echo "# other requirements" >>"$requirements"
+  submit -n 1 -g 0 -W none -t 5 -e venv2 --venv "$venv" --setup-venv "$requirements" -- true
+  setup_id=$(sed -n 's/.*venv: setup job \([0-9]*\) builds.*/\1/p' "$submit_err")
+  wait_job_done "$setup_id" 240
+  after=$(cat "$venv/.hpc-requirements.sha256")
+  scontrol release "$held"
+  wait_job_done "$held" 60
+  assert_job_state "$held" COMPLETED
+  run cat "$SCRATCH/$project/hpc_outputs/${project}_venv_$held.out"
+  assert_output --partial "hpc: warning: $venv now holds other requirements than at submission (digest ${after:0:12}, was ${before:0:12}: a later --setup-venv changed it)"
   wait_job_done "$job_id" 60
 }
 

@@ -281,3 +281,37 @@ key_from() {
   assert_output "<unset>"
   assert_equal "$stderr" ""
 }
+
+@test "check_venv: a venv whose requirements changed since submission (a later --setup-venv) is said in the log; the same is not" {
+  local venv="$BATS_TEST_TMPDIR/venv"
+  mkdir -p "$venv"
+  echo aaaa1111bbbb2222 >"$venv/.hpc-requirements.sha256"
+  HPC_VENV=$venv HPC_VENV_DIGEST=aaaa1111bbbb2222 run check_venv
+  assert_success
+  assert_output ""
+  echo cccc3333dddd4444 >"$venv/.hpc-requirements.sha256"
+  HPC_VENV=$venv HPC_VENV_DIGEST=aaaa1111bbbb2222 run check_venv
+  assert_success
+  assert_output "hpc: warning: $venv now holds other requirements than at submission (digest cccc3333dddd, was aaaa1111bbbb: a later --setup-venv changed it); this job runs with them"
+  rm "$venv/.hpc-requirements.sha256"
+  HPC_VENV=$venv HPC_VENV_DIGEST=aaaa1111bbbb2222 run check_venv
+  assert_output "hpc: warning: $venv holds no finished --setup-venv (its digest stamp is gone: a setup failed, or is running); this job runs with it as it is"
+  # No stamp recorded at submission (a venv never set up by --setup-venv): nothing to say.
+  HPC_VENV=$venv HPC_VENV_DIGEST="" run check_venv
+  assert_output ""
+}
+
+@test "check_venv: waits while a --setup-venv job installs into the venv (its lock), then goes on" {
+  local venv="$BATS_TEST_TMPDIR/venv"
+  mkdir -p "$venv"
+  echo aaaa1111bbbb2222 >"$venv/.hpc-requirements.sha256"
+  # The setup job's exclusive lock, held for 2 s.
+  flock -x "$venv.lock" sleep 2 &
+  sleep 0.3
+  SECONDS=0
+  HPC_VENV=$venv HPC_VENV_DIGEST=aaaa1111bbbb2222 run check_venv
+  assert_success
+  ((SECONDS >= 1)) || fail "check_venv did not wait for the setup's lock (${SECONDS}s)"
+  assert_line --index 0 "hpc: a --setup-venv job is installing into $venv; waiting for it (at most 30 min)"
+  wait
+}
