@@ -60,6 +60,7 @@ main() {
   validate_data_paths
   check_wandb_credentials
   prepare_trials
+  refuse_bayes_unsubmitted
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"

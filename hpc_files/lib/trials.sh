@@ -87,6 +87,14 @@ write_trials() {
   read -r trials_count bayes_first <<<"$out"
 }
 
+# refuse_bayes_unsubmitted: method bayes is rounds of jobs, each round
+# submitted by the controller job that follows the one before; --no-submit
+# queues neither the round nor its controller.
+refuse_bayes_unsubmitted() {
+  [[ -n "${bayes_first:-}" && -n "${opt_no_submit:-}" ]] || return 0
+  usage_error "method bayes runs as rounds of jobs submitted by a controller job after each; --no-submit would leave one round of random trials and no search: submit it, or use method random"
+}
+
 # refuse_bayes_over_trials: a new method-bayes search (round 1, from the
 # user) in an experiment whose trials/K folders an earlier search used. Its
 # trials number from 0 again (task K runs line K of commands.txt), so trial K

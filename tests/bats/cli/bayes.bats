@@ -91,3 +91,8 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   refuse "experiment 'bo2' holds the trial folders of an earlier search" -- \
     --dry-run --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 --sweep-seed 2
 }
+
+@test "--no-submit is refused for method bayes: its rounds are submitted by controller jobs, which nothing would queue" {
+  refuse "method bayes runs as rounds of jobs submitted by a controller job after each; --no-submit would leave one round of random trials and no search: submit it, or use method random" -- \
+    --site local -g 0 -W none -e bo3 --sweep "$BAYES" --rounds 2 --trials 2 --no-submit
+}
