@@ -2,7 +2,7 @@
 # Data staging, submit side (-d): the paths, relative to $SCRATCH/<project>,
 # become ONE tarball in a cache folder on scratch, named by a digest of the
 # sorted path list (plan_data in plan.sh) and one of their manifest (every
-# file's path, size and mtime; name_data_tarball). Named by its contents, a
+# file's path, size and mtime, symbolic links followed; name_data_tarball). Named by its contents, a
 # tarball never changes once built: a job queued, requeued or sbatched again
 # stages the data it was submitted with, whatever later submissions build.
 # Built under a lock to a temporary name and renamed only when tar succeeded,
@@ -49,8 +49,11 @@ data_path_problem() {
 }
 
 # data_manifest: one line per file or folder: path, size, mtime (sorted).
+# Symbolic links are followed (find -L), as tar follows them (--dereference):
+# the tarball holds the files a -d path leads to, so a job never reads data
+# behind a link on scratch that changed after its submission.
 data_manifest() {
-  (cd "$plan_scratch_dir" && find "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
+  (cd "$plan_scratch_dir" && find -L "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
 }
 
 # data_manifest_digest VAR: the sha256 of data_manifest's output, the paths as
@@ -113,7 +116,7 @@ stage_data_tarball() {
   fi
   [[ "$plan_compress" == none ]] || tar_args+=(--use-compress-program="$plan_compress")
   tar_status=0
-  tar -C "$plan_scratch_dir" ${tar_args[@]+"${tar_args[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$?
+  tar -C "$plan_scratch_dir" --dereference ${tar_args[@]+"${tar_args[@]}"} -cf "$tmp_tar" -- "${plan_data_paths[@]}" || tar_status=$?
   [[ ! -t 2 ]] || printf '\r\033[K' >&2
   ((tar_status == 0)) || die "tar failed (exit $tar_status) building the data tarball; nothing was submitted"
   printf 'tarball_bytes=%s\ncontent_bytes=%s\n' "$(stat -c %s "$tmp_tar")" "$bytes" >"$plan_data_tarball.meta.tmp" ||

@@ -215,3 +215,26 @@ job_submitter.sh: data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data
     "$named $named.manifest $named.meta data-00000000000000cc.tar data-00000000000000cc.tar.lock data-00000000000000cc.tar.manifest data-00000000000000cc.tar.meta "
   assert_equal "${stderr_lines[-1]}" "job_submitter.sh: data cache: removed 1 tarball(s), 0 MiB; kept 2 named by a submission folder or in use"
 }
+
+@test "stage_data_tarball: a -d path that is a symlink (or holds one) stages the files it leads to, and a change there builds another tarball" {
+  local first
+  mkdir -p "$plan_scratch_dir/data-v1"
+  printf 'v1\n' >"$plan_scratch_dir/data-v1/x.csv"
+  ln -s data-v1 "$plan_scratch_dir/current"
+  ln -s ../labels/l.csv "$plan_scratch_dir/data-v1/labels.csv"
+  planned current
+  stage_data_tarball 2>/dev/null
+  first=$plan_data_tarball
+  # The files themselves, under the -d path's name: the job reads its node-local copy.
+  run tar -tvf "$first"
+  assert_success
+  refute_output --partial ' -> '
+  assert_equal "$(tar -xOf "$first" current/x.csv)" v1
+  assert_equal "$(tar -xOf "$first" current/labels.csv)" l
+  # The files the links lead to changed: another tarball; the first one keeps v1.
+  printf 'v2\n' >"$plan_scratch_dir/data-v1/x.csv"
+  stage_data_tarball 2>/dev/null
+  [[ "$plan_data_tarball" != "$first" ]] || fail "the linked data changed, the same tarball"
+  assert_equal "$(tar -xOf "$plan_data_tarball" current/x.csv)" v2
+  assert_equal "$(tar -xOf "$first" current/x.csv)" v1
+}
