@@ -447,11 +447,13 @@ def identity_error(
     ]
     if not diff:
         return None
-    return (
-        f"{ckpt_dir} holds checkpoints of another run: {', '.join(diff)} differ; use another "
-        "experiment (-e NEW, or another --ckpt-dir), or --fresh to start over (the old files "
-        "are moved aside, not deleted)"
-    )
+    return f"{ckpt_dir} holds checkpoints of another run: {', '.join(diff)} differ; {WAYS_OUT}"
+
+
+WAYS_OUT = (
+    "use another experiment (-e NEW, or another --ckpt-dir), or --fresh to start over (the old "
+    "files are moved aside, not deleted)"
+)
 
 
 def aside_name(path: str) -> str:

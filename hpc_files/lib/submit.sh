@@ -188,7 +188,7 @@ warn_if_other_command_checkpointed() {
     warn_if_other_code "${previous%/commands.txt}"
     return 0
   fi
-  warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+  warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission (${previous%/commands.txt}) ran other commands; the harness refuses to resume a checkpoint of other arguments (but for those a resume may change, such as --max-steps: README, Resuming), or one already past --max-steps: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 
 # warn_if_other_code PREVIOUS: the same commands as submission folder

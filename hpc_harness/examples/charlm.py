@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
 from hpc_harness.checkpoint import (
+    WAYS_OUT,
     RunMismatch,
     UnsafeCheckpoint,
     fingerprint,
@@ -168,6 +169,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"hpc_harness: error: {state['path']} was written by {state['world_size']} "
                     "ranks; this loop resumes with as many (its position is a step count): run "
                     f"with {state['world_size']}, or start another --ckpt-dir",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return 2
+        if state is not None and state["global_step"] > args.steps:
+            if ctx.is_main:  # a longer run's: its model is not this run's result
+                print(
+                    f"hpc_harness: error: {ckpt_dir} holds a checkpoint of global step "
+                    f"{state['global_step']}, past --steps {args.steps}: it belongs to a longer "
+                    f"run; {WAYS_OUT}",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -172,6 +172,21 @@ def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypat
     assert "starting fresh; the earlier run's files are in " in capsys.readouterr().out
 
 
+def test_a_checkpoint_past_steps_stops_before_training(tmp_path, monkeypatch, capsys) -> None:
+    # --steps may grow across a resume, but a checkpoint already past it is a longer run's:
+    # its model must not become this run's last.pt.
+    args = ["--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, ["--steps", "5", *args], []) == 0
+    before = (tmp_path / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert _run_in_process(monkeypatch, ["--steps", "3", *args], []) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"hpc_harness: error: {tmp_path} holds a checkpoint of global step 5, past --steps 3"
+    )
+    assert err.count("\n") == 1 and (tmp_path / "last.pt").read_bytes() == before
+
+
 def test_a_checkpoint_weights_only_refuses_stops_before_training(
     tmp_path, monkeypatch, capsys
 ) -> None:

@@ -315,6 +315,29 @@ def test_rerunning_a_job_that_reached_max_steps_trains_no_further(tmp_path, digi
     assert _ckpts(ck) == ["ckpt_step00000005.pt"]
 
 
+def test_a_checkpoint_past_max_steps_is_refused_not_reported_as_this_runs_result(
+    tmp_path, digits_dir, capsys
+):
+    # --max-steps may grow across a resume (a run in pieces), but a checkpoint already past
+    # it belongs to a longer run: "already finished" would report step 8's result for a run
+    # of 3 steps (a trial's row in results.sh under --max-steps 3).
+    ck = tmp_path / "ck"
+    args = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]
+    assert main([*args, "--max-steps", "8"]) == 0
+    ckpts, before = _ckpts(ck), (ck / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert main([*args, "--max-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"hpc_harness: error: {ck} holds a checkpoint of global step 8, past max_steps 3: it "
+        "belongs to a longer run; use another experiment (-e NEW, or another --ckpt-dir), or "
+        "--fresh to start over (the old files are moved aside, not deleted)\n"
+    )
+    assert _ckpts(ck) == ckpts and (ck / "last.pt").read_bytes() == before
+    assert main([*args, "--max-steps", "8"]) == 0  # its own budget: finished, as before
+    assert "already finished" in capsys.readouterr().out
+
+
 def test_fsdp_on_a_torch_without_fully_shard_is_one_clear_error(monkeypatch) -> None:
     import torch.distributed.fsdp as fsdp
 

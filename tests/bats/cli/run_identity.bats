@@ -184,7 +184,7 @@ one_submission() {
   local last
   last=$(sed -n 's/^  submission: //p' <<<"$output")
   submit_ok -e warm -- python -m hpc_harness.train --lr 0.001
-  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'warm' already holds checkpoints, and its last submission ($last) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'warm' already holds checkpoints, and its last submission ($last) ran other commands; the harness refuses to resume a checkpoint of other arguments (but for those a resume may change, such as --max-steps: README, Resuming), or one already past --max-steps: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 
 @test "a sharded checkpoint folder (ckpt_step*.dcp) counts as checkpoints for that warning" {
@@ -194,7 +194,7 @@ one_submission() {
   local last
   last=$(sed -n 's/^  submission: //p' <<<"$output")
   submit_ok -e sharded -- python -m hpc_harness.train --lr 0.001
-  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'sharded' already holds checkpoints, and its last submission ($last) ran other commands; the harness will refuse to resume them: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
+  assert_equal "$stderr" "job_submitter.sh: warning: experiment 'sharded' already holds checkpoints, and its last submission ($last) ran other commands; the harness refuses to resume a checkpoint of other arguments (but for those a resume may change, such as --max-steps: README, Resuming), or one already past --max-steps: use -e NEW_NAME, or add --fresh to start over (the old checkpoints are kept aside)"
 }
 
 # checkpointed PROJECT EXP: a checkpoint in EXP's folder, as a run leaves it.
