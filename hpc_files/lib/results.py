@@ -212,6 +212,9 @@ def find_submission(project_dir: str, target: str | None) -> Submission:
         for sub in reversed(subs):
             if (_read_text(os.path.join(sub, "job_id")) or "").strip() == job.group(1):
                 return load_submission(sub)
+        for sub in reversed(subs):  # a job that ran it before a newer one (by hand, again)
+            if any(str(ran) == job.group(1) for ran, _ in jobs_that_ran(sub)):
+                return load_submission(sub)
     of_exp = [s for s in subs if os.path.basename(os.path.dirname(s)) == target]
     if of_exp:
         return load_submission(of_exp[-1])
@@ -219,6 +222,37 @@ def find_submission(project_dir: str, target: str | None) -> Submission:
     raise UsageError(
         f"no experiment or job id {target!r} under {project_dir} (experiments: {', '.join(exps)})"
     )
+
+
+def jobs_that_ran(path: str) -> list[tuple[int, int]]:
+    """(job, task) of every job that started in submission folder ``path``: node/batch.sh
+    makes ``runs/<job>_<task>`` (an array task) or ``runs/<job>`` (task 0) at its start."""
+    try:
+        names = os.listdir(os.path.join(path, "runs"))
+    except OSError:
+        return []
+    found = (re.fullmatch(r"(\d+)(?:_(\d+))?", name) for name in names)
+    return [(int(m.group(1)), int(m.group(2) or 0)) for m in found if m]
+
+
+def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | None]]:
+    """{task: (its job, SLURM's fields of that task or None when SLURM forgot it)}. A task's
+    job is the folder's ``job_id`` (the newest job that started there), unless that job
+    is not known to hold the task and an earlier one ran it: ``sbatch --array=K job.sbatch``
+    runs task K again alone, and the other tasks stay their own job's."""
+    known = {sub.job_id: scontrol_tasks(sub.job_id)}
+    newest: dict[int, int] = {}
+    for job, task in jobs_that_ran(sub.path):
+        newest[task] = max(job, newest.get(task, job))
+    out = {}
+    for k, record in enumerate(sub.trials):
+        index = int(record.get("trial", k))
+        job = sub.job_id
+        if index not in known[job] and index in newest and str(newest[index]) != job:
+            job = str(newest[index])
+            known[job] = known[job] if job in known else scontrol_tasks(job)
+        out[index] = (job, known[job].get(index) if sub.array or index == 0 else None)
+    return out
 
 
 # ---------------------------------------------------------------- SLURM and logs
@@ -512,7 +546,7 @@ def bayes_round_jobs(sub: Submission) -> dict[str, str]:
 
 
 def collect(sub: Submission, project: str) -> list[Trial]:
-    tasks = scontrol_tasks(sub.job_id)
+    jobs = task_jobs(sub)
     submitted = submitted_at(sub)
     round_jobs = bayes_round_jobs(sub)
     raw_params = [{k: v for k, v in t.get("params", {}).items() if k != "seed"} for t in sub.trials]
@@ -522,8 +556,8 @@ def collect(sub: Submission, project: str) -> list[Trial]:
     # A wandb sweep array: K identical trials, each task's run (and its files, under
     # <exp>/runs/<run id>) chosen by the W&B server; the parameters are the run's.
     run_ids = [
-        wandb_run(sub.trial_dir(int(t.get("trial", k))), sub.job_id)
-        for k, t in enumerate(sub.trials)
+        wandb_run(sub.trial_dir(index), jobs[index][0])
+        for index in (int(t.get("trial", k)) for k, t in enumerate(sub.trials))
     ]
     run_dirs = [os.path.join(os.path.dirname(sub.path), "runs", r) if r else None for r in run_ids]
     if any(run_ids):
@@ -544,8 +578,8 @@ def collect(sub: Submission, project: str) -> list[Trial]:
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
         other_job = round_jobs.get(str(record.get("source", "")))
-        log = read_log(sub.log_path(project, index, other_job))
-        fields = None if other_job else tasks.get(index) if sub.array or index == 0 else None
+        job, fields = (other_job, None) if other_job else jobs[index]
+        log = read_log(sub.log_path(project, index, job))
         state, failed, restarts = trial_state(fields, log)
         params = dict(raw_params[k])
         if "seed" in record.get("params", {}):
@@ -847,13 +881,13 @@ def plot_curves(trials: list[Trial], names: list[str], out: str) -> dict[str, li
 
 
 def status_text(sub: Submission, project: str) -> str:
-    tasks = scontrol_tasks(sub.job_id)
+    jobs = task_jobs(sub)
     submitted = submitted_at(sub)
     rows = []
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        log = read_log(sub.log_path(project, index))
-        fields = tasks.get(index) if sub.array or index == 0 else None
+        job, fields = jobs[index]
+        log = read_log(sub.log_path(project, index, job))
         restarts = log.restart if log else 0
         if fields:
             state = fields["JobState"]
@@ -875,9 +909,11 @@ def status_text(sub: Submission, project: str) -> str:
             or "-"
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
-    where = "SLURM" if tasks else "logs"
+    where = "SLURM" if any(fields for _, fields in jobs.values()) else "logs"
+    earlier = sorted({job for job, _ in jobs.values() if job != sub.job_id}, key=int)
+    also = f" (tasks it did not run: job {', '.join(earlier)})" if earlier else ""
     head = (
-        f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}, "
+        f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"
     )
     return head + render_table(["task", "state", "restarts", "elapsed", "progress"], rows)

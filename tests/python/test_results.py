@@ -256,6 +256,56 @@ def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatc
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
 
 
+def _rerun_task_by_hand(scratch: Path, task: int, job: str, end: str) -> Path:
+    """The grid submission (job 500, whose tasks each made runs/500_K) after
+    ``sbatch --array=TASK job.sbatch``: job JOB ran that task alone and, being the newest,
+    became the folder's job_id (node/batch.sh record_job_id)."""
+    sub = scratch / "proj" / "grid" / "20261123-120000-new2"
+    for k in range(8):
+        (sub / "runs" / f"500_{k}").mkdir(parents=True)
+    (sub / "runs" / f"{job}_{task}").mkdir()
+    (sub / "job_id").write_text(f"{job}\n")
+    log = scratch / "proj" / "hpc_outputs" / f"proj_grid_{job}_{task}.out"
+    log.write_text(fabricate._log(f"{job}_{task}", task, [end]))
+    return sub
+
+
+def test_a_task_rerun_by_hand_is_its_own_jobs_and_the_others_stay_their_jobs(
+    scratch, capsys, monkeypatch
+) -> None:
+    # Task 5 failed in job 500 and was run again alone as job 700: task 5 is job 700's
+    # (finished), every other task still job 500's, not "not started".
+    _rerun_task_by_hand(scratch, 5, "700", "exit 0")
+    code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
+    assert code == 0
+    table = rows(lines)
+    assert [r[1] for r in table] == ["finished"] * 8
+    assert table[2][:3] == ["2", "finished", "1"]  # its requeue in job 500 still counted
+    assert lines[1] == "job 700 (tasks it did not run: job 500), 8 task(s); states from logs"
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
+    states = {str(k): "finished" for k in range(8)}
+    assert {r[0]: r[4] for r in rows(lines)} == {**states, "2": "finished, requeued 1x"}
+    # SLURM still knows both jobs: each task's state is its own job's.
+    texts = {
+        "700": "JobId=701 ArrayJobId=700 ArrayTaskId=5 JobState=RUNNING Restarts=0 "
+        "ExitCode=0:0 RunTime=00:00:07\n",
+        "500": "JobId=500 ArrayJobId=500 ArrayTaskId=0 JobState=COMPLETED Restarts=0 "
+        "ExitCode=0:0 RunTime=00:00:30\n"
+        "JobId=505 ArrayJobId=500 ArrayTaskId=5 JobState=FAILED Restarts=0 "
+        "ExitCode=3:0 RunTime=00:00:09\n",
+    }
+    monkeypatch.setattr(
+        results, "scontrol_tasks", lambda job_id: results.parse_scontrol(texts.get(job_id, ""))
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
+    table = rows(lines)
+    assert table[0][:4] == ["0", "COMPLETED", "0", "00:00:30"]
+    assert table[5][:4] == ["5", "RUNNING", "0", "00:00:07"]
+    # The job that ran the other tasks still finds the submission.
+    code, lines, _ = run(capsys, "status", "--project", "proj", "500")
+    assert code == 0 and "20261123-120000-new2" in lines[0]
+
+
 def test_status_progress_falls_back_to_metrics_csv(scratch, capsys) -> None:
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text("hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n")

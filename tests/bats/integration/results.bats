@@ -70,6 +70,23 @@ array_done() {
   assert_success
   assert_equal "$(grep -cE '^[0-7] +COMPLETED ' <<<"$output")" 6
   assert_equal "$(grep -cE '^[45] +FAILED \(exit 1\) ' <<<"$output")" 2
+  # Task 4 run again alone, by hand: that job becomes the folder's job_id, and
+  # the other tasks stay the first job's (they are not 'not started').
+  local again sub
+  sub=$(dirname "$(grep -l "^$grid\$" "$SCRATCH/$project/grid"/*/job_id)")
+  again=$(sbatch --parsable --array=4 "$sub/job.sbatch")
+  again=${again%%;*}
+  array_done "$again" 1 200
+  run "$STATUS" grid
+  assert_success
+  assert_line --index 1 "job $again (tasks it did not run: job $grid), 8 task(s); states from SLURM"
+  assert_equal "$(grep -cE '^[0-7] +COMPLETED ' <<<"$output")" 6
+  assert_equal "$(grep -cE '^[45] +FAILED \(exit 1\) ' <<<"$output")" 2
+  run "$RESULTS" grid --no-group -m test_acc
+  assert_equal "$(grep -c 'not started' <<<"$output")" 0
+  run "$STATUS" "$grid"
+  assert_success
+  assert_line --index 0 --partial "$sub"
 }
 
 @test "status.sh follows a 2-node job: RUNNING with a progress line; after a wall-time requeue, 1 restart (from SLURM, and from the log alone)" {
