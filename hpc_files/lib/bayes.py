@@ -340,17 +340,21 @@ def cmd_controller(argv: list[str]) -> int:
         HPC_BAYES_STUDY=info["study"],
         HPC_BAYES_JOURNAL=info["journal"],
     )
-    proc = subprocess.run(
-        submitter_argv(info["argv"]),
-        cwd=info["cwd"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            submitter_argv(info["argv"]),
+            cwd=info["cwd"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:  # it did not start: nothing was queued
+        os.unlink(marker)
+        raise BayesError(f"cannot run the submitter for round {round_ + 1}: {exc}", 1) from None
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    folder = _queued_round(os.path.dirname(sub), info["study"], round_ + 1)
+    folder = _queued_round(sub, info["study"], round_ + 1)
     if not folder:
         os.unlink(marker)  # nothing was queued: the next controller tries again
         raise BayesError(f"submitting round {round_ + 1} failed (exit {proc.returncode})", 1)
@@ -386,12 +390,13 @@ def _already_submitted(marker: str, sub: str, study: str, round_: int) -> int:
     if not text.startswith(PENDING):
         print(f"bayes: round {round_} was already submitted: {text}")
         return 0
-    folder = _queued_round(os.path.dirname(sub), study, round_)
+    folder = _queued_round(sub, study, round_)
     if not folder:
         raise BayesError(
-            f"round {round_} may have been submitted by a controller that stopped before "
-            f"recording it ({text[len(PENDING) :]}), and no submission of it with a job id is "
-            f"in {os.path.dirname(sub)}; if squeue shows none, remove {marker} to submit it",
+            f"round {round_} is being submitted by another controller, or was by one that "
+            f"stopped before recording it ({text[len(PENDING) :]}); no submission of it with a "
+            f"job id is in {os.path.dirname(sub)} yet: once that controller has ended and "
+            f"squeue shows no round {round_}, remove {marker} to submit it",
             1,
         )
     trials_mod.write_atomic(marker, folder + "\n")
@@ -399,20 +404,11 @@ def _already_submitted(marker: str, sub: str, study: str, round_: int) -> int:
     return 0
 
 
-def _queued_round(experiment: str, study: str, round_: int) -> str:
-    """The experiment's submission folder of this study's round that sbatch accepted (the
-    submitter writes ``job_id`` after sbatch, bayes.json before), or ''."""
-    for name in sorted(os.listdir(experiment)):
-        folder = os.path.join(experiment, name)
-        try:
-            with open(os.path.join(folder, "bayes.json"), encoding="utf-8") as fh:
-                info = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        queued = os.path.exists(os.path.join(folder, "job_id"))
-        if queued and info.get("study") == study and info.get("round") == round_:
-            return folder
-    return ""
+def _queued_round(sub: str, study: str, round_: int) -> str:
+    """The folder of the study's round that sbatch accepted, in sub's experiment, or ''."""
+    import results
+
+    return results.study_rounds(os.path.dirname(sub), study).get(round_, "")
 
 
 def submitter_argv(argv: list[str]) -> list[str]:

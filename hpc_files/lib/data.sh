@@ -25,7 +25,24 @@ validate_data_paths() {
     real=$(realpath -e -- "$plan_scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
     [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
       usage_error "--data path '$path' resolves outside $plan_scratch_dir (symlink to '$real')"
+    data_links_problem "$path" problem
+    [[ -z "$problem" ]] || usage_error "$problem"
   done
+}
+
+# data_links_problem PATH VAR: in VAR, a broken symbolic link or a link loop
+# under the -d path PATH ('' when none): the tarball holds what links lead to
+# (data_manifest), and neither leads to anything it could hold.
+data_links_problem() {
+  local found message=""
+  found=$(cd "$plan_scratch_dir" && LC_ALL=C find -L "$1" -type l -print -quit 2>&1) || true
+  found=${found%%$'\n'*}
+  if [[ "$found" == "find: "* ]]; then
+    message="--data path '$1': ${found#find: } (the tarball holds what links lead to): remove the link"
+  elif [[ -n "$found" ]]; then
+    message="--data path '$1' holds a broken symbolic link '$found' (the tarball holds what links lead to): remove or repair it"
+  fi
+  printf -v "$2" '%s' "$message"
 }
 
 # data_path_problem PATH VAR: what is wrong with one -d path, as far as that

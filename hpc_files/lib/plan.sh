@@ -136,8 +136,7 @@ plan_runtime() {
   elif [[ "$plan_runtime" == venv && -x "$source_dir/.venv/bin/python" ]]; then
     plan_venv="$source_dir/.venv"
   fi
-  # The stamp node/lib.sh's venv_stamp names.
-  [[ -z "$plan_venv" ]] || plan_venv_held=$(cat "$plan_venv/.hpc-requirements.sha256" 2>/dev/null) || plan_venv_held=""
+  [[ -z "$plan_venv" ]] || plan_venv_held=$(cat "$(venv_stamp "$plan_venv")" 2>/dev/null) || plan_venv_held=""
   plan_venv_digest=${plan_requirements_digest:-$plan_venv_held}
 }
 

@@ -518,31 +518,36 @@ def run_fingerprint(run_dir: str) -> dict[str, Any]:
     return {}
 
 
-def bayes_round_jobs(sub: Submission) -> dict[str, str]:
-    """A method-bayes round lists the trials of every round so far (hpc_files/lib/bayes.py);
-    the earlier rounds ran as other jobs: {"bayes:round R": job id} from the sibling
-    submission folders of the same study (their bayes.json and job_id)."""
-    own = _read_text(os.path.join(sub.path, "bayes.json"))
-    if not own:
-        return {}
-    try:
-        study = json.loads(own).get("study")
-    except ValueError:
-        return {}
-    jobs = {}
-    exp_dir = os.path.dirname(sub.path)
-    for name in sorted(os.listdir(exp_dir)):
-        other = os.path.join(exp_dir, name)
-        if other == sub.path or not STAMP.match(name):
-            continue
+def study_rounds(exp_dir: str, study: str | None) -> dict[int, str]:
+    """{round: submission folder} of a method-bayes study's rounds that sbatch accepted: the
+    folders of the experiment whose bayes.json names the study (written before sbatch) and
+    that hold a job_id (written after it)."""
+    rounds: dict[int, str] = {}
+    for name in sorted(os.listdir(exp_dir)) if study else []:
+        folder = os.path.join(exp_dir, name)
         try:
-            info = json.loads(_read_text(os.path.join(other, "bayes.json")) or "{}")
+            info = json.loads(_read_text(os.path.join(folder, "bayes.json")) or "{}")
         except ValueError:
             continue
-        job = (_read_text(os.path.join(other, "job_id")) or "").strip()
-        if info.get("study") == study and job:
-            jobs[f"bayes:round {info.get('round')}"] = job
-    return jobs
+        queued = (_read_text(os.path.join(folder, "job_id")) or "").strip()
+        if STAMP.match(name) and info.get("study") == study and queued:
+            rounds[info.get("round")] = folder
+    return rounds
+
+
+def bayes_round_jobs(sub: Submission) -> dict[str, dict[int, tuple[str | None, dict | None]]]:
+    """A method-bayes round lists the trials of every round so far (hpc_files/lib/bayes.py);
+    the earlier rounds ran as other jobs: {"bayes:round R": task_jobs of that round's
+    folder} for the other rounds of the same study."""
+    try:
+        study = json.loads(_read_text(os.path.join(sub.path, "bayes.json")) or "{}").get("study")
+    except ValueError:
+        return {}
+    return {
+        f"bayes:round {r}": task_jobs(load_submission(folder))
+        for r, folder in study_rounds(os.path.dirname(sub.path), study).items()
+        if folder != sub.path
+    }
 
 
 def collect(sub: Submission, project: str) -> list[Trial]:
@@ -577,8 +582,8 @@ def collect(sub: Submission, project: str) -> list[Trial]:
     trials = []
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        other_job = round_jobs.get(str(record.get("source", "")))
-        job, fields = (other_job, None) if other_job else jobs[index]
+        other_round = round_jobs.get(str(record.get("source", "")))
+        job, fields = other_round.get(index, (None, None)) if other_round else jobs[index]
         log = read_log(sub.log_path(project, index, job))
         state, failed, restarts = trial_state(fields, log)
         params = dict(raw_params[k])
@@ -591,7 +596,7 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         if run_dirs[k]:  # a run's own folder (wandb sweeps): no other run writes there
             trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
         else:  # another round's trials ran before this round's folder was written
-            since = None if other_job else submitted
+            since = None if other_round else submitted
             path = own_metrics_csv(sub, index, since, state == "finished")
             trial.metrics = read_metrics(path)
         trials.append(trial)

@@ -117,15 +117,15 @@ check_job_contract() {
   fi
 }
 
-# check_venv: the venv as submitted. HPC_VENV_DIGEST is the digest of the
-# requirements the venv held at submission (or that this submission's
-# --setup-venv installs); a later --setup-venv of other requirements updates
-# the same venv in place. A setup installing into it now (it holds the venv's
-# lock) is waited for, so the program never imports a half-installed package;
-# then a changed digest is said in the log.
+# check_venv: the venv as submitted. A --setup-venv job installing into it
+# now (it holds the venv's lock) is waited for, so the program never imports a
+# half-installed package. HPC_VENV_DIGEST is the digest of the requirements
+# the venv held at submission (or that this submission's --setup-venv
+# installs; unset for a venv no --setup-venv made); a later --setup-venv of
+# other requirements updates the same venv in place: said in the log.
 check_venv() {
   local venv=${HPC_VENV:-} want=${HPC_VENV_DIGEST:-} held lock
-  [[ -n "$venv" && -n "$want" ]] || return 0
+  [[ -n "$venv" ]] || return 0
   if [[ -e "$venv.lock" ]] && exec {lock}<"$venv.lock"; then
     if ! flock -s -n "$lock"; then
       hpc_log "a --setup-venv job is installing into $venv; waiting for it (at most 30 min)"
@@ -133,6 +133,7 @@ check_venv() {
     fi
     exec {lock}<&-
   fi
+  [[ -n "$want" ]] || return 0
   held=$(cat "$(venv_stamp "$venv")" 2>/dev/null) || held=""
   if [[ -z "$held" ]]; then
     hpc_log "warning: $venv holds no finished --setup-venv (its digest stamp is gone: a setup failed, or is running); this job runs with it as it is"

@@ -18,12 +18,6 @@ hpc_error() {
   printf 'hpc: error: %s\n' "$*" >&2
 }
 
-# venv_stamp VENV: the file in which --setup-venv's job (setup_venv.sh) records
-# the digest of the requirements the venv holds, once installed.
-venv_stamp() {
-  printf '%s/.hpc-requirements.sha256' "$1"
-}
-
 # job_key: unique per job and per array task; stable across requeues.
 job_key() {
   if [[ -n "${SLURM_ARRAY_JOB_ID:-}" && -n "${SLURM_ARRAY_TASK_ID:-}" ]]; then

@@ -97,3 +97,9 @@ wandb_key_in() {
   printf -v "$2" '%s' "$found"
   [[ -n "$found" || count -eq 0 ]]
 }
+
+# venv_stamp VENV: the file in which --setup-venv's job (setup_venv.sh) records
+# the digest of the requirements the venv holds, once installed.
+venv_stamp() {
+  printf '%s/.hpc-requirements.sha256' "$1"
+}

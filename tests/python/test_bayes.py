@@ -353,7 +353,7 @@ def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bayes.py: error: round 2 ")
-    assert f"remove {sub}/next_round to submit it" in err
+    assert f"remove {sub}/next_round to submit it" in err and "another controller" in err
     assert not calls.exists()
     (sub / "next_round").unlink()  # as the line says: then round 2 is submitted once
     assert bayes.main(["controller", "--submission", str(sub)]) == 0
@@ -385,3 +385,16 @@ def test_a_round_queued_by_a_submitter_that_failed_after_is_not_queued_again(
     assert bayes.main(["controller", "--submission", str(sub)]) == 0
     assert calls.read_text() == "2\n"
     assert "round 2 was already submitted" in capsys.readouterr().out
+
+
+def test_a_submitter_that_cannot_start_releases_the_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The submitter moved away (or the project folder): nothing was queued, so the next
+    # controller tries again rather than refusing on a pending claim.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    sub = _submission(tmp_path, 2, [str(tmp_path / "moved_away" / "job_submitter.sh")])
+    assert bayes.main(["controller", "--submission", str(sub)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bayes.py: error: cannot run the submitter for round 2: ")
+    assert err.count("\n") == 1 and not (sub / "next_round").exists()

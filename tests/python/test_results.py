@@ -483,3 +483,35 @@ def test_a_wandb_task_shows_only_a_run_of_its_own_job(tmp_path) -> None:
     assert results.wandb_run(str(tmp_path), None) is None
     (tmp_path / "wandb_runs.txt").write_text("oldrun 0\n")  # no job: not this one's
     assert results.wandb_run(str(tmp_path), "202") is None
+
+
+def test_an_earlier_bayes_round_task_rerun_by_hand_stays_attributed_per_task(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    # Round 1 (job 500, trials 0-1) with trial 1 run again alone as job 700; round 2 (job
+    # 600, trials 2-3). Round 2's folder lists all four: trial 0 is job 500's, trial 1 job
+    # 700's, not "not started" because round 1's job_id names 700.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    exp = tmp_path / "proj" / "bo"
+    rounds = [
+        {"trial": k, "params": {"lr": 0.1 * (k + 1)}, "argv": [], "source": f"bayes:round {r}"}
+        for k, r in ((0, 1), (1, 1), (2, 2), (3, 2))
+    ]
+    one = Path(fabricate._submission(str(exp), "20261123-120000-rnd1", "700", rounds[:2], True))
+    two = Path(fabricate._submission(str(exp), "20261123-130000-rnd2", "600", rounds, True))
+    for folder, r in ((one, 1), (two, 2)):
+        (folder / "bayes.json").write_text(json.dumps({"study": one.name, "round": r}))
+    for job, task, folder in (("500", 0, one), ("500", 1, one), ("700", 1, one)):
+        (folder / "runs" / f"{job}_{task}").mkdir(parents=True)
+    for job, task in (("600", 2), ("600", 3)):
+        (two / "runs" / f"{job}_{task}").mkdir(parents=True)
+    logs = tmp_path / "proj" / "hpc_outputs"
+    for job, task in (("500", 0), ("700", 1), ("600", 2), ("600", 3)):
+        fabricate._write(
+            str(logs / f"proj_bo_{job}_{task}.out"),
+            fabricate._log(f"{job}_{task}", task, ["exit 0"]),
+        )
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    code, lines, err = run(capsys, "results", "--project", "proj", "bo", "--no-group")
+    assert code == 0, err
+    assert {r[0]: r[2] for r in rows(lines)} == {str(k): "finished" for k in range(4)}

@@ -238,3 +238,18 @@ job_submitter.sh: data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data
   assert_equal "$(tar -xOf "$plan_data_tarball" current/x.csv)" v2
   assert_equal "$(tar -xOf "$first" current/x.csv)" v1
 }
+
+@test "validate_data_paths: a broken symbolic link or a link loop under a -d path is refused in one line, before anything is built" {
+  ln -s /nonexistent/target "$plan_scratch_dir/ds one/broken"
+  run --separate-stderr validate_data_paths_for 'ds one' labels
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: --data path 'ds one' holds a broken symbolic link 'ds one/broken' (the tarball holds what links lead to): remove or repair it"
+  rm "$plan_scratch_dir/ds one/broken"
+  ln -s .. "$plan_scratch_dir/ds one/sub/up"
+  run --separate-stderr validate_data_paths_for labels 'ds one'
+  assert_failure 2
+  assert_regex "$stderr" "^job_submitter.sh: error: --data path 'ds one': File system loop detected; 'ds one/sub/up' is part of the same file system loop as 'ds one'\. \(the tarball holds what links lead to\): remove the link$"
+  rm "$plan_scratch_dir/ds one/sub/up"
+  run validate_data_paths_for 'ds one' labels
+  assert_success
+}
