@@ -456,6 +456,16 @@ WAYS_OUT = (
 )
 
 
+def past_end_error(ckpt_dir: str, step: int, end_name: str, end: int) -> str:
+    """The one-line refusal of a resumed checkpoint of global ``step`` past the run's last step
+    (``end_name`` ``end``, which may grow across a resume): a longer run wrote it, and its
+    results are not this run's."""
+    return (
+        f"{ckpt_dir} holds a checkpoint of global step {step}, past {end_name} {end}: it "
+        f"belongs to a longer run; {WAYS_OUT}"
+    )
+
+
 def aside_name(path: str) -> str:
     """A free name beside ``path`` for an earlier run's files: ``<path>.old-<UTC time>``."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -596,9 +596,8 @@ class Trainer:
                 pieces.start_fresh(cfg.ckpt_dir, cfg.run_dir)
             resumed = cfg.resume and self._resume()  # RunMismatch: stop before training
             if resumed and cfg.max_steps is not None and self.global_step > cfg.max_steps:
-                raise ckpt.RunMismatch(  # its results are not this run's (it trained further)
-                    f"{cfg.ckpt_dir} holds a checkpoint of global step {self.global_step}, past "
-                    f"max_steps {cfg.max_steps}: it belongs to a longer run; {ckpt.WAYS_OUT}"
+                raise ckpt.RunMismatch(
+                    ckpt.past_end_error(cfg.ckpt_dir, self.global_step, "max_steps", cfg.max_steps)
                 )
             if not cfg.resume:  # else load_checkpoint claimed the folder
                 pieces.on_rank0(lambda: ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint))

@@ -31,10 +31,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpc_harness import pieces as hp
 from hpc_harness.checkpoint import (
-    WAYS_OUT,
     RunMismatch,
     UnsafeCheckpoint,
     fingerprint,
+    past_end_error,
 )
 from hpc_harness.testing import TestingHooks
 from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
@@ -175,13 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if state is not None and state["global_step"] > args.steps:
             if ctx.is_main:  # a longer run's: its model is not this run's result
-                print(
-                    f"hpc_harness: error: {ckpt_dir} holds a checkpoint of global step "
-                    f"{state['global_step']}, past --steps {args.steps}: it belongs to a longer "
-                    f"run; {WAYS_OUT}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                error = past_end_error(ckpt_dir, state["global_step"], "--steps", args.steps)
+                print(f"hpc_harness: error: {error}", file=sys.stderr, flush=True)
             return 2
         if state is not None:
             model.load_state_dict(state["model"])
