@@ -39,7 +39,8 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   - ``method: grid``: the product of every parameter's values, in the order wandb's
     own grid search (the ``sweeps`` package) hands them out: parameters sorted by
     name (Python string order), the LAST one varying fastest; values in the order
-    listed, repeats dropped (1 and 1.0 count as one). ``value`` is one point,
+    listed; values alike (1 and 1.0) are one point, at the first one's place with the
+    last one's value (the agent passes ``--b=1.0`` for ``[1, 1.0]``). ``value`` is one point,
     ``values`` a list, ``int_uniform`` every integer from min to max, ``q_uniform``
     min, min+q, ... below max. Any other distribution (or ``probabilities``) is
     refused, as in wandb. ``--trials N`` keeps the first N grid points.
@@ -599,16 +600,18 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
             if count > MAX_TRIALS:
                 raise TrialsError(f"{path}: parameter {name!r}: {dist} range too large for a grid")
             out["values"] = [low + i * step for i in range(count)]
-    if method == "grid":
-        seen = set()
+    if method == "grid":  # as wandb's grid: values alike (1, 1.0) are one point, at the
+        place: dict[str, int] = {}  # first one's place, with the last one's value
         unique = []
         for value in out["values"]:
             key = json.dumps(
                 int(value) if isinstance(value, float) and value.is_integer() else value,
                 sort_keys=True,
             )
-            if key not in seen:
-                seen.add(key)
+            if key in place:
+                unique[place[key]] = value
+            else:
+                place[key] = len(unique)
                 unique.append(value)
         out["values"] = unique
         if not unique:

@@ -123,8 +123,19 @@ def test_grid_order_matches_wandb_sweeps_package(write):
     while (run_ := sweeps.next_run(config, runs, validate=True)) is not None:
         run_.state = sweeps.RunState.finished
         runs.append(run_)
-    expected = [{k: v["value"] for k, v in r.config.items()} for r in runs]
-    assert [t["params"] for t in manifest("--sweep", write("s.yml", text))] == expected
+    expected = [json.dumps({k: v["value"] for k, v in r.config.items()}) for r in runs]
+    trials = manifest("--sweep", write("s.yml", text))
+    assert [json.dumps(t["params"]) for t in trials] == expected  # 1 and 1.0 told apart
+
+
+def test_grid_duplicate_values_take_the_last_ones_value_at_the_first_ones_place(write):
+    # wandb's grid (sweeps/grid_search.py, checked with sweeps 0.3.0): values that hash alike
+    # (1 and 1.0) are one grid point, at the first one's place, and its value is the last one's
+    # (dict(zip(hashes, values))): the agent passes --b=1.0, which argparse's int refuses.
+    text = "program: t.py\nmethod: grid\nparameters:\n  b: {values: [1, 2, 1.0, 2]}\n"
+    trials = manifest("--sweep", write("s.yml", text))
+    assert [json.dumps(t["params"]) for t in trials] == ['{"b": 1.0}', '{"b": 2}']
+    assert [t["argv"][-1] for t in trials] == ["--b=1.0", "--b=2"]
 
 
 def yaml_load(text: str):
