@@ -24,22 +24,42 @@ container_command() {
   fi
 }
 
+# pass_to_container NAME VALUE: NAME=VALUE inside the container. Singularity
+# 3.6+ and Apptainer evaluate a passed value in the container's shell, inside
+# double quotes (which they escape): '\', '$' and '`' are escaped here so the
+# value arrives as it is, not expanded or run there.
+pass_to_container() {
+  local value=${2//\\/\\\\}
+  value=${value//\$/\\\$}
+  value=${value//\`/\\\`}
+  export "SINGULARITYENV_$1=$value" "APPTAINERENV_$1=$value"
+}
+
 # Besides those: every name in HPC_PASS_ENV (space separated): the site
 # profile's env names and an experiment line's NAME=value prefixes.
 export_container_environment() {
   local pattern name
   local -a pass_names=()
+  # The code the job runs first on PYTHONPATH, as the batch script puts it for
+  # a venv (--cleanenv drops that one): else a 'python scripts/x.py' imports
+  # the project's package from the image or an editable install under $HOME,
+  # not from the snapshot. The '$PYTHONPATH' left unescaped is the image's own.
+  if [[ -n "${source_dir:-}" ]]; then
+    pass_to_container PYTHONPATH "$source_dir"
+    export "SINGULARITYENV_PYTHONPATH=$SINGULARITYENV_PYTHONPATH:\$PYTHONPATH" \
+      "APPTAINERENV_PYTHONPATH=$APPTAINERENV_PYTHONPATH:\$PYTHONPATH"
+  fi
   read -r -a pass_names <<<"${HPC_PASS_ENV:-}"
   for name in ${pass_names[@]+"${pass_names[@]}"}; do
     [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && -n "${!name+set}" ]] || continue
-    export "SINGULARITYENV_$name=${!name}" "APPTAINERENV_$name=${!name}"
+    pass_to_container "$name" "${!name}"
   done
   for pattern in "${RUNTIME_PASS_VARIABLES[@]}"; do
     for name in $(compgen -v); do
       # shellcheck disable=SC2053 # pattern matching on purpose (SLURM_* etc.)
       [[ "$name" == $pattern ]] || continue
       [[ "$name" != SINGULARITYENV_* && "$name" != APPTAINERENV_* ]] || continue
-      export "SINGULARITYENV_$name=${!name}" "APPTAINERENV_$name=${!name}"
+      pass_to_container "$name" "${!name}"
     done
   done
 }

@@ -168,6 +168,32 @@ container() {
   refute_line --partial NOT_LISTED
 }
 
+@test "in a container, the code the job runs comes first on PYTHONPATH, before the image's own" {
+  # --cleanenv drops the batch script's PYTHONPATH: without this, a job's
+  # 'python scripts/x.py' imports its package from wherever the image (or an
+  # editable install under the bound \$HOME) has it, not from the snapshot.
+  container
+  export HPC_KIND=none source_dir="$BATS_TEST_TMPDIR/sub/code" PYTHONPATH="/host/only"
+  export STANDIN_IMAGE_ENV="PYTHONPATH=/opt/image/lib"
+  export SHOW_VARS="PYTHONPATH" HPC_PASS_ENV="SHOW_VARS"
+  mkdir -p "$source_dir"
+  experiment 'show'
+  launch
+  assert_success
+  assert_line "PYTHONPATH=$source_dir:/opt/image/lib"
+}
+
+@test "in a container, a passed value arrives as it is, though the container's shell evaluates it" {
+  container
+  export HPC_KIND=none SHOW_VARS="LITERAL SITE_ONLY" HPC_PASS_ENV="SHOW_VARS SITE_ONLY"
+  export SITE_ONLY='a\b "c" `d` $e'
+  experiment "LITERAL='\$HOME \\n \`id\`' show"
+  launch
+  assert_success
+  assert_line 'LITERAL=$HOME \n `id`'
+  assert_line 'SITE_ONLY=a\b "c" `d` $e'
+}
+
 @test "in a container, a bad name in HPC_PASS_ENV is skipped, not evaluated" {
   container
   export HPC_KIND=none HPC_PASS_ENV='A[$(touch $BATS_TEST_TMPDIR/pwned)] OK_NAME' OK_NAME=1
