@@ -56,6 +56,11 @@ if HERE not in sys.path:
 import trials as trials_mod  # noqa: E402  (trials.py beside this file: the manifest)
 
 STAMP = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9]+$")
+# SLURM states of a task that may still write its metrics.csv.
+ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
+# A row's time is the node's clock, the log's last write the file server's: how far apart
+# they may be before a row counts as written after the task ended.
+ROW_CLOCK_SLACK_S = 10.0
 START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), started (.+)$")
 ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
@@ -358,25 +363,34 @@ def format_elapsed(seconds: float | None) -> str:
 
 def find_metrics_csv(trial_dir: str, array: bool) -> str | None:
     """metrics.csv in the trial folder or one folder below (the harness: checkpoints/)."""
+    return next(iter(metrics_csvs(trial_dir, array)), None)
+
+
+def metrics_csvs(trial_dir: str, array: bool) -> list[str]:
+    """Every metrics.csv in the trial folder or one folder below, the trial folder's first,
+    then by folder name: a folder comes before the copies ``--fresh`` moved aside
+    (``<folder>.old-<UTC time>``, oldest first)."""
     direct = os.path.join(trial_dir, "metrics.csv")
-    if os.path.isfile(direct):
-        return direct
+    found = [direct] if os.path.isfile(direct) else []
     try:
         names = sorted(os.listdir(trial_dir))
     except OSError:
-        return None
+        return found
     for name in names:
         if name == "trials" and not array or STAMP.match(name):
             continue
         candidate = os.path.join(trial_dir, name, "metrics.csv")
         if os.path.isfile(candidate):
-            return candidate
-    return None
+            found.append(candidate)
+    return found
 
 
-def read_metrics(path: str | None) -> dict[str, list[tuple[int, float]]]:
+def read_metrics(
+    path: str | None, until: float | None = None
+) -> dict[str, list[tuple[int, float]]]:
     """{name: [(step, value), ...]} by step, the last row per (name, step) kept (rows are
-    logged again after a resume), in the order names first appear."""
+    logged again after a resume), in the order names first appear. With ``until`` (a time),
+    rows whose ``time`` is later (by more than ROW_CLOCK_SLACK_S) are left out."""
     series: dict[str, dict[int, float]] = {}
     if not path:
         return {}
@@ -387,11 +401,21 @@ def read_metrics(path: str | None) -> dict[str, list[tuple[int, float]]]:
                     step, value = int(row["step"]), float(row["value"])
                 except (KeyError, TypeError, ValueError):
                     continue
+                if until is not None and _row_time(row) > until + ROW_CLOCK_SLACK_S:
+                    continue
                 if row.get("name"):
                     series.setdefault(row["name"], {})[step] = value
     except OSError:
         return {}
     return {name: sorted(points.items()) for name, points in series.items()}
+
+
+def _row_time(row: dict[str, str]) -> float:
+    """A metrics.csv row's ``time`` (seconds since the epoch); -inf without one."""
+    try:
+        return float(row.get("time") or "-inf")
+    except ValueError:
+        return -math.inf
 
 
 def lower_is_better(name: str) -> bool:
@@ -469,7 +493,7 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
         code = fields.get("ExitCode", "0:0").split(":")[0]
         if state == "COMPLETED":
             return "finished", False, restarts
-        if state in ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):
+        if state in ACTIVE_STATES:
             return state.lower(), False, restarts
         return f"{state.lower()} (exit {code})", True, restarts
     if log is None:
@@ -597,8 +621,8 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
         else:  # another round's trials ran before this round's folder was written
             since = None if other_round else submitted
-            path = own_metrics_csv(sub, index, since, state == "finished")
-            trial.metrics = read_metrics(path)
+            until = ended_at(sub.log_path(project, index, job), state)
+            trial.metrics = own_metrics(sub, index, since, state == "finished", until)
         trials.append(trial)
     return trials
 
@@ -611,16 +635,44 @@ def submitted_at(sub: Submission) -> float | None:
         return None
 
 
-def own_metrics_csv(sub: Submission, index: int, since: float | None, finished: bool) -> str | None:
-    """Task ``index``'s metrics.csv, if this submission's run wrote it. Every submission of an
-    experiment shares trials/K (the folder resumes across submissions): a file last written
-    before this submission (``since``) holds an earlier run's rows, shown only once this
-    task finished (a run resumed at its end writes nothing again)."""
-    path = find_metrics_csv(sub.trial_dir(index), sub.array)
-    if path is None or since is None or finished:
-        return path
+def own_metrics(
+    sub: Submission, index: int, since: float | None, finished: bool, until: float | None
+) -> dict[str, list[tuple[int, float]]]:
+    """Task ``index``'s metrics (read_metrics), the rows this submission's run wrote. Every
+    submission of an experiment shares trials/K (the folder resumes across submissions): a
+    file last written before this submission (``since``) holds an earlier run's rows, shown
+    only once this task finished (a run resumed at its end writes nothing again). Rows written
+    after the task ended (``until``, ended_at) are a later run's, resuming here; when none is
+    left, a later run's ``--fresh`` moved this one's folder aside: the newest copy aside
+    written since this submission is read instead."""
+    paths = metrics_csvs(sub.trial_dir(index), sub.array)
+
+    def written_since(path: str) -> bool:
+        try:
+            return since is None or os.stat(path).st_mtime >= since
+        except OSError:
+            return False
+
+    if not paths or not (finished or written_since(paths[0])):
+        return {}
+    series = read_metrics(paths[0], until)
+    if series or until is None:
+        return series
+    folder = os.path.dirname(paths[0])
+    for aside in reversed(paths[1:]):
+        if os.path.dirname(aside).startswith(folder + ".old-") and written_since(aside):
+            if series := read_metrics(aside, until):
+                return series
+    return {}
+
+
+def ended_at(log_path: str | None, state: str) -> float | None:
+    """When an ended task's run stopped writing: its log's last write. None while it may
+    still write (a state in ACTIVE_STATES, SLURM's or trial_state's) or without its log."""
+    if log_path is None or state.split(" ")[0].upper() in ACTIVE_STATES:
+        return None
     try:
-        return path if os.stat(path).st_mtime >= since else None
+        return os.stat(log_path).st_mtime
     except OSError:
         return None
 
@@ -908,9 +960,10 @@ def status_text(sub: Submission, project: str) -> str:
                 start = None
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
+        until = ended_at(sub.log_path(project, index, job), state)
         progress = (
             (log.progress if log else None)
-            or last_metrics_progress(sub, index, submitted, finished)
+            or last_metrics_progress(sub, index, submitted, finished, until)
             or "-"
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
@@ -925,9 +978,9 @@ def status_text(sub: Submission, project: str) -> str:
 
 
 def last_metrics_progress(
-    sub: Submission, index: int, since: float | None, finished: bool
+    sub: Submission, index: int, since: float | None, finished: bool, until: float | None
 ) -> str | None:
-    series = read_metrics(own_metrics_csv(sub, index, since, finished))
+    series = own_metrics(sub, index, since, finished, until)
     if not series:
         return None
     step = max(points[-1][0] for points in series.values())

@@ -461,6 +461,35 @@ def test_a_new_submission_does_not_show_an_earlier_ones_metrics(scratch) -> None
     assert metrics()[0]["test_acc"] == [(40, 0.45), (47, 0.5)]
 
 
+def test_an_ended_job_shows_its_own_rows_not_a_later_runs(scratch, capsys) -> None:
+    """Every submission of an experiment shares its run folder: a later run writes there after
+    this job ended, resuming and going on, or with --fresh after moving this job's files aside
+    (checkpoints.old-*). Rows written after the job's log was last written are not the job's;
+    results.sh 600 showed the later run's test_acc as job 600's."""
+    single = scratch / "proj" / "single"
+    ckpt = single / "checkpoints"
+    ended = (scratch / "proj" / "hpc_outputs" / "proj_single_600.out").stat().st_mtime
+    sub = results.load_submission(str(next(single.glob("2026*"))))
+    own = [(40, 0.7), (47, 0.75)]
+    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    with open(ckpt / "metrics.csv", "a") as f:  # a later job resumed the run and went on
+        f.write(f"{ended + 100},60,1,test_acc,0.8\n")
+    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    ckpt.rename(single / "checkpoints.old-20261127T050000Z")  # a later job's --fresh
+    ckpt.mkdir()
+    later = f"time,step,epoch,name,value\n{ended + 200},10,0,test_acc,0.99\n"
+    (ckpt / "metrics.csv").write_text(later)
+    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"  # no progress line in it:
+    log.write_text(  # status.sh's progress comes from metrics.csv
+        "hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n"
+        "hpc: training step ended with exit code 0 at 2026-11-23 12:00:42\n"
+    )
+    os.utime(log, (ended, ended))
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][4] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
+
+
 def test_a_sweep_metric_without_a_goal_is_minimized_as_wandb_and_bayes_do(tmp_path) -> None:
     """W&B's default goal is minimize, and trials.py (bayes) uses it: results.sh ranks the
     same way, or its best row is the worst trial."""
