@@ -295,6 +295,7 @@ class Trainer:
         "max_steps"."""
         cfg = self.cfg
         if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+            self._restore_pending_rng()  # the evaluation next draws from the checkpoint's RNG
             return "max_steps"  # resumed at max_steps on an epoch's end: evaluated next
         self.model.train()
         done = self.step_in_epoch * cfg.accumulate  # batches of this epoch already trained
@@ -307,9 +308,7 @@ class Trainer:
             batches = iter(self.train_loader)  # workers born shielded (data.shield_workers)
         else:
             batches = self._user_sampler_batches(epoch, done)
-        if self._pending_rng is not None:  # after the iterator exists: it may draw randomness
-            ckpt.restore_rng(self._pending_rng)
-            self._pending_rng = None
+        self._restore_pending_rng()  # after the iterator exists: it may draw randomness
         while chunk := list(itertools.islice(batches, cfg.accumulate)):
             self._run_batch(chunk)
             self.step_in_epoch += 1
@@ -326,6 +325,12 @@ class Trainer:
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
         return "finished"
+
+    def _restore_pending_rng(self) -> None:
+        """The resumed checkpoint's RNG states, once, before the run draws from them."""
+        if self._pending_rng is not None:
+            ckpt.restore_rng(self._pending_rng)
+            self._pending_rng = None
 
     def _user_sampler_batches(self, epoch: int, start: int) -> Any:
         """The rest of ``epoch`` from a DataLoader that keeps the user's own sampler.

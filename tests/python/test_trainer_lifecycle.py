@@ -7,6 +7,7 @@ constructor hands on (strategy, stop agreement, the user's own loader, the disab
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import signal
@@ -661,3 +662,53 @@ def test_a_signal_during_an_evaluation_that_draws_random_numbers_resumes_exactly
     whole = build(str(tmp_path / "whole"), trainer_cls=NoisyEvaluation, loader=data, epochs=2)
     whole.evaluated = 2
     assert whole.train() == "finished" and resumed.metrics == whole.metrics
+
+
+def test_a_run_resumed_at_max_steps_on_an_epochs_end_evaluates_with_the_checkpoints_rng(
+    tmp_path,
+) -> None:
+    # stopped during the evaluation after max_steps (an epoch's last step): the resumed run
+    # went straight to that evaluation without restoring the checkpoint's RNG states, and saved
+    # them in its own checkpoint, which a longer run (max_steps may grow) resumes from
+    ck = str(tmp_path / "ck")
+    data = DataLoader(classes(8, 0), batch_size=1, shuffle=True)
+    stopped = build(
+        ck, trainer_cls=NoisyEvaluation, loader=data, epochs=2, max_steps=8, signal_check_every=1
+    )
+    assert stopped.train() == "requeue" and (stopped.epoch, stopped.step_in_epoch) == (0, 8)
+    torch.manual_seed(12345)  # what the resumed process drew before: not the run's
+    resumed = build(ck, trainer_cls=NoisyEvaluation, loader=data, epochs=2, max_steps=8)
+    resumed.evaluated = 2  # no signal this time
+    assert resumed.train() == "max_steps"
+    whole = build(
+        str(tmp_path / "whole"), trainer_cls=NoisyEvaluation, loader=data, epochs=2, max_steps=8
+    )
+    whole.evaluated = 2
+    assert whole.train() == "max_steps" and resumed.metrics == whole.metrics
+    saved = [torch.load(t.last_checkpoint, weights_only=False)["rng"] for t in (resumed, whole)]
+    assert torch.equal(saved[0][0]["torch"], saved[1][0]["torch"])
+
+
+class RecordsBatches(Trainer):
+    """Keeps every (epoch, inputs) it trains on (not those it evaluates)."""
+
+    def _compute_loss(self, batch: Any) -> torch.Tensor:
+        if not self._evaluating:
+            self.seen = [*getattr(self, "seen", []), (self.epoch, batch[0].clone())]
+        return super()._compute_loss(batch)
+
+
+def test_each_epoch_is_another_order_of_every_sample(tmp_path) -> None:
+    # without the sampler's set_epoch every epoch repeats epoch 0's order: an interrupted and an
+    # uninterrupted run repeat it alike, so the resume tests cannot see it
+    data = DataLoader(classes(8, 0), batch_size=1, shuffle=True)
+    trainer = build(str(tmp_path / "ck"), trainer_cls=RecordsBatches, loader=data, epochs=3)
+    assert trainer.train() == "finished"
+    orders = [[x for e, x in trainer.seen if e == epoch] for epoch in range(3)]
+    assert all(len(order) == 8 for order in orders)
+    for order in orders:  # every sample once
+        assert sorted(x.flatten().tolist() for x in order) == sorted(
+            x.tolist() for x, _ in classes(8, 0)
+        )
+    for a, b in itertools.combinations(orders, 2):
+        assert not all(torch.equal(x, y) for x, y in zip(a, b))
