@@ -58,9 +58,10 @@ import trials as trials_mod  # noqa: E402  (trials.py beside this file: the mani
 STAMP = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9]+$")
 # SLURM states of a task that may still write its metrics.csv.
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
-# A row's time is the node's clock, the log's last write the file server's: how far apart
-# they may be before a row counts as written after the task ended.
-ROW_CLOCK_SLACK_S = 10.0
+# A row's time is the node's clock, the log's last write the file server's (NTP keeps them
+# within milliseconds): how far apart they may be before a row counts as written after the
+# task ended. A later job's first row comes seconds after its start, at the earliest.
+ROW_CLOCK_SLACK_S = 2.0
 START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), started (.+)$")
 ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")

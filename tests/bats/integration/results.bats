@@ -117,3 +117,28 @@ array_done() {
   assert_line --index 1 "job $live, 1 task(s); states from logs"
   assert_line --index 3 --regexp '^0 +finished +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
 }
+
+@test "results.sh of an earlier job shows its own result after a later submission's --fresh took the folder over" {
+  mkdir -p "$SCRATCH/$project/datasets"
+  cp -r "$data" "$SCRATCH/$project/datasets/digits"
+  submit -n 1 -g 0 -c 1 -W none -t 5 -e fresh -- python -m hpc_harness.train --epochs 1 --lr 0.1
+  local first=$job_id
+  wait_job_done "$first" 180
+  assert_job_state "$first" COMPLETED
+  run "$RESULTS" "$first" --metrics test_acc
+  assert_success
+  local own
+  own=$(awk '$1 == "0" {print $NF}' <<<"$output")
+  [[ "$own" =~ ^0\.[0-9]+$ ]] || fail "no test_acc for job $first: $output"
+  # The later run moves the folder aside (checkpoints.old-*) and writes its own metrics.csv.
+  submit -n 1 -g 0 -c 1 -W none -t 5 -e fresh -- python -m hpc_harness.train --epochs 1 --lr 0.003 --fresh
+  wait_job_done "$job_id" 180
+  assert_job_state "$job_id" COMPLETED
+  run "$RESULTS" "$job_id" --metrics test_acc
+  local later
+  later=$(awk '$1 == "0" {print $NF}' <<<"$output")
+  [[ "$later" =~ ^0\.[0-9]+$ && "$later" != "$own" ]] || fail "job $job_id's test_acc '$later' vs '$own': $output"
+  run "$RESULTS" "$first" --metrics test_acc
+  assert_success
+  assert_equal "$(awk '$1 == "0" {print $NF}' <<<"$output")" "$own"
+}
