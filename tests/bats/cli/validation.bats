@@ -604,6 +604,12 @@ setup() {
   refuse "$HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600" -- -C "$ONE_LINE"
 }
 
+@test "credentials: a link to a private wandb key file is accepted (the file's mode counts, not the link's)" {
+  (umask 077 && printf 'WANDB_API_KEY=fake\n' >"$BATS_TEST_TMPDIR/wandb key.txt")
+  ln -s "$BATS_TEST_TMPDIR/wandb key.txt" "$HOME/wandb_credentials.txt"
+  dry -C "$ONE_LINE"
+}
+
 @test "configs: -C together with a command after '--'" {
   refuse "-C/--configs names the experiments, and so do -w/--wandb-sweepid, --sweep and '-- COMMAND'; give only one" -- -C "$ONE_LINE" -- python train.py
 }
