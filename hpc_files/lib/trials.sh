@@ -37,7 +37,8 @@ trials_args() {
     register_cleanup "$inline_configs"
     shell_quote "${opt_command[@]}" >"$inline_configs"
     printf '\n' >>"$inline_configs"
-    trials_argv+=(--configs "$inline_configs")
+    # Messages name it as the user knows it, not by the temporary file.
+    trials_argv+=(--configs "$inline_configs" --configs-label "the command after '--'")
   else
     trials_argv+=(--configs "$opt_configs")
   fi

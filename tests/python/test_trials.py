@@ -521,6 +521,23 @@ def test_cli_needs_a_source_and_one_output(tmp_path, write):
     )
 
 
+def test_configs_label_names_the_configs_in_messages_instead_of_file_and_line(write):
+    """The submitter's command after '--' comes as a temporary configs file: its messages
+    name 'the command after '--'', not that file."""
+    label = "the command after '--'"
+    seeded = write("inline.txt", "python a.py --seed 3\n")
+    assert_refused(
+        run("--configs", seeded, "--configs-label", label, "--seeds", "2", "--list"),
+        f"error: {label}: the trial already sets --seed; drop it or drop --seeds",
+    )
+    binary = write("binary.txt", "")
+    Path(binary).write_bytes(b"python '\xff'\n")
+    assert_refused(
+        run("--configs", binary, "--configs-label", label, "--list"),
+        f"error: {label}: not UTF-8 text",
+    )
+
+
 def test_prog_names_the_errors_and_help_exits_zero():
     proc = run("--prog", "job_submitter.sh", "--list")
     assert proc.returncode == 2

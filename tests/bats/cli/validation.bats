@@ -395,6 +395,14 @@ setup() {
   refuse "--trials must be at least 1, got '0'" -- --sweep "$REPO_ROOT/sweeper.yml" --trials 0
 }
 
+@test "seeds: a command after '--' that sets --seed itself is named so, not by a temporary file" {
+  refuse "job_submitter.sh: error: the command after '--': the trial already sets --seed; drop it or drop --seeds" -- --seeds 2 -- python -m hpc_harness.train --seed 5
+}
+
+@test "command: a word after '--' that is not UTF-8 is named as the command after '--', not a temporary file" {
+  refuse "job_submitter.sh: error: the command after '--': not UTF-8 text" -- -- python $'\xff'
+}
+
 @test "seeds: zero" {
   refuse "--seeds must be at least 1, got '0'" -- -C "$ONE_LINE" --seeds 0
 }
