@@ -109,6 +109,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -183,6 +184,8 @@ DISTRIBUTIONS = (
     "q_log_normal",
 )
 UNQUOTED_OPERATORS = ";&|<>()"
+# A leading word the node takes as the program's environment (launch.sh build_command).
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 class TrialsError(Exception):
@@ -741,6 +744,31 @@ def _sweep_argv(spec: dict, row: dict) -> list[str]:
 # ---------------------------------------------------------------- seeds and output
 
 
+def _where(trial: dict, path: str, label: str | None = None) -> str:
+    """Where a trial comes from, for a message: FILE:LINE (or the label) for a configs
+    line, the file for a sweep."""
+    source = trial["source"]
+    if source.startswith("configs:"):
+        return _place(path, source[len("configs:") :], label)
+    return path
+
+
+def check_programs(trials: list[dict], path: str, label: str | None = None) -> None:
+    """Refuse a trial with no program to run, which would fail on the node ('exec: : not
+    found'): the node takes leading NAME=value words as the program's environment and runs
+    the next word."""
+    for trial in trials:
+        argv = trial["argv"]
+        n = 0
+        while n < len(argv) and ASSIGNMENT.match(argv[n]):
+            n += 1
+        if n == len(argv):
+            what = f"only environment assignments ({_q(' '.join(argv))})" if argv else "no words"
+            raise TrialsError(f"{_where(trial, path, label)}: {what}, no program to run")
+        if not argv[n]:
+            raise TrialsError(f"{_where(trial, path, label)}: the program to run is an empty word")
+
+
 def apply_seeds(
     trials: list[dict], n_seeds: int | None, path: str, label: str | None = None
 ) -> list[dict]:
@@ -751,10 +779,10 @@ def apply_seeds(
         if "seed" in trial["params"] or any(
             a == "--seed" or a.startswith("--seed=") for a in trial["argv"]
         ):
-            where = path
-            if trial["source"].startswith("configs:"):
-                where = _place(path, trial["source"][len("configs:") :], label)
-            raise TrialsError(f"{where}: the trial already sets --seed; drop it or drop --seeds")
+            raise TrialsError(
+                f"{_where(trial, path, label)}: the trial already sets --seed; "
+                "drop it or drop --seeds"
+            )
         for k in range(n_seeds):
             out.append(
                 {
@@ -866,12 +894,14 @@ def build(opts: dict) -> list[dict]:
                 )
             except bayes.BayesError as exc:
                 raise TrialsError(str(exc), exc.code) from None
+            check_programs(trials, path)
             opts["first"] = (opts.get("round", 1) - 1) * opts["trials"]
             return trials
         trials = expand_sweep(spec, opts.get("trials"), opts["sweep_seed"], path)
     else:
         path = opts["configs"]
         trials = read_configs(path, opts.get("configs_label"))
+    check_programs(trials, path, opts.get("configs_label"))
     trials = apply_seeds(trials, opts.get("seeds"), path, opts.get("configs_label"))
     if len(trials) > MAX_TRIALS:
         raise TrialsError(f"{len(trials)} trials, more than {MAX_TRIALS}")

@@ -403,6 +403,28 @@ setup() {
   refuse "job_submitter.sh: error: the command after '--': not UTF-8 text" -- -- python $'\xff'
 }
 
+@test "command: an empty program word after '--' is refused, not queued to fail on the node" {
+  refuse "job_submitter.sh: error: the command after '--': the program to run is an empty word" -- -e bad -- ""
+  refuse "job_submitter.sh: error: the command after '--': the program to run is an empty word" -- -e bad -- A=1 "" train.py
+}
+
+@test "command: only environment assignments after '--' is refused" {
+  refuse "job_submitter.sh: error: the command after '--': only environment assignments ('FOO=1'), no program to run" -- --no-submit -- FOO=1
+}
+
+@test "command: environment assignments before the program are accepted" {
+  dry -- FOO=1 python train.py
+}
+
+@test "configs: a line of environment assignments alone, or an empty program word, names the file and line" {
+  local configs="$BATS_TEST_TMPDIR/bad configs.txt"
+  printf 'python train.py\nFOO=1\n' >"$configs"
+  refuse "job_submitter.sh: error: $configs:2: only environment assignments ('FOO=1'), no program to run" -- --list-trials -C "$configs"
+  printf '# empty\n""\n' >"$configs"
+  refuse "job_submitter.sh: error: $configs:2: the program to run is an empty word" -- --list-trials -C "$configs"
+  refuse "job_submitter.sh: error: $configs:2: the program to run is an empty word" -- -C "$configs"
+}
+
 @test "seeds: zero" {
   refuse "--seeds must be at least 1, got '0'" -- -C "$ONE_LINE" --seeds 0
 }
