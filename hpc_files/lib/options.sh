@@ -114,7 +114,9 @@ Resources:
                               site's; --modules '' loads none)
   --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable); not
                               what the options here set (--time, --signal, --requeue,
-                              --array, --dependency, --job-name, --output, --export)
+                              --array, --dependency, --job-name, --output, --export,
+                              --nodes, --ntasks*, --cpus-per-*, --gres, --gpus*,
+                              --mem*, --partition, --account)
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
 Experiments:

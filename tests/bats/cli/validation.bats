@@ -522,6 +522,37 @@ setup() {
   dry -C "$ONE_LINE" --sbatch-arg=--time-min=10 --sbatch-arg=--exclusive --sbatch-arg=--tmp=10G
 }
 
+@test "sbatch arg: a resource or layout option the submitter writes is refused, naming the submitter's" {
+  # sbatch obeys the last of two #SBATCH lines: --sbatch-arg=--nodes=2 ran on
+  # 2 nodes while the job's HPC_NODES said 1.
+  refuse "--sbatch-arg=--nodes=2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg=--nodes=2
+  refuse "--sbatch-arg=--nodes 2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg '--nodes 2'
+  refuse "--sbatch-arg=-N 2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg '-N 2'
+  refuse "use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg=-N2
+  local arg
+  for arg in --ntasks=4 -n4 '-n 4' --ntasks-per-node=2 --ntasks-per-gpu=1; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --cpus-per-task=8 -c8 '-c 8' --cpus-per-gpu=4; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -c/--cpus" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --gres=gpu:2 --gpus=2 -G2 '--gpus 2' --gpus-per-node=2 --gpus-per-task=1 --gpus-per-socket=1; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -g/--gpus and -G/--gpu-type" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --mem=10G '--mem 10G' --mem-per-cpu=1G --mem-per-gpu=5G; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -m/--mem-per-gpu" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --partition=gpu -pgpu '-p gpu'; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -p/--partition" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --account=def-x -Adef-x '-A def-x'; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -a/--account" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  # neighbours with other meanings pass
+  dry -C "$ONE_LINE" --sbatch-arg=--gres-flags=enforce-binding --sbatch-arg=--mem-bind=local \
+    --sbatch-arg=--nodelist=node1 --sbatch-arg=--ntasks-per-core=1 --sbatch-arg=--constraint=ib
+}
+
 # --- site profiles -----------------------------------------------------------
 
 @test "site: unknown name" {
