@@ -123,7 +123,8 @@ Experiments:
   -C, --configs FILE          experiment lines (default: hpc_files/experiment_configurations.txt
                               if present, else experiment_configurations.txt)
   -e, --exp-name NAME         experiment name: folders \$scratch_dir/NAME/ and the job name
-                              (letters, digits, '.', '_', '-'; default: $DEFAULT_EXP_NAME)
+                              (letters, digits, '.', '_', '-', not digits alone: those
+                              name a job id in status.sh; default: $DEFAULT_EXP_NAME)
   --seeds N                   run every experiment N times, adding --seed=0..N-1
   --sweep FILE                expand a wandb-format sweep file (grid or random)
                               offline into one array job (see sweeper.yml); method

@@ -114,6 +114,10 @@ validate_settings() {
   require_name --exp-name "$opt_exp_name"
   [[ "$opt_exp_name" != hpc_outputs ]] ||
     usage_error "--exp-name 'hpc_outputs' is the folder of the job logs under \$SCRATCH/<project>; pick another name"
+  # results.py find_submission tries such a target as a job id first: once a
+  # job with that id exists, the experiment could not be named.
+  [[ ! "$opt_exp_name" =~ ^[0-9]+(_[0-9]+)?$ ]] ||
+    usage_error "--exp-name '$opt_exp_name' reads as a job id to status.sh and results.sh (digits, or DIGITS_DIGITS for an array task); add a letter, e.g. 'exp$opt_exp_name'"
   parse_slurm_time "$opt_time" seconds
   [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"

@@ -254,6 +254,14 @@ setup() {
   refuse "--exp-name accepts letters, digits" -- -C "$ONE_LINE" -e $'run\xff\xfe'
 }
 
+@test "exp name: all digits, which status.sh and results.sh read as a job id" {
+  refuse "job_submitter.sh: error: --exp-name '363' reads as a job id to status.sh and results.sh (digits, or DIGITS_DIGITS for an array task); add a letter, e.g. 'exp363'" -- -C "$ONE_LINE" -e 363
+  refuse "--exp-name '0012_3' reads as a job id" -- --dry-run -C "$ONE_LINE" --exp-name=0012_3
+  # a letter anywhere makes it a name
+  dry -C "$ONE_LINE" -e 363a
+  dry -C "$ONE_LINE" -e 1_2_3
+}
+
 @test "exp name: the job logs' folder" {
   # its submissions would go among the logs, and status.sh could not find them
   refuse "--exp-name 'hpc_outputs' is the folder of the job logs" -- -C "$ONE_LINE" -e hpc_outputs
