@@ -184,8 +184,9 @@ Behaviour:
   --version                   print the version
 
 Environment: SCRATCH (required), HPC_SITE, HPC_PYTHON (the python that expands
-trials and sweeps on this machine; default python3), HPC_SNAPSHOT_MAX_MB (the
-largest code snapshot taken, in MiB; default 200).
+trials and sweeps on this machine; default: the --venv's python, else the
+project's .venv, else python3), HPC_SNAPSHOT_MAX_MB (the largest code snapshot
+taken, in MiB; default 200).
 HELP
 }
 

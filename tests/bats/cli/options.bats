@@ -377,6 +377,15 @@ quoted() {
   done
 }
 
+@test "--help says which python expands trials without HPC_PYTHON: login_python's order" {
+  local text
+  run "$SUBMITTER" --help
+  assert_success
+  text=$(tr -s ' \n' ' ' <<<"$output")
+  [[ "$text" == *"HPC_PYTHON (the python that expands trials and sweeps on this machine; default: the --venv's python, else the project's .venv, else python3)"* ]] ||
+    fail "--help does not give login_python's order: $text"
+}
+
 @test "--help shows the real defaults" {
   # shellcheck source=../../../hpc_files/lib/options.sh
   source "$REPO_ROOT/hpc_files/lib/options.sh"
