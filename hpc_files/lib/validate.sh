@@ -262,6 +262,10 @@ validate_optional_settings() {
   require_one_of --compress "$opt_compress" none zstd pigz
   if [[ "$opt_compress" != none ]]; then
     command -v "$opt_compress" >/dev/null || usage_error "--compress $opt_compress needs '$opt_compress' on this machine and on the nodes"
+    # A warning, not a refusal: the job is fine, the option only does nothing.
+    # Only when the command line gave it (OPT_GIVEN), never for a default.
+    [[ -z "${OPT_GIVEN[compress]:-}" || ${#opt_data[@]} -gt 0 ]] ||
+      warn "--compress $opt_compress compresses the data tarball of -d, and there is no -d: nothing is compressed"
   fi
   if [[ -n "${opt_stage_out:-}" ]]; then
     [[ "$opt_stage_out" =~ ^[A-Za-z0-9_][A-Za-z0-9._/-]*$ && "/$opt_stage_out/" != */../* ]] ||

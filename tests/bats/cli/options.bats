@@ -287,6 +287,14 @@ quoted() {
   assert_line --regexp '^export HPC_DATA_TARBALL=.*\.tar\.zst'\''?$'
 }
 
+@test "--compress without -d: one warning line, the job is still made" {
+  command -v zstd >/dev/null || skip "zstd is not installed"
+  run --separate-stderr "$SUBMITTER" --dry-run "${BASE[@]}" --compress zstd </dev/null
+  assert_success
+  assert_equal "$stderr" "job_submitter.sh: warning: --compress zstd compresses the data tarball of -d, and there is no -d: nothing is compressed"
+  assert_line "#!/bin/bash"
+}
+
 @test "--compress none is the default and adds nothing" {
   gives "export HPC_RUNTIME=venv" none --compress
   refute_line --partial HPC_COMPRESS
