@@ -157,10 +157,19 @@ run_results_py() {
 
 # sbatch_option_owner ARG: for an sbatch option the submitter sets itself (on
 # sbatch's command line, where it beats an #SBATCH line that a later 'sbatch
-# job.sbatch' would obey instead, or in the script's own lines for the log and
-# the array), the submitter's way to ask for it; nothing for any other option.
+# job.sbatch' would obey instead, or in the script's own lines for the log, the
+# array and the layout, where a later line of the same option wins and the job
+# would run another layout than the one its HPC_* settings describe), the
+# submitter's way to ask for it; nothing for any other option.
 sbatch_option_owner() {
   case "${1%%[= ]*}" in
+    --nodes | -N*) printf 'use -N/--nodes' ;;
+    --ntasks | -n* | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
+    --cpus-per-task | -c* | --cpus-per-gpu) printf 'use -c/--cpus' ;;
+    --gres | --gpus | -G* | --gpus-per-node | --gpus-per-task | --gpus-per-socket) printf 'use -g/--gpus and -G/--gpu-type' ;;
+    --mem | --mem-per-cpu | --mem-per-gpu) printf 'use -m/--mem-per-gpu' ;;
+    --partition | -p*) printf 'use -p/--partition' ;;
+    --account | -A*) printf 'use -a/--account' ;;
     --time | -t*) printf 'use -t/--time' ;;
     --requeue | --no-requeue) printf 'use --max-requeues or --no-signal' ;;
     --signal) printf 'use --signal, --signal-lead or --no-signal' ;;

@@ -114,14 +114,17 @@ Resources:
                               site's; --modules '' loads none)
   --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable); not
                               what the options here set (--time, --signal, --requeue,
-                              --array, --dependency, --job-name, --output, --export)
+                              --array, --dependency, --job-name, --output, --export,
+                              --nodes, --ntasks*, --cpus-per-*, --gres, --gpus*,
+                              --mem*, --partition, --account)
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
 Experiments:
   -C, --configs FILE          experiment lines (default: hpc_files/experiment_configurations.txt
                               if present, else experiment_configurations.txt)
   -e, --exp-name NAME         experiment name: folders \$scratch_dir/NAME/ and the job name
-                              (letters, digits, '.', '_', '-'; default: $DEFAULT_EXP_NAME)
+                              (letters, digits, '.', '_', '-', not digits alone: those
+                              name a job id in status.sh; default: $DEFAULT_EXP_NAME)
   --seeds N                   run every experiment N times, adding --seed=0..N-1
   --sweep FILE                expand a wandb-format sweep file (grid or random)
                               offline into one array job (see sweeper.yml); method
@@ -181,8 +184,9 @@ Behaviour:
   --version                   print the version
 
 Environment: SCRATCH (required), HPC_SITE, HPC_PYTHON (the python that expands
-trials and sweeps on this machine; default python3), HPC_SNAPSHOT_MAX_MB (the
-largest code snapshot taken, in MiB; default 200).
+trials and sweeps on this machine; default: the --venv's python, else the
+project's .venv, else python3), HPC_SNAPSHOT_MAX_MB (the largest code snapshot
+taken, in MiB; default 200).
 HELP
 }
 

@@ -113,7 +113,7 @@ site_value_error() {
 # site_check_value WHERE KEY VALUE: refuse a value that is not of KEY's type.
 # Values are only matched against patterns, never evaluated.
 site_check_value() {
-  local where=$1 key=$2 value=$3 stripped
+  local where=$1 key=$2 value=$3 stripped owner
   case "$key" in
     max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
       [[ "$value" =~ ^[0-9]{1,9}$ ]] || site_value_error "$where" "$key" "$value" "a whole number"
@@ -155,8 +155,10 @@ site_check_value() {
         site_value_error "$where" "$key" "$value" "NAME=value with NAME of letters, digits and '_' (not a digit first)"
       ;;
     sbatch)
-      [[ "$value" == -* && -z "$(sbatch_option_owner "$value")" ]] ||
-        site_value_error "$where" "$key" "$value" "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
+      [[ "$value" == -* ]] || site_value_error "$where" "$key" "$value" "an sbatch option starting with '-'"
+      owner=$(sbatch_option_owner "$value")
+      [[ -z "$owner" ]] ||
+        site_value_error "$where" "$key" "$value" "an sbatch option the submitter does not set itself ($owner)"
       ;;
   esac
 }

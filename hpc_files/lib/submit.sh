@@ -8,7 +8,8 @@
 check_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key
   [[ -e "$file" ]] || return 0
-  mode=$(stat -c %a "$file") || die "cannot stat $file"
+  # -L: a link's own mode is always 777; what others can read is its file's.
+  mode=$(stat -L -c %a "$file") || die "cannot stat $file"
   if ((8#$mode & 8#077)); then
     usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
   fi

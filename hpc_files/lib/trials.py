@@ -29,7 +29,9 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   ``$VAR`` and ``$(...)`` stay literal text and the node expands them when it
   runs the line. Refused: unbalanced quotes, a ``\\`` on the last line, and
   unquoted ``; & | < > ( )`` outside ``$(...)`` (on the node they would end or
-  redirect the command; quote them).
+  redirect the command; quote them). ``--configs-label TEXT`` names the file in
+  messages instead of ``FILE:LINE`` (the submitter passes a command given after
+  ``--`` as a one-line temporary file, which the user never saw).
 * ``--wandb-sweep ID --count K``: K identical trials ``wandb agent --count 1 ID`` (a
   sweep on a wandb server chooses each run's parameters); source ``wandb:ID``.
 * ``--sweep FILE``: a wandb sweep file (``program``, ``method``, ``parameters``,
@@ -107,6 +109,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -117,6 +120,9 @@ usage: {prog} [--configs FILE] [--sweep FILE] [--trials N] [--sweep-seed S] [--s
 Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
 
   --configs FILE    one experiment (a command line) per line; ignored with --sweep
+  --configs-label TEXT
+                    what messages call the configs file, instead of FILE:LINE
+                    (the submitter's command after '--' comes in a temporary file)
   --sweep FILE      wandb sweep file (method grid, random or bayes)
   --wandb-sweep ID --count K
                     K trials 'wandb agent --count 1 ID' (a sweep on a wandb server)
@@ -135,6 +141,7 @@ Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
 
 VALUE_OPTIONS = (
     "--configs",
+    "--configs-label",
     "--sweep",
     "--wandb-sweep",
     "--count",
@@ -177,6 +184,8 @@ DISTRIBUTIONS = (
     "q_log_normal",
 )
 UNQUOTED_OPERATORS = ";&|<>()"
+# A leading word the node takes as the program's environment (launch.sh build_command).
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 class TrialsError(Exception):
@@ -261,7 +270,7 @@ def _whole(name: str, value: str, low: int) -> int:
     return int(value)
 
 
-def _read(path: str, what: str) -> str:
+def _read(path: str, what: str, label: str | None = None) -> str:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -270,18 +279,25 @@ def _read(path: str, what: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TrialsError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise TrialsError(f"{label or path}: not UTF-8 text (byte {exc.start})") from None
     if "\0" in text:
-        raise TrialsError(f"{path}: contains a NUL byte")
+        raise TrialsError(f"{label or path}: contains a NUL byte")
     return text
 
 
 # ---------------------------------------------------------------- configs file
 
 
-def read_configs(path: str) -> list[dict]:
+def _place(path: str, line: int | str, label: str | None) -> str:
+    """Where a configs line is, for a message: FILE:LINE, or the label (--configs-label)
+    that names the whole source."""
+    return label or f"{path}:{line}"
+
+
+def read_configs(path: str, label: str | None = None) -> list[dict]:
     """One trial per experiment line of a configs file (see the module docstring)."""
-    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in _read(path, "--configs").split("\n")]
+    content = _read(path, "--configs", label)
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in content.split("\n")]
     trials = []
     i = 0
     while i < len(lines):
@@ -290,22 +306,22 @@ def read_configs(path: str) -> list[dict]:
             i += 1
             continue
         first = i + 1
-        text, i = _scan_experiment(lines, i, path)
+        text, i = _scan_experiment(lines, i, path, label)
         if not text:
             continue
         try:
             argv = shlex.split(text, posix=True)
         except ValueError as exc:
-            raise TrialsError(f"{path}:{first}: {exc}") from None
+            raise TrialsError(f"{_place(path, first, label)}: {exc}") from None
         if not argv:
             continue
         trials.append({"argv": argv, "params": {}, "source": f"configs:{first}", "command": text})
     if not trials:
-        raise TrialsError(f"{path}: no experiments (every line is blank or a comment)")
+        raise TrialsError(f"{label or path}: no experiments (every line is blank or a comment)")
     return trials
 
 
-def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
+def _scan_experiment(lines: list[str], i: int, path: str, label: str | None) -> tuple[str, int]:
     """Read one experiment starting at lines[i]; return its text and the next index.
 
     Tracks quotes the way bash does so that comments, continuations and unbalanced
@@ -321,7 +337,7 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
         if pos >= len(line):
             if quote:
                 raise TrialsError(
-                    f"{path}:{quote_at[0]}: unbalanced {quote} quote "
+                    f"{_place(path, quote_at[0], label)}: unbalanced {quote} quote "
                     f"(opened at column {quote_at[1]})"
                 )
             break
@@ -335,11 +351,13 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
             if pos == len(line) - 1:
                 if quote:
                     raise TrialsError(
-                        f"{path}:{quote_at[0]}: unbalanced {quote} quote "
+                        f"{_place(path, quote_at[0], label)}: unbalanced {quote} quote "
                         f"(opened at column {quote_at[1]})"
                     )
                 if i + 1 >= len(lines):
-                    raise TrialsError(f"{path}:{i + 1}: '\\' continues a line but the file ends")
+                    raise TrialsError(
+                        f"{_place(path, i + 1, label)}: '\\' continues a line but the file ends"
+                    )
                 i += 1
                 line = lines[i]
                 pos = 0
@@ -368,13 +386,13 @@ def _scan_experiment(lines: list[str], i: int, path: str) -> tuple[str, int]:
             depth -= 1
         elif c in UNQUOTED_OPERATORS and not depth:
             raise TrialsError(
-                f"{path}:{i + 1}: unquoted {_q(c)} at column {pos + 1} would end "
+                f"{_place(path, i + 1, label)}: unquoted {_q(c)} at column {pos + 1} would end "
                 "or redirect the command on the node; quote it"
             )
         out.append(c)
         pos += 1
     if depth:
-        raise TrialsError(f"{path}:{i + 1}: unbalanced '$(': missing ')'")
+        raise TrialsError(f"{_place(path, i + 1, label)}: unbalanced '$(': missing ')'")
     return "".join(out).strip(), i + 1
 
 
@@ -726,7 +744,34 @@ def _sweep_argv(spec: dict, row: dict) -> list[str]:
 # ---------------------------------------------------------------- seeds and output
 
 
-def apply_seeds(trials: list[dict], n_seeds: int | None, path: str) -> list[dict]:
+def _where(trial: dict, path: str, label: str | None = None) -> str:
+    """Where a trial comes from, for a message: FILE:LINE (or the label) for a configs
+    line, the file for a sweep."""
+    source = trial["source"]
+    if source.startswith("configs:"):
+        return _place(path, source[len("configs:") :], label)
+    return path
+
+
+def check_programs(trials: list[dict], path: str, label: str | None = None) -> None:
+    """Refuse a trial with no program to run, which would fail on the node ('exec: : not
+    found'): the node takes leading NAME=value words as the program's environment and runs
+    the next word."""
+    for trial in trials:
+        argv = trial["argv"]
+        n = 0
+        while n < len(argv) and ASSIGNMENT.match(argv[n]):
+            n += 1
+        if n == len(argv):
+            what = f"only environment assignments ({_q(' '.join(argv))})" if argv else "no words"
+            raise TrialsError(f"{_where(trial, path, label)}: {what}, no program to run")
+        if not argv[n]:
+            raise TrialsError(f"{_where(trial, path, label)}: the program to run is an empty word")
+
+
+def apply_seeds(
+    trials: list[dict], n_seeds: int | None, path: str, label: str | None = None
+) -> list[dict]:
     if n_seeds is None:
         return trials
     out = []
@@ -734,10 +779,10 @@ def apply_seeds(trials: list[dict], n_seeds: int | None, path: str) -> list[dict
         if "seed" in trial["params"] or any(
             a == "--seed" or a.startswith("--seed=") for a in trial["argv"]
         ):
-            where = path
-            if trial["source"].startswith("configs:"):
-                where += ":" + trial["source"][len("configs:") :]
-            raise TrialsError(f"{where}: the trial already sets --seed; drop it or drop --seeds")
+            raise TrialsError(
+                f"{_where(trial, path, label)}: the trial already sets --seed; "
+                "drop it or drop --seeds"
+            )
         for k in range(n_seeds):
             out.append(
                 {
@@ -849,13 +894,15 @@ def build(opts: dict) -> list[dict]:
                 )
             except bayes.BayesError as exc:
                 raise TrialsError(str(exc), exc.code) from None
+            check_programs(trials, path)
             opts["first"] = (opts.get("round", 1) - 1) * opts["trials"]
             return trials
         trials = expand_sweep(spec, opts.get("trials"), opts["sweep_seed"], path)
     else:
         path = opts["configs"]
-        trials = read_configs(path)
-    trials = apply_seeds(trials, opts.get("seeds"), path)
+        trials = read_configs(path, opts.get("configs_label"))
+    check_programs(trials, path, opts.get("configs_label"))
+    trials = apply_seeds(trials, opts.get("seeds"), path, opts.get("configs_label"))
     if len(trials) > MAX_TRIALS:
         raise TrialsError(f"{len(trials)} trials, more than {MAX_TRIALS}")
     return trials

@@ -37,7 +37,8 @@ trials_args() {
     register_cleanup "$inline_configs"
     shell_quote "${opt_command[@]}" >"$inline_configs"
     printf '\n' >>"$inline_configs"
-    trials_argv+=(--configs "$inline_configs")
+    # Messages name it as the user knows it, not by the temporary file.
+    trials_argv+=(--configs "$inline_configs" --configs-label "the command after '--'")
   else
     trials_argv+=(--configs "$opt_configs")
   fi
@@ -45,11 +46,15 @@ trials_args() {
 }
 
 # command_in_bash: true for a command after '--' that write_trials writes
-# itself: no --seeds, and ASCII words without a newline (a newline would
-# split the commands.txt line; trials.py refuses what is not UTF-8).
+# itself: no --seeds, a plain program first, and ASCII words without a newline
+# (a newline would split the commands.txt line; trials.py refuses what is not
+# UTF-8).
 command_in_bash() {
   local word
   ((${#opt_command[@]} > 0)) && [[ -z "${opt_seeds:-}" ]] || return 1
+  # A first word that is empty or holds '=' (an environment assignment?):
+  # trials.py judges whether the command has a program to run.
+  [[ -n "${opt_command[0]}" && "${opt_command[0]}" != *=* ]] || return 1
   for word in "${opt_command[@]}"; do
     [[ "$word" != *[![:ascii:]]* && "$word" != *$'\n'* ]] || return 1
   done

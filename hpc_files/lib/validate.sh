@@ -114,6 +114,10 @@ validate_settings() {
   require_name --exp-name "$opt_exp_name"
   [[ "$opt_exp_name" != hpc_outputs ]] ||
     usage_error "--exp-name 'hpc_outputs' is the folder of the job logs under \$SCRATCH/<project>; pick another name"
+  # results.py find_submission tries such a target as a job id first: once a
+  # job with that id exists, the experiment could not be named.
+  [[ ! "$opt_exp_name" =~ ^[0-9]+(_[0-9]+)?$ ]] ||
+    usage_error "--exp-name '$opt_exp_name' reads as a job id to status.sh and results.sh (digits, or DIGITS_DIGITS for an array task); add a letter, e.g. 'exp$opt_exp_name'"
   parse_slurm_time "$opt_time" seconds
   [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
@@ -258,6 +262,10 @@ validate_optional_settings() {
   require_one_of --compress "$opt_compress" none zstd pigz
   if [[ "$opt_compress" != none ]]; then
     command -v "$opt_compress" >/dev/null || usage_error "--compress $opt_compress needs '$opt_compress' on this machine and on the nodes"
+    # A warning, not a refusal: the job is fine, the option only does nothing.
+    # Only when the command line gave it (OPT_GIVEN), never for a default.
+    [[ -z "${OPT_GIVEN[compress]:-}" || ${#opt_data[@]} -gt 0 ]] ||
+      warn "--compress $opt_compress compresses the data tarball of -d, and there is no -d: nothing is compressed"
   fi
   if [[ -n "${opt_stage_out:-}" ]]; then
     [[ "$opt_stage_out" =~ ^[A-Za-z0-9_][A-Za-z0-9._/-]*$ && "/$opt_stage_out/" != */../* ]] ||

@@ -353,6 +353,9 @@ def test_configs_without_variables_round_trip_through_bash(tmp_path, write):
         ("\n# only comments\n   \n", "c.txt: no experiments"),
         ("", "c.txt: no experiments"),
         ("python a.py --seed 3\n", "c.txt:1: the trial already sets --seed"),
+        ("A=1 B='x y'\n", "c.txt:1: only environment assignments ('A=1 B=x y'), no program"),
+        ('python a.py\n""\n', "c.txt:2: the program to run is an empty word"),
+        ('# c\nA=1 "" a.py\n', "c.txt:2: the program to run is an empty word"),
     ],
 )
 def test_configs_errors(tmp_path, write, text, message):
@@ -462,6 +465,11 @@ BAD_SWEEPS = [
         "program: t.py\nmethod: random\nparameters: {a: {value: 1}}\n",
         "method random needs --trials",
     ),
+    (
+        "program: t.py\nmethod: grid\nparameters: {a: {value: 1}}\n"
+        'command: ["${args_no_hyphens}"]\n',
+        "s.yml: only environment assignments ('a=1'), no program to run",
+    ),
     ("program: t.py\nmethod: grid\nparameters: {seed: {values: [1, 2]}}\n", "already sets --seed"),
     (
         "program: t.py\nmethod: grid\nmetric: {name: loss, goal: lowest}\n"
@@ -518,6 +526,30 @@ def test_cli_needs_a_source_and_one_output(tmp_path, write):
     )
     assert_refused(
         run("--configs", str(tmp_path / "missing.txt"), "--list"), "--configs: cannot read"
+    )
+
+
+def test_configs_assignments_before_a_program_are_its_environment(write):
+    """As on the node (launch.sh build_command): leading NAME=value words set the
+    program's environment; a word with '=' that is not such an assignment is a program."""
+    trials = manifest("--configs", write("c.txt", "A=1 _b=2 python a.py\n--x=1 a.py\n"))
+    assert [t["argv"][0] for t in trials] == ["A=1", "--x=1"]
+
+
+def test_configs_label_names_the_configs_in_messages_instead_of_file_and_line(write):
+    """The submitter's command after '--' comes as a temporary configs file: its messages
+    name 'the command after '--'', not that file."""
+    label = "the command after '--'"
+    seeded = write("inline.txt", "python a.py --seed 3\n")
+    assert_refused(
+        run("--configs", seeded, "--configs-label", label, "--seeds", "2", "--list"),
+        f"error: {label}: the trial already sets --seed; drop it or drop --seeds",
+    )
+    binary = write("binary.txt", "")
+    Path(binary).write_bytes(b"python '\xff'\n")
+    assert_refused(
+        run("--configs", binary, "--configs-label", label, "--list"),
+        f"error: {label}: not UTF-8 text",
     )
 
 

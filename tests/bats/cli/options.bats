@@ -287,6 +287,14 @@ quoted() {
   assert_line --regexp '^export HPC_DATA_TARBALL=.*\.tar\.zst'\''?$'
 }
 
+@test "--compress without -d: one warning line, the job is still made" {
+  command -v zstd >/dev/null || skip "zstd is not installed"
+  run --separate-stderr "$SUBMITTER" --dry-run "${BASE[@]}" --compress zstd </dev/null
+  assert_success
+  assert_equal "$stderr" "job_submitter.sh: warning: --compress zstd compresses the data tarball of -d, and there is no -d: nothing is compressed"
+  assert_line "#!/bin/bash"
+}
+
 @test "--compress none is the default and adds nothing" {
   gives "export HPC_RUNTIME=venv" none --compress
   refute_line --partial HPC_COMPRESS
@@ -375,6 +383,15 @@ quoted() {
   for spelling in "${!FLAG_SETTING[@]}"; do
     [[ -z "${OPTION_SETTING[$spelling]:-}" ]] || fail "$spelling is both a flag and an option"
   done
+}
+
+@test "--help says which python expands trials without HPC_PYTHON: login_python's order" {
+  local text
+  run "$SUBMITTER" --help
+  assert_success
+  text=$(tr -s ' \n' ' ' <<<"$output")
+  [[ "$text" == *"HPC_PYTHON (the python that expands trials and sweeps on this machine; default: the --venv's python, else the project's .venv, else python3)"* ]] ||
+    fail "--help does not give login_python's order: $text"
 }
 
 @test "--help shows the real defaults" {

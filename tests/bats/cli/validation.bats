@@ -254,6 +254,14 @@ setup() {
   refuse "--exp-name accepts letters, digits" -- -C "$ONE_LINE" -e $'run\xff\xfe'
 }
 
+@test "exp name: all digits, which status.sh and results.sh read as a job id" {
+  refuse "job_submitter.sh: error: --exp-name '363' reads as a job id to status.sh and results.sh (digits, or DIGITS_DIGITS for an array task); add a letter, e.g. 'exp363'" -- -C "$ONE_LINE" -e 363
+  refuse "--exp-name '0012_3' reads as a job id" -- --dry-run -C "$ONE_LINE" --exp-name=0012_3
+  # a letter anywhere makes it a name
+  dry -C "$ONE_LINE" -e 363a
+  dry -C "$ONE_LINE" -e 1_2_3
+}
+
 @test "exp name: the job logs' folder" {
   # its submissions would go among the logs, and status.sh could not find them
   refuse "--exp-name 'hpc_outputs' is the folder of the job logs" -- -C "$ONE_LINE" -e hpc_outputs
@@ -395,6 +403,36 @@ setup() {
   refuse "--trials must be at least 1, got '0'" -- --sweep "$REPO_ROOT/sweeper.yml" --trials 0
 }
 
+@test "seeds: a command after '--' that sets --seed itself is named so, not by a temporary file" {
+  refuse "job_submitter.sh: error: the command after '--': the trial already sets --seed; drop it or drop --seeds" -- --seeds 2 -- python -m hpc_harness.train --seed 5
+}
+
+@test "command: a word after '--' that is not UTF-8 is named as the command after '--', not a temporary file" {
+  refuse "job_submitter.sh: error: the command after '--': not UTF-8 text" -- -- python $'\xff'
+}
+
+@test "command: an empty program word after '--' is refused, not queued to fail on the node" {
+  refuse "job_submitter.sh: error: the command after '--': the program to run is an empty word" -- -e bad -- ""
+  refuse "job_submitter.sh: error: the command after '--': the program to run is an empty word" -- -e bad -- A=1 "" train.py
+}
+
+@test "command: only environment assignments after '--' is refused" {
+  refuse "job_submitter.sh: error: the command after '--': only environment assignments ('FOO=1'), no program to run" -- --no-submit -- FOO=1
+}
+
+@test "command: environment assignments before the program are accepted" {
+  dry -- FOO=1 python train.py
+}
+
+@test "configs: a line of environment assignments alone, or an empty program word, names the file and line" {
+  local configs="$BATS_TEST_TMPDIR/bad configs.txt"
+  printf 'python train.py\nFOO=1\n' >"$configs"
+  refuse "job_submitter.sh: error: $configs:2: only environment assignments ('FOO=1'), no program to run" -- --list-trials -C "$configs"
+  printf '# empty\n""\n' >"$configs"
+  refuse "job_submitter.sh: error: $configs:2: the program to run is an empty word" -- --list-trials -C "$configs"
+  refuse "job_submitter.sh: error: $configs:2: the program to run is an empty word" -- -C "$configs"
+}
+
 @test "seeds: zero" {
   refuse "--seeds must be at least 1, got '0'" -- -C "$ONE_LINE" --seeds 0
 }
@@ -490,6 +528,37 @@ setup() {
   refuse "the job needs the submitting shell's environment" -- -C "$ONE_LINE" --sbatch-arg=--export=NONE
   # neighbours with other meanings pass
   dry -C "$ONE_LINE" --sbatch-arg=--time-min=10 --sbatch-arg=--exclusive --sbatch-arg=--tmp=10G
+}
+
+@test "sbatch arg: a resource or layout option the submitter writes is refused, naming the submitter's" {
+  # sbatch obeys the last of two #SBATCH lines: --sbatch-arg=--nodes=2 ran on
+  # 2 nodes while the job's HPC_NODES said 1.
+  refuse "--sbatch-arg=--nodes=2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg=--nodes=2
+  refuse "--sbatch-arg=--nodes 2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg '--nodes 2'
+  refuse "--sbatch-arg=-N 2 sets what the submitter sets itself; use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg '-N 2'
+  refuse "use -N/--nodes" -- -C "$ONE_LINE" --sbatch-arg=-N2
+  local arg
+  for arg in --ntasks=4 -n4 '-n 4' --ntasks-per-node=2 --ntasks-per-gpu=1; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --cpus-per-task=8 -c8 '-c 8' --cpus-per-gpu=4; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -c/--cpus" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --gres=gpu:2 --gpus=2 -G2 '--gpus 2' --gpus-per-node=2 --gpus-per-task=1 --gpus-per-socket=1; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -g/--gpus and -G/--gpu-type" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --mem=10G '--mem 10G' --mem-per-cpu=1G --mem-per-gpu=5G; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -m/--mem-per-gpu" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --partition=gpu -pgpu '-p gpu'; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -p/--partition" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  for arg in --account=def-x -Adef-x '-A def-x'; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -a/--account" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  done
+  # neighbours with other meanings pass
+  dry -C "$ONE_LINE" --sbatch-arg=--gres-flags=enforce-binding --sbatch-arg=--mem-bind=local \
+    --sbatch-arg=--nodelist=node1 --sbatch-arg=--ntasks-per-core=1 --sbatch-arg=--constraint=ib
 }
 
 # --- site profiles -----------------------------------------------------------
@@ -602,6 +671,12 @@ setup() {
   printf 'WANDB_API_KEY=fake\n' >"$HOME/wandb_credentials.txt"
   chmod 644 "$HOME/wandb_credentials.txt"
   refuse "$HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600" -- -C "$ONE_LINE"
+}
+
+@test "credentials: a link to a private wandb key file is accepted (the file's mode counts, not the link's)" {
+  (umask 077 && printf 'WANDB_API_KEY=fake\n' >"$BATS_TEST_TMPDIR/wandb key.txt")
+  ln -s "$BATS_TEST_TMPDIR/wandb key.txt" "$HOME/wandb_credentials.txt"
+  dry -C "$ONE_LINE"
 }
 
 @test "configs: -C together with a command after '--'" {

@@ -104,9 +104,14 @@ echo hi'
   refused 'modules = cuda/12 $(touch "$PWNED")' "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
   refused 'tmpdir_base = relative/dir' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
   refused 'tmpdir_base = /tmp/"$(touch "$PWNED")"' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
-  refused 'sbatch = constraint=ib' "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
+  refused 'sbatch = constraint=ib' "an sbatch option starting with '-'"
   # the submitter's command line beats it at submission, a later sbatch of the script obeys it
-  refused 'sbatch = --time=5' "an sbatch option starting with '-', not one the submitter sets itself (--time, --signal, --requeue, --array, --output, ...)"
+  refused 'sbatch = --time=5' "an sbatch option the submitter does not set itself (use -t/--time)"
+  # a later #SBATCH line wins: the job's layout would not be the one the submitter planned
+  refused 'sbatch = --nodes=2' "an sbatch option the submitter does not set itself (use -N/--nodes)"
+  refused 'sbatch = --gres=gpu:4' "an sbatch option the submitter does not set itself (use -g/--gpus and -G/--gpu-type)"
+  refused 'sbatch = --mem=0' "an sbatch option the submitter does not set itself (use -m/--mem-per-gpu)"
+  refused 'sbatch = -p gpu' "an sbatch option the submitter does not set itself (use -p/--partition)"
 }
 
 @test "good typed values are kept as written" {

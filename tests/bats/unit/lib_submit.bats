@@ -83,6 +83,20 @@ REQUEUE_HOLD 0:15'
   assert_equal "$stderr" ""
 }
 
+@test "check_wandb_credentials: a link to the key file is judged by the file's mode (stat -L), not the link's 777" {
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME" "$BATS_TEST_TMPDIR/keys"
+  (umask 077 && printf 'WANDB_API_KEY=k\n' >"$BATS_TEST_TMPDIR/keys/wandb.txt")
+  ln -s "$BATS_TEST_TMPDIR/keys/wandb.txt" "$HOME/wandb_credentials.txt"
+  run --separate-stderr check_wandb_credentials
+  assert_success
+  assert_equal "$stderr" ""
+  chmod 644 "$BATS_TEST_TMPDIR/keys/wandb.txt"
+  run --separate-stderr check_wandb_credentials
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: $HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600 '$HOME/wandb_credentials.txt'"
+}
+
 @test "make_submission_dir: a new private folder <stamp>-XXXX under the experiment, and the log and checkpoint folders" {
   plan_exp_dir="$BATS_TEST_TMPDIR/scratch space/proj/exp"
   plan_log_dir="$BATS_TEST_TMPDIR/scratch space/proj/hpc_outputs"

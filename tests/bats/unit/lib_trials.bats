@@ -73,8 +73,9 @@ written_in_bash() {
   : >"$BATS_TEST_TMPDIR/words"
   RANDOM=42
   for ((n = 0; n < 120; n++)); do
-    words=()
-    for ((w = 0; w <= RANDOM % 4; w++)); do
+    # A program first: trials.py refuses a command without one.
+    words=(prog)
+    for ((w = 0; w < RANDOM % 4; w++)); do
       word=""
       for ((i = 0; i < RANDOM % 6; i++)); do word+=${chars[RANDOM % ${#chars[@]}]}; done
       words+=("$word")
@@ -99,6 +100,28 @@ for k, trial in enumerate(trials):
 assert i == len(fields) and len(trials) == 120, (i, len(fields), len(trials))
 PY
   assert_success
+}
+
+@test "a command whose first word is empty or holds '=' goes to trials.py, which refuses one without a program" {
+  local words
+  for words in '' FOO=1 --x=1; do
+    opt_command=("$words" train.py)
+    ! command_in_bash || fail "written in bash: $(printf '%q' "$words")"
+  done
+  opt_command=(FOO=1 python train.py)
+  rm -rf -- "$OUT"
+  write_trials "$OUT"
+  assert_equal "$(cat "$OUT/commands.txt")" "FOO=1 python train.py"
+  opt_command=(FOO=1)
+  rm -rf -- "$OUT"
+  run --separate-stderr write_trials "$OUT"
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: the command after '--': only environment assignments ('FOO=1'), no program to run"
+  assert_file_not_exists "$OUT/commands.txt"
+  opt_command=("")
+  run --separate-stderr write_trials "$OUT"
+  assert_failure 2
+  assert_equal "$stderr" "job_submitter.sh: error: the command after '--': the program to run is an empty word"
 }
 
 @test "--seeds, non-ASCII words or a newline: trials.py writes both files" {

@@ -282,6 +282,24 @@ key_from() {
   assert_equal "$stderr" ""
 }
 
+# load_key: load_wandb_credentials on the file as it is; prints the
+# WANDB_API_KEY it exported, or <unset>.
+load_key() {
+  load_wandb_credentials
+  printf '%s\n' "${WANDB_API_KEY-<unset>}"
+}
+
+@test "load_wandb_credentials: a link to a private key file gives its key (the file's mode is checked, not the link's 777)" {
+  export HOME="$BATS_TEST_TMPDIR/home"
+  mkdir -p "$HOME" "$BATS_TEST_TMPDIR/keys"
+  (umask 077 && printf 'WANDB_API_KEY=0123abcd\n' >"$BATS_TEST_TMPDIR/keys/wandb.txt")
+  ln -s "$BATS_TEST_TMPDIR/keys/wandb.txt" "$HOME/wandb_credentials.txt"
+  unset WANDB_API_KEY
+  run --separate-stderr load_key
+  assert_output 0123abcd
+  assert_equal "$stderr" ""
+}
+
 @test "check_venv: a venv whose requirements changed since submission (a later --setup-venv) is said in the log; the same is not" {
   local venv="$BATS_TEST_TMPDIR/venv"
   mkdir -p "$venv"
