@@ -115,8 +115,9 @@ Resources:
   --sbatch-arg ARG            pass ARG to sbatch as an #SBATCH line (repeatable); not
                               what the options here set (--time, --signal, --requeue,
                               --array, --dependency, --job-name, --output, --export,
-                              --nodes, --ntasks*, --cpus-per-*, --gres, --gpus*,
-                              --mem*, --partition, --account)
+                              --nodes, --ntasks*, --cpus-per-*, --gres=gpu*, --gpus*,
+                              --mem*, --partition, --account; another --gres only
+                              without GPUs)
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
 Experiments:

@@ -89,6 +89,18 @@ plan_layout() {
   plan_requeue_args+=(--requeue)
 }
 
+# plan_gres_conflict: a --gres that is not a GPU (sbatch_option_owner refuses
+# those) from the site or --sbatch-arg, in a job with GPUs: its #SBATCH line
+# comes after the submitter's --gres=gpu:N, and sbatch obeys the last one.
+plan_gres_conflict() {
+  local arg
+  [[ -n "$plan_gres" ]] || return 0
+  for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
+    [[ "${arg%%[= ]*}" != --gres ]] ||
+      usage_error "the sbatch option $arg (--sbatch-arg or the site profile) would replace the job's --gres=$plan_gres (sbatch obeys the last --gres line): a job with GPUs cannot ask for other generic resources here"
+  done
+}
+
 # plan_site_settings: what the site profile sets or defaults, the command
 # line winning where it gave the option (--modules '' loads none).
 plan_site_settings() {
@@ -101,6 +113,7 @@ plan_site_settings() {
   [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
   plan_dependency=${opt_dependency:-}
   plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
+  plan_gres_conflict
   plan_tmpdir_mode=$site_provides_tmpdir
   plan_tmpdir_base=$site_tmpdir_base
   plan_container_runtime=${site_container_runtime:-}

@@ -556,6 +556,11 @@ setup() {
   for arg in --account=def-x -Adef-x '-A def-x'; do
     refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -a/--account" -- -C "$ONE_LINE" --sbatch-arg="$arg"
   done
+  # a generic resource that is not a GPU: a job without GPUs asks for it; one
+  # with GPUs cannot (the last --gres line wins: it would drop the GPUs)
+  dry -C "$ONE_LINE" -g 0 --sbatch-arg=--gres=lscratch:10
+  assert_output --partial '#SBATCH --gres=lscratch:10'
+  refuse "the sbatch option --gres=lscratch:10 (--sbatch-arg or the site profile) would replace the job's --gres=gpu:2 (sbatch obeys the last --gres line)" -- -C "$ONE_LINE" -g 2 --sbatch-arg=--gres=lscratch:10
   # neighbours with other meanings pass
   dry -C "$ONE_LINE" --sbatch-arg=--gres-flags=enforce-binding --sbatch-arg=--mem-bind=local \
     --sbatch-arg=--nodelist=node1 --sbatch-arg=--ntasks-per-core=1 --sbatch-arg=--constraint=ib
