@@ -9,7 +9,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
     loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
     loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
     state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
-    step = state["global_step"] if state else 0           # (and load model/optimizer state)
+    if state:                                             # the optimizer too (AdamW's moments)
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
+    step = state["global_step"] if state else 0
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
@@ -20,7 +22,8 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
             opt.step()
             step += 1
             if stop.should_stop():                        # the same step on every rank
-                path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
+                keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+                path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
 
