@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,11 +44,20 @@ class _StopAt:
 
 
 def _run_recipe(
-    monkeypatch, ckpt_dir: str, stop_at: int, trained: list[list[float]]
+    monkeypatch,
+    ckpt_dir: str,
+    stop_at: int,
+    trained: list[list[float]],
+    rank: int = 0,
+    world_size: int = 1,
+    worker_seeds: list[int] | None = None,
 ) -> tuple[int | None, dict[str, torch.Tensor]]:
     """Run the docstring's loop once as written (AdamW, a model with dropout), appending the
     batches it trains to ``trained``; returns its exit code at a stop (None when it ran to its
-    end) and the model's weights then."""
+    end) and the model's weights then. With ``world_size`` above 1 it is rank ``rank``'s part
+    alone (its gradients not averaged: the other ranks are not here). ``worker_seeds`` gets
+    each epoch's base seed of the DataLoader's workers (worker i seeds torch, random and numpy
+    with base seed + i: its augmentations)."""
     ds = TensorDataset(torch.arange(float(SAMPLES)))
     torch.manual_seed(0)  # the same initial weights in every run
     model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
@@ -61,11 +71,21 @@ def _run_recipe(
             opt.zero_grad()
             model(x[:, None]).pow(2).mean().backward()  # dropout draws on the global RNG
 
+    class SeedsRecorded(DataLoader):
+        def _get_iterator(self):  # an epoch's iterator, its base seed drawn
+            batches = super()._get_iterator()
+            (worker_seeds if worker_seeds is not None else []).append(batches._base_seed)
+            return batches
+
     monkeypatch.setattr(pieces, "StopAgreement", lambda ctx: _StopAt(stop_at))
+    if world_size > 1:
+        ctx = SimpleNamespace(rank=rank, world_size=world_size)
+        monkeypatch.setattr(pieces, "setup", lambda: ctx)
+        monkeypatch.setattr(pieces, "average_gradients", lambda model, world_size: None)
     namespace.update(
-        ds=ds, B=B, DataLoader=DataLoader, torch=torch, ckpt_dir=ckpt_dir,
-        total_steps=TOTAL_STEPS, steps_per_epoch=SAMPLES // B, model=model, loss=Loss(),
-        opt=opt,
+        ds=ds, B=B, DataLoader=SeedsRecorded, torch=torch, ckpt_dir=ckpt_dir,
+        total_steps=TOTAL_STEPS, steps_per_epoch=SAMPLES // (B * world_size), model=model,
+        loss=Loss(), opt=opt,
     )  # fmt: skip
     code = None
     try:
@@ -95,6 +115,27 @@ def test_the_recipe_interrupted_and_resumed_trains_as_an_uninterrupted_run(
     assert code is None  # (a stop at step 9: the run ended before it)
     assert interrupted == straight
     assert bitwise_equal(weights, straight_weights)
+
+
+def test_the_recipes_workers_seeds_differ_by_rank_and_epoch_and_resume_alike(
+    tmp_path, monkeypatch
+) -> None:
+    """The recipe's loader had a torch.Generator() of its own and nothing more: every rank's
+    workers drew the same seeds (the same augmentations on every rank), and a resumed process
+    drew epoch 0's seeds again in the epoch it resumed (the generator is not checkpointed)."""
+    seeds = {}
+    for rank in (0, 1):
+        seeds[rank] = []
+        path = str(tmp_path / f"rank{rank}")
+        _run_recipe(monkeypatch, path, 0, [], rank, 2, worker_seeds=seeds[rank])
+    assert len(seeds[0]) == 4  # 2 steps an epoch: 7 steps end in epoch 3
+    assert all(a != b for a, b in zip(seeds[0], seeds[1])), seeds
+    assert len(set(seeds[0])) == len(seeds[0]), seeds[0]
+    resumed: list[int] = []
+    code, _ = _run_recipe(monkeypatch, str(tmp_path / "ck"), 3, [], 0, 2, worker_seeds=resumed)
+    assert code == pieces.REQUEUE_EXIT_CODE and resumed == seeds[0][:2]
+    _run_recipe(monkeypatch, str(tmp_path / "ck"), 0, [], 0, 2, worker_seeds=resumed)
+    assert resumed == seeds[0][:2] + seeds[0][1:]  # the resume starts in epoch 1 again
 
 
 def test_the_readme_shows_the_docstrings_recipe() -> None:
