@@ -47,10 +47,21 @@ def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> s
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
-    """Complete checkpoints in ``ckpt_dir``, oldest first (temporary files are not listed)."""
+    """Complete checkpoints in ``ckpt_dir``, oldest first (temporary files are not listed): by
+    step, and of one step by the time each was written. The one order of "newest": prune keeps
+    its end and load_latest tries it from the end.
+
+    Two checkpoints of one step are a plain file and a sharded folder (an earlier run's, and a
+    run restarted over the folder with the other kind): the one written last is this run's, and
+    the name said nothing about that (``.dcp`` sorted first, so a save deleted the folder it had
+    just written). Equal times (a coarse clock) fall back to the name."""
     names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
-    found = sorted((int(m.group(1)), m.group(0)) for m in map(_NAME_RE.match, names) if m)
-    return [os.path.join(ckpt_dir, name) for _, name in found]
+    found = []
+    for m in filter(None, map(_NAME_RE.match, names)):
+        with contextlib.suppress(FileNotFoundError):  # gone since the listing
+            written = os.stat(os.path.join(ckpt_dir, m.group(0))).st_mtime_ns
+            found.append((int(m.group(1)), written, m.group(0)))
+    return [os.path.join(ckpt_dir, name) for *_, name in sorted(found)]
 
 
 def _fsync_dir(folder: str) -> None:

@@ -44,6 +44,14 @@ class ResumableSampler(DistributedSampler):
     def set_start(self, start: int) -> None:
         self.start = max(0, start)
 
+    def worker_seed(self) -> int:
+        """The seed for the DataLoader's own generator at the start of this rank's current
+        epoch (``loader.generator.manual_seed(sampler.worker_seed())`` after ``set_epoch``): the
+        iterator draws its workers' base seed from that generator, so their randomness
+        (augmentations) is another on each rank and in each epoch, and a resumed process draws
+        in its epoch what an uninterrupted one drew (the generator itself is not saved)."""
+        return ((self.seed * 1_000_003 + self.epoch) * 1_000_033 + self.rank) % 2**64
+
     def indices(self) -> list[int]:
         """This rank's samples of the current epoch, in order (no offset)."""
         return list(super().__iter__())

@@ -9,18 +9,22 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
     loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
     loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
     state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
-    step = state["global_step"] if state else 0           # (and load model/optimizer state)
+    if state:                                             # the optimizer too (AdamW's moments)
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
+    step = state["global_step"] if state else 0
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch); sampler.set_start(start * B)
+        loader.generator.manual_seed(sampler.worker_seed())  # workers: per rank, epoch
         for batch in loader:
             loss.backward()                               # your step, with
             hp.average_gradients(model, ctx.world_size)   # (or DDP: see average_gradients)
             opt.step()
             step += 1
             if stop.should_stop():                        # the same step on every rank
-                path = hp.save_checkpoint(ckpt_dir, {"model": ..., "global_step": step}, step)
+                keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+                path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
 
@@ -31,7 +35,10 @@ tensors and python types only (it is loaded with ``weights_only=True``).
 :func:`save_checkpoint` adds every rank's RNG states and :func:`load_checkpoint` restores this
 rank's, so randomness in the model (dropout) continues as if uninterrupted, provided nothing
 else draws from the global RNG between the load and the step (give the DataLoader its own
-``generator``: an epoch's iterator draws a seed from it, else from the global RNG).
+``generator``: an epoch's iterator draws its workers' base seed from it, else from the global
+RNG). Seeded with ``sampler.worker_seed()`` at each epoch's start, it gives the workers'
+randomness (augmentations) another seed on each rank and in each epoch, and a resumed process
+the one the uninterrupted run drew (the generator itself is not saved).
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints

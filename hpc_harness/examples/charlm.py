@@ -196,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             epoch, start = divmod(step, steps_per_epoch)
             sampler.set_epoch(epoch)
             sampler.set_start(start * args.batch_size)
+            # the workers' seeds (augmentations): another on each rank and epoch, and the
+            # uninterrupted run's at a resume (the generator itself is not saved)
+            loader.generator.manual_seed(sampler.worker_seed())
             for x, y in loader:
                 x, y = x.to(ctx.device), y.to(ctx.device)
                 loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())

@@ -11,8 +11,18 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PY, bitwise_equal, clean_env, fit_processes, load_model, wait_for
+from conftest import (
+    PY,
+    bitwise_equal,
+    clean_env,
+    fit_processes,
+    gloo_context,
+    load_model,
+    spawn_gloo,
+    wait_for,
+)
 from test_torchrun import _workers
+from torch.utils.data import DataLoader
 
 from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
 from hpc_harness.pieces import REQUEUE_EXIT_CODE, StopAgreement
@@ -115,20 +125,59 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))
 
 
-def _run_in_process(monkeypatch, argv: list[str], losses: list[float]) -> int:
-    """charlm.main in this process (world size 1), every step's loss recorded."""
+def _record_steps(
+    monkeypatch, losses: list[float], targets: list[list[int]] | None = None
+) -> list[bytes]:
+    """charlm's every step recorded: its loss into ``losses``, its batch's targets into
+    ``targets``; returns a list that gets the global RNG's state at each step (after the
+    forward: dropout's draws)."""
     from hpc_harness.examples import charlm
+
+    rng_states: list[bytes] = []
 
     class Recording:  # torch.nn.functional, with cross_entropy recording its value
         def __getattr__(self, name: str):
             return getattr(F, name)
 
-        def cross_entropy(self, *args, **kwargs):
-            loss = F.cross_entropy(*args, **kwargs)
+        def cross_entropy(self, logits, y, *args, **kwargs):
+            loss = F.cross_entropy(logits, y, *args, **kwargs)
             losses.append(loss.item())
+            if targets is not None:
+                targets.append(y.tolist())
+            rng_states.append(torch.get_rng_state().numpy().tobytes())
             return loss
 
     monkeypatch.setattr(charlm, "F", Recording())
+    return rng_states
+
+
+def _record_worker_seeds(monkeypatch) -> list[int]:
+    """A list that gets the base seed of charlm's DataLoader's workers at each epoch's start
+    (worker i seeds torch, random and numpy with base seed + i: its augmentations)."""
+    from hpc_harness.examples import charlm
+
+    seeds: list[int] = []
+
+    class SeedsRecorded(DataLoader):
+        def _get_iterator(self):  # an epoch's iterator, its base seed drawn
+            batches = super()._get_iterator()
+            seeds.append(batches._base_seed)
+            return batches
+
+    monkeypatch.setattr(charlm, "DataLoader", SeedsRecorded)
+    return seeds
+
+
+def _run_in_process(monkeypatch, argv: list[str], losses: list[float]) -> int:
+    """charlm.main in this process (world size 1), every step's loss recorded."""
+    _record_steps(monkeypatch, losses)
+    return _main_in_process(argv)
+
+
+def _main_in_process(argv: list[str]) -> int:
+    """charlm.main in this process (world size 1)."""
+    from hpc_harness.examples import charlm
+
     # main installs its StopAgreement's handlers for good (a process of its own); put back
     handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
@@ -239,3 +288,67 @@ def test_log_every_0_trains_without_progress_lines(tmp_path, monkeypatch, capsys
         build_parser().parse_args(["--help"])
     help_words = " ".join(capsys.readouterr().out.split())
     assert "--log-every LOG_EVERY steps between progress lines, 0: none (default: 20)" in help_words
+
+
+# 128 windows a batch: 4 steps an epoch on one rank, 2 on each of two
+SHORT = ["--batch-size", "128", "--log-every", "0", "--checkpoint-every-s", "0", "--seed", "3"]
+
+
+def test_each_epoch_trains_another_order_and_seeds_its_workers_anew(tmp_path, monkeypatch) -> None:
+    """Without the sampler's set_epoch every epoch repeated epoch 0's order; the loader's
+    generator, never seeded, gave a resumed process epoch 0's worker seeds in the epoch it
+    resumed (1 here)."""
+    targets: list[list[int]] = []
+    seeds = _record_worker_seeds(monkeypatch)
+    _record_steps(monkeypatch, [], targets)
+    args = [*SHORT, "--ckpt-dir", str(tmp_path / "straight")]
+    assert _main_in_process(["--steps", "6", *args]) == 0
+    assert len(targets) == 6 and targets[4:] != targets[:2]  # epoch 1 (steps 5, 6) != epoch 0
+    assert len(seeds) == 2 and seeds[0] != seeds[1]
+    resumed_seeds = _record_worker_seeds(monkeypatch)
+    args = [*SHORT, "--ckpt-dir", str(tmp_path / "ck")]
+    assert _main_in_process(["--steps", "5", *args]) == 0  # ends one step into epoch 1
+    assert _main_in_process(["--steps", "6", *args]) == 0  # resumed there
+    assert resumed_seeds == [*seeds, seeds[1]]
+
+
+def _rank_of_two(rank: int, world_size: int, ckpt_dir: str) -> tuple[str, str, list[int]]:
+    """charlm.main as one rank of a gloo group (spawn_gloo): a digest of its final weights and
+    one of the global RNG's state at its first step (after dropout drew), and its worker seeds
+    (digests: spawn_gloo's queue is a pipe that holds 64 KiB until it is read after the join)."""
+    import hashlib
+
+    from hpc_harness import pieces
+    from hpc_harness.examples import charlm
+
+    monkeypatch = pytest.MonkeyPatch()  # this process is the rank's own
+    monkeypatch.setattr(pieces, "setup", lambda: gloo_context(rank, world_size))
+    monkeypatch.setattr(pieces, "cleanup", lambda: None)  # spawn_gloo leaves the group
+    models: list[torch.nn.Module] = []
+
+    class Kept(charlm.CharLM):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            models.append(self)
+
+    monkeypatch.setattr(charlm, "CharLM", Kept)
+    rng_states = _record_steps(monkeypatch, [])
+    seeds = _record_worker_seeds(monkeypatch)
+    assert charlm.main(["--steps", "3", *SHORT, "--ckpt-dir", ckpt_dir]) == 0
+    weights = hashlib.sha256()
+    for name, tensor in models[0].state_dict().items():
+        weights.update(name.encode() + tensor.numpy().tobytes())
+    return weights.hexdigest(), hashlib.sha256(rng_states[0]).hexdigest(), seeds
+
+
+def test_two_ranks_end_with_one_model_from_their_own_dropout_and_worker_seeds(tmp_path) -> None:
+    """Each rank draws its own dropout masks (seed + rank) and worker seeds, and averaging the
+    gradients keeps their models equal. The bitwise test above compares rank 0's model alone:
+    ranks training independently (no average_gradients), or with one another's dropout masks
+    (every rank seeded alike), passed it."""
+    (weights0, dropout0, seeds0), (weights1, dropout1, seeds1) = spawn_gloo(
+        _rank_of_two, 2, str(tmp_path)
+    )
+    assert weights0 == weights1
+    assert dropout0 != dropout1
+    assert len(seeds0) == 2 and all(a != b for a, b in zip(seeds0, seeds1))

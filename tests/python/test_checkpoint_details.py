@@ -163,6 +163,52 @@ def test_a_tensor_every_rank_holds_is_saved_from_rank_0(tmp_path) -> None:
     }
 
 
+def _save_then_look(rank: int, world_size: int, path: str, rank1_waits, seen: list) -> None:
+    """Rank 1 looks at ``path`` as soon as save_sharded returns, then says it returned."""
+    ckpt.save_sharded({"model": {f"w{rank}": torch.zeros(2)}, "global_step": 1}, path)
+    if rank == 1:
+        seen.append(sorted(os.listdir(path)) if os.path.isdir(path) else None)
+        rank1_waits.set()
+
+
+def test_no_rank_returns_from_a_sharded_save_before_its_folder_is_complete(
+    tmp_path, monkeypatch
+) -> None:
+    """Rank 0 finishes the folder (meta.pt, the rename) after every part is written; the
+    other ranks wait for it before they return (a rank that went on could read or requeue on
+    a checkpoint not there yet). Rank 0 holds back its finish until rank 1 has either
+    returned or waits in a barrier after its part: deterministic, no timing (the 60 s is a
+    safety net: neither came)."""
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rank1_waits, parts_written = threading.Event(), set()
+    real_save, real_barrier, real_atomic_save = dcp.save, dist.barrier, ckpt.atomic_save
+
+    def save(*args, **kwargs):
+        real_save(*args, **kwargs)
+        parts_written.add(dist.get_rank())
+
+    def barrier(*args, **kwargs):
+        if dist.get_rank() in parts_written - {0}:
+            rank1_waits.set()
+        return real_barrier(*args, **kwargs)
+
+    def finish(*args, **kwargs) -> None:  # rank 0's meta.pt, after every part is written
+        rank1_waits.wait(60)
+        real_atomic_save(*args, **kwargs)
+
+    monkeypatch.setattr(dcp, "save", save)
+    monkeypatch.setattr(dist, "barrier", barrier)
+    monkeypatch.setattr(ckpt, "atomic_save", finish)
+    path = ckpt.checkpoint_path(str(tmp_path), 1, sharded=True)
+    seen: list = []
+    threaded_ranks(_save_then_look, 2, path, rank1_waits, seen)
+    assert seen == [[".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]]
+
+
 def test_a_sharded_save_replaces_a_folder_holding_a_busy_file(tmp_path, monkeypatch) -> None:
     """The folder of the same name (a rewrite of last.dcp) and a leftover temporary folder each
     hold a file that cannot be deleted (on NFS, a .nfs* file another process holds open:

@@ -172,3 +172,27 @@ def test_last_pt_holds_hparams_as_plain_json(tmp_path) -> None:
     assert trainer.train() == "finished"  # a Path in hparams failed the save of last.pt
     saved = torch.load(tmp_path / "last.pt", weights_only=True)["hparams"]
     assert saved == {"lr": 0.1, "data_dir": "PosixPath('/data/x')", "layers": [2, 3]}
+
+
+@pytest.mark.parametrize("keep_last", [1, 3])
+@pytest.mark.parametrize("earlier_sharded", [False, True])
+def test_of_two_checkpoints_of_one_step_the_one_written_last_is_kept_and_resumed(
+    tmp_path, keep_last: int, earlier_sharded: bool
+) -> None:
+    """An earlier run's ckpt_step5.pt and this run's ckpt_step5.dcp (a restart over the folder
+    with resume=False and sharded_checkpoint=True, both resume-free): checkpoints ranked by
+    (step, name), and .dcp sorts before .pt, so with keep_last=1 the save deleted the folder
+    it had just written (and returned its path), and with 3 a resume chose the earlier run's
+    file."""
+    d = str(tmp_path)
+    earlier = hp.save_checkpoint(
+        d, _state(5, optimizer={}, who="earlier"), 5, keep_last, sharded=earlier_sharded
+    )
+    os.utime(earlier, ns=(10**18, 10**18))  # written long before (2001)
+    path = hp.save_checkpoint(
+        d, _state(5, optimizer={}, who="this run"), 5, keep_last, sharded=not earlier_sharded
+    )
+    assert os.path.exists(path)
+    assert ckpt.list_checkpoints(d) == [earlier, path][-keep_last:]
+    state, chosen = ckpt.load_latest(d)
+    assert chosen == path and state["who"] == "this run"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, bitwise_equal
 from torch.utils.data import DataLoader, TensorDataset
 
 from hpc_harness import pieces
@@ -42,50 +43,99 @@ class _StopAt:
         return self.checks == self.stop_at
 
 
-def _run_recipe(monkeypatch, ckpt_dir: str, stop_at: int, trained: list[list[float]]) -> int | None:
-    """Run the docstring's loop once, appending the batches it trains to ``trained``; returns
-    its exit code at a stop (None when it ran to its end)."""
+def _run_recipe(
+    monkeypatch,
+    ckpt_dir: str,
+    stop_at: int,
+    trained: list[list[float]],
+    rank: int = 0,
+    world_size: int = 1,
+    worker_seeds: list[int] | None = None,
+) -> tuple[int | None, dict[str, torch.Tensor]]:
+    """Run the docstring's loop once as written (AdamW, a model with dropout), appending the
+    batches it trains to ``trained``; returns its exit code at a stop (None when it ran to its
+    end) and the model's weights then. With ``world_size`` above 1 it is rank ``rank``'s part
+    alone (its gradients not averaged: the other ranks are not here). ``worker_seeds`` gets
+    each epoch's base seed of the DataLoader's workers (worker i seeds torch, random and numpy
+    with base seed + i: its augmentations)."""
     ds = TensorDataset(torch.arange(float(SAMPLES)))
-    model = torch.nn.Linear(1, 1)
+    torch.manual_seed(0)  # the same initial weights in every run
+    model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     namespace: dict = {}
 
     class Loss:  # the user's step: what the recipe writes as loss.backward()
         def backward(self) -> None:
             (x,) = namespace["batch"]
             trained.append(x.tolist())
-            model(x[:, None]).pow(2).mean().backward()
+            opt.zero_grad()
+            model(x[:, None]).pow(2).mean().backward()  # dropout draws on the global RNG
+
+    class SeedsRecorded(DataLoader):
+        def _get_iterator(self):  # an epoch's iterator, its base seed drawn
+            batches = super()._get_iterator()
+            (worker_seeds if worker_seeds is not None else []).append(batches._base_seed)
+            return batches
 
     monkeypatch.setattr(pieces, "StopAgreement", lambda ctx: _StopAt(stop_at))
+    if world_size > 1:
+        ctx = SimpleNamespace(rank=rank, world_size=world_size)
+        monkeypatch.setattr(pieces, "setup", lambda: ctx)
+        monkeypatch.setattr(pieces, "average_gradients", lambda model, world_size: None)
     namespace.update(
-        ds=ds, B=B, DataLoader=DataLoader, torch=torch, ckpt_dir=ckpt_dir,
-        total_steps=TOTAL_STEPS, steps_per_epoch=SAMPLES // B, model=model, loss=Loss(),
-        opt=torch.optim.SGD(model.parameters(), lr=0.1),
+        ds=ds, B=B, DataLoader=SeedsRecorded, torch=torch, ckpt_dir=ckpt_dir,
+        total_steps=TOTAL_STEPS, steps_per_epoch=SAMPLES // (B * world_size), model=model,
+        loss=Loss(), opt=opt,
     )  # fmt: skip
+    code = None
     try:
-        exec(_recipe().replace("...", "model.state_dict()"), namespace)  # the user's part
+        exec(_recipe(), namespace)  # the user's part
     except SystemExit as stopped:
-        return stopped.code
-    return None
+        code = stopped.code
+    return code, {k: v.clone() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.parametrize("stop_at", [3, 9])
-def test_the_recipe_trains_total_steps_and_a_stop_then_resume_trains_the_same(
+def test_the_recipe_interrupted_and_resumed_trains_as_an_uninterrupted_run(
     tmp_path, monkeypatch, stop_at: int
 ) -> None:
     """Its inner loop went on to the epoch's end, past total_steps (10 steps, not 7); a stop
     in that stretch (at step 9) left a checkpoint whose resume trained nothing more, so that
-    run ended in another state than an uninterrupted one."""
+    run ended in another state than an uninterrupted one. The recipe saved the model alone
+    and never loaded it (a comment said to): a user who copied it resumed AdamW's moments
+    from zero, and the resumed weights were not the uninterrupted run's."""
     straight: list[list[float]] = []
-    assert _run_recipe(monkeypatch, str(tmp_path / "straight"), 0, straight) is None
-    assert len(straight) == TOTAL_STEPS
+    code, straight_weights = _run_recipe(monkeypatch, str(tmp_path / "straight"), 0, straight)
+    assert code is None and len(straight) == TOTAL_STEPS
     interrupted: list[list[float]] = []
-    code = _run_recipe(monkeypatch, str(tmp_path / "ck"), stop_at, interrupted)
+    code, weights = _run_recipe(monkeypatch, str(tmp_path / "ck"), stop_at, interrupted)
     if stop_at <= TOTAL_STEPS:  # checkpointed and exited 42; the resume trains the rest
         assert code == pieces.REQUEUE_EXIT_CODE and len(interrupted) == stop_at
-        assert _run_recipe(monkeypatch, str(tmp_path / "ck"), 0, interrupted) is None
-    else:  # the run ends before its 9th step
-        assert code is None
+        code, weights = _run_recipe(monkeypatch, str(tmp_path / "ck"), 0, interrupted)
+    assert code is None  # (a stop at step 9: the run ended before it)
     assert interrupted == straight
+    assert bitwise_equal(weights, straight_weights)
+
+
+def test_the_recipes_workers_seeds_differ_by_rank_and_epoch_and_resume_alike(
+    tmp_path, monkeypatch
+) -> None:
+    """The recipe's loader had a torch.Generator() of its own and nothing more: every rank's
+    workers drew the same seeds (the same augmentations on every rank), and a resumed process
+    drew epoch 0's seeds again in the epoch it resumed (the generator is not checkpointed)."""
+    seeds = {}
+    for rank in (0, 1):
+        seeds[rank] = []
+        path = str(tmp_path / f"rank{rank}")
+        _run_recipe(monkeypatch, path, 0, [], rank, 2, worker_seeds=seeds[rank])
+    assert len(seeds[0]) == 4  # 2 steps an epoch: 7 steps end in epoch 3
+    assert all(a != b for a, b in zip(seeds[0], seeds[1])), seeds
+    assert len(set(seeds[0])) == len(seeds[0]), seeds[0]
+    resumed: list[int] = []
+    code, _ = _run_recipe(monkeypatch, str(tmp_path / "ck"), 3, [], 0, 2, worker_seeds=resumed)
+    assert code == pieces.REQUEUE_EXIT_CODE and resumed == seeds[0][:2]
+    _run_recipe(monkeypatch, str(tmp_path / "ck"), 0, [], 0, 2, worker_seeds=resumed)
+    assert resumed == seeds[0][:2] + seeds[0][1:]  # the resume starts in epoch 1 again
 
 
 def test_the_readme_shows_the_docstrings_recipe() -> None:
