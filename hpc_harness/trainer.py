@@ -303,8 +303,7 @@ class Trainer:
             self.sampler.set_epoch(epoch)
             self.sampler.set_start(done * self.batch_size)
             # the workers' seeds (augmentations): the same at a resume, another on each rank
-            seed = (cfg.seed * 1_000_003 + epoch) * 1_000_033 + self.rank
-            self.train_loader.generator.manual_seed(seed % 2**64)
+            self.train_loader.generator.manual_seed(self.sampler.worker_seed())
             batches = iter(self.train_loader)  # workers born shielded (data.shield_workers)
         else:
             batches = self._user_sampler_batches(epoch, done)
