@@ -58,11 +58,8 @@ setup() {
   # From / (not the snapshot, the container's working folder): only PYTHONPATH
   # can lead to the snapshot, else the venv's editable install serves the live
   # tree, which may have changed since the submission.
-  local out err="$BATS_TEST_TMPDIR/submit.err"
-  out=$("$SUBMITTER" --site local -g 0 -c 1 -W none -t 5 -e sing_code -s "$image" -- \
-    bash -c 'cd / && python -c "import hpc_harness; print(\"imported\", hpc_harness.__file__)"' 2>"$err") ||
-    fail "submission failed: $(cat "$err")"
-  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  submit -g 0 -c 1 -W none -t 5 -e sing_code -s "$image" -- \
+    bash -c 'cd / && python -c "import hpc_harness; print(\"imported\", hpc_harness.__file__)"'
   wait_job_done "$job_id" 120
   assert_job_state "$job_id" COMPLETED
   run cat "$SCRATCH/$project/hpc_outputs/"*"_$job_id.out"
