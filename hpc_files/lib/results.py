@@ -622,7 +622,7 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
         else:  # another round's trials ran before this round's folder was written
             since = None if other_round else submitted
-            until = ended_at(sub.log_path(project, index, job), state)
+            until = ended_at(sub.log_path(project, index, job), log, state)
             trial.metrics = own_metrics(sub, index, since, state == "finished", until)
         trials.append(trial)
     return trials
@@ -645,37 +645,39 @@ def own_metrics(
     only once this task finished (a run resumed at its end writes nothing again). Rows written
     after the task ended (``until``, ended_at) are a later run's, resuming here; when none is
     left, a later run's ``--fresh`` moved this one's folder aside: the newest copy aside
-    written since this submission is read instead."""
+    that would count (written since this submission, or this task finished) is read instead."""
     paths = metrics_csvs(sub.trial_dir(index), sub.array)
 
-    def written_since(path: str) -> bool:
+    def counts(path: str) -> bool:
         try:
-            return since is None or os.stat(path).st_mtime >= since
+            return finished or since is None or os.stat(path).st_mtime >= since
         except OSError:
             return False
 
-    if not paths or not (finished or written_since(paths[0])):
+    if not paths or not counts(paths[0]):
         return {}
     series = read_metrics(paths[0], until)
     if series or until is None:
         return series
     folder = os.path.dirname(paths[0])
     for aside in reversed(paths[1:]):
-        if os.path.dirname(aside).startswith(folder + ".old-") and written_since(aside):
+        if os.path.dirname(aside).startswith(folder + ".old-") and counts(aside):
             if series := read_metrics(aside, until):
                 return series
     return {}
 
 
-def ended_at(log_path: str | None, state: str) -> float | None:
-    """When an ended task's run stopped writing: its log's last write. None while it may
-    still write (a state in ACTIVE_STATES, SLURM's or trial_state's) or without its log."""
-    if log_path is None or state.split(" ")[0].upper() in ACTIVE_STATES:
+def ended_at(log_path: str | None, log: LogInfo | None, state: str) -> float | None:
+    """When an ended task's run stopped writing: its log's last write (the file server's
+    clock), or the end its log names (the node's, as the rows' times) if later. None while it
+    may still write (a state in ACTIVE_STATES, SLURM's or trial_state's) or without its log."""
+    if log_path is None or log is None or state.split(" ")[0].upper() in ACTIVE_STATES:
         return None
     try:
-        return os.stat(log_path).st_mtime
+        written = os.stat(log_path).st_mtime
     except OSError:
         return None
+    return max(written, _seconds(log.ended) or written)
 
 
 # ---------------------------------------------------------------- tables
@@ -961,7 +963,7 @@ def status_text(sub: Submission, project: str) -> str:
                 start = None
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
-        until = ended_at(sub.log_path(project, index, job), state)
+        until = ended_at(sub.log_path(project, index, job), log, state)
         progress = (
             (log.progress if log else None)
             or last_metrics_progress(sub, index, submitted, finished, until)

@@ -544,3 +544,57 @@ def test_an_earlier_bayes_round_task_rerun_by_hand_stays_attributed_per_task(
     code, lines, err = run(capsys, "results", "--project", "proj", "bo", "--no-group")
     assert code == 0, err
     assert {r[0]: r[2] for r in rows(lines)} == {str(k): "finished" for k in range(4)}
+
+
+def test_a_running_task_keeps_the_rows_written_after_its_logs_last_line(
+    scratch, monkeypatch
+) -> None:
+    # a task that may still write has no end: nothing it writes is a later run's
+    running = {1: {"JobState": "RUNNING", "ArrayTaskId": "1"}}
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job: running if job == "700" else {})
+    log = scratch / "proj" / "hpc_outputs" / "proj_configs_700_1.out"
+    rows_at = log.stat().st_mtime + 100
+    csv_path = scratch / "proj" / "configs" / "trials" / "1" / "metrics.csv"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    csv_path.write_text(f"time,step,epoch,name,value\n{rows_at},5,0,test_acc,0.3\n")
+    sub = results.load_submission(str(next((scratch / "proj" / "configs").glob("2026*"))))
+    assert results.collect(sub, "proj")[1].metrics == {"test_acc": [(5, 0.3)]}
+    info = results.read_log(str(log))
+    assert results.ended_at(str(log), info, "running") is None
+    assert results.ended_at(str(log), info, "RUNNING") is None
+
+
+def test_a_rows_time_counts_up_to_the_end_the_nodes_clock_wrote_in_the_log(scratch) -> None:
+    # the rows' times and the log's end line come from the node's clock, the log's last write
+    # from the file server's: a node clock ahead must not drop the task's last rows
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
+    end = results._seconds("2026-11-23 12:00:42")
+    os.utime(log, (end - 100, end - 100))
+    csv_path = scratch / "proj" / "single" / "checkpoints" / "metrics.csv"
+    csv_path.write_text(f"time,step,epoch,name,value\n{end - 1},47,0,test_acc,0.75\n")
+    sub = results.load_submission(str(next((scratch / "proj" / "single").glob("2026*"))))
+    assert results.collect(sub, "proj")[0].metrics == {"test_acc": [(47, 0.75)]}
+
+
+def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratch) -> None:
+    single = scratch / "proj" / "single"
+    sub = results.load_submission(str(next(single.glob("2026*"))))
+    ended = (scratch / "proj" / "hpc_outputs" / "proj_single_600.out").stat().st_mtime
+    ckpt = single / "checkpoints"
+    older = single / "checkpoints.old-20261101T000000Z"  # a run before this job's
+    older.mkdir()
+    (older / "metrics.csv").write_text("time,step,epoch,name,value\n1.0,9,0,test_acc,0.1\n")
+    ckpt.rename(single / "checkpoints.old-20261127T050000Z")  # this job's, by a later --fresh
+    ckpt.mkdir()
+    later = f"time,step,epoch,name,value\n{ended + 200},10,0,test_acc,0.99\n"
+    (ckpt / "metrics.csv").write_text(later)
+    own = [(40, 0.7), (47, 0.75)]
+    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    # not finished (failed) and written before the submission: not this task's, nor the
+    # older copy's
+    submitted = results.submitted_at(sub)
+    for folder in (single / "checkpoints.old-20261127T050000Z", older):
+        os.utime(folder / "metrics.csv", (submitted - 60, submitted - 60))
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
+    log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
+    assert results.collect(sub, "proj")[0].metrics == {}
