@@ -196,3 +196,13 @@ def test_of_two_checkpoints_of_one_step_the_one_written_last_is_kept_and_resumed
     assert ckpt.list_checkpoints(d) == [earlier, path][-keep_last:]
     state, chosen = ckpt.load_latest(d)
     assert chosen == path and state["who"] == "this run"
+
+
+def test_a_checkpoint_gone_between_the_listing_and_its_stat_is_left_out(
+    tmp_path, monkeypatch
+) -> None:
+    # a prune on another rank's view, or an earlier run's cleanup, removes it meanwhile
+    (tmp_path / "ckpt_step00000004.pt").write_bytes(b"x")
+    listing = os.listdir
+    monkeypatch.setattr(ckpt.os, "listdir", lambda d: [*listing(d), "ckpt_step00000009.pt"])
+    assert ckpt.list_checkpoints(str(tmp_path)) == [str(tmp_path / "ckpt_step00000004.pt")]

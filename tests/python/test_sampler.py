@@ -76,3 +76,13 @@ def test_prepare_leaves_a_user_sampler_alone(capsys) -> None:
         DataLoader(ds, batch_size=2, shuffle=True), 2, 0, replace_sampler=False
     )
     assert sampler is None
+
+
+def test_the_workers_seed_is_one_a_torch_generator_takes_for_any_run_seed() -> None:
+    # a run's --seed may be any 64-bit number; torch.Generator.manual_seed takes [0, 2**64)
+    for seed in (0, 7, 2**62 + 1, 2**63 + 12345, 2**64 - 1):
+        for epoch, rank in ((0, 0), (3, 1), (1000, 7)):
+            sampler = ResumableSampler(64, 8, rank, seed=seed)
+            sampler.set_epoch(epoch)
+            assert 0 <= sampler.worker_seed() < 2**64
+            torch.Generator().manual_seed(sampler.worker_seed())
