@@ -24,10 +24,11 @@ container_command() {
   fi
 }
 
-# pass_to_container NAME VALUE: NAME=VALUE inside the container. Singularity
-# 3.6+ and Apptainer evaluate a passed value in the container's shell, inside
+# pass_to_container NAME VALUE: NAME=VALUE inside the container. Apptainer and
+# Singularity 3.8.1+ evaluate a passed value in the container's shell, inside
 # double quotes (which they escape): '\', '$' and '`' are escaped here so the
-# value arrives as it is, not expanded or run there.
+# value arrives as it is, not expanded or run there. (3.6 to 3.8.0 quoted it
+# with Go's %q, doubling a backslash: a value with '\' or '$' arrives changed.)
 pass_to_container() {
   local value=${2//\\/\\\\}
   value=${value//\$/\\\$}
@@ -43,11 +44,13 @@ export_container_environment() {
   # The code the job runs first on PYTHONPATH, as the batch script puts it for
   # a venv (--cleanenv drops that one): else a 'python scripts/x.py' imports
   # the project's package from the image or an editable install under $HOME,
-  # not from the snapshot. The '$PYTHONPATH' left unescaped is the image's own.
+  # not from the snapshot. The '$PYTHONPATH' left unescaped is the image's own
+  # (none: no empty entry, which Python reads as the working folder).
   if [[ -n "${source_dir:-}" ]]; then
     pass_to_container PYTHONPATH "$source_dir"
-    export "SINGULARITYENV_PYTHONPATH=$SINGULARITYENV_PYTHONPATH:\$PYTHONPATH" \
-      "APPTAINERENV_PYTHONPATH=$APPTAINERENV_PYTHONPATH:\$PYTHONPATH"
+    # shellcheck disable=SC2016 # expanded in the container, by its shell
+    export "SINGULARITYENV_PYTHONPATH=$SINGULARITYENV_PYTHONPATH"'${PYTHONPATH:+:$PYTHONPATH}' \
+      "APPTAINERENV_PYTHONPATH=$APPTAINERENV_PYTHONPATH"'${PYTHONPATH:+:$PYTHONPATH}'
   fi
   read -r -a pass_names <<<"${HPC_PASS_ENV:-}"
   for name in ${pass_names[@]+"${pass_names[@]}"}; do

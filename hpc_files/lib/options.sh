@@ -116,8 +116,9 @@ Resources:
                               what the options here set (--time, --signal, --requeue,
                               --array, --dependency, --job-name, --output, --export,
                               --nodes, --ntasks*, --cpus-per-*, --gres=gpu*, --gpus*,
-                              --mem*, --partition, --account; another --gres only
-                              without GPUs)
+                              --mem-per-*, --partition, --account); --mem=SIZE
+                              replaces the memory per node, another --gres joins
+                              the job's --gres line
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
 
 Experiments:

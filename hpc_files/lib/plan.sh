@@ -89,16 +89,38 @@ plan_layout() {
   plan_requeue_args+=(--requeue)
 }
 
-# plan_gres_conflict: a --gres that is not a GPU (sbatch_option_owner refuses
-# those) from the site or --sbatch-arg, in a job with GPUs: its #SBATCH line
-# comes after the submitter's --gres=gpu:N, and sbatch obeys the last one.
-plan_gres_conflict() {
+# plan_mem_override: the last --mem of the site's and --sbatch-arg's lines is
+# the job's memory per node (--mem=0: all of it), in its one --mem line.
+plan_mem_override() {
   local arg
-  [[ -n "$plan_gres" ]] || return 0
+  local -a rest=()
   for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
-    [[ "${arg%%[= ]*}" != --gres ]] ||
-      usage_error "the sbatch option $arg (--sbatch-arg or the site profile) would replace the job's --gres=$plan_gres (sbatch obeys the last --gres line): a job with GPUs cannot ask for other generic resources here"
+    if [[ "${arg%%[= ]*}" == --mem ]]; then
+      plan_mem=${arg#--mem}
+      plan_mem=${plan_mem:1}
+    else
+      rest+=("$arg")
+    fi
   done
+  plan_sbatch_args=(${rest[@]+"${rest[@]}"})
+}
+
+# plan_gres_merge: the site's and --sbatch-arg's --gres (not GPUs: those are
+# refused, see sbatch_option_owner) join the job's own --gres line (GPUs first):
+# sbatch obeys only the last --gres line, which would drop the GPUs or an
+# earlier resource.
+plan_gres_merge() {
+  local arg value
+  local -a rest=()
+  for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
+    if [[ "${arg%%[= ]*}" == --gres ]]; then
+      value=${arg#--gres}
+      plan_gres+="${plan_gres:+,}${value:1}"
+    else
+      rest+=("$arg")
+    fi
+  done
+  plan_sbatch_args=(${rest[@]+"${rest[@]}"})
 }
 
 # plan_site_settings: what the site profile sets or defaults, the command
@@ -113,7 +135,8 @@ plan_site_settings() {
   [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
   plan_dependency=${opt_dependency:-}
   plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
-  plan_gres_conflict
+  plan_gres_merge
+  plan_mem_override
   plan_tmpdir_mode=$site_provides_tmpdir
   plan_tmpdir_base=$site_tmpdir_base
   plan_container_runtime=${site_container_runtime:-}

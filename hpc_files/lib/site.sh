@@ -157,6 +157,10 @@ site_check_value() {
     sbatch)
       [[ "$value" == -* ]] || site_value_error "$where" "$key" "$value" "an sbatch option starting with '-'"
       owner=$(sbatch_option_owner "$value")
+      case "$owner" in # the profile's own key first
+        *-p/--partition*) owner="use 'partition = NAME' in the profile, or -p/--partition" ;;
+        *-a/--account*) owner="use 'account = NAME' in the profile, or -a/--account" ;;
+      esac
       [[ -z "$owner" ]] ||
         site_value_error "$where" "$key" "$value" "an sbatch option the submitter does not set itself ($owner)"
       ;;

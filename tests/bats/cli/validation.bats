@@ -547,20 +547,30 @@ setup() {
   for arg in --gres=gpu:2 --gpus=2 -G2 '--gpus 2' --gpus-per-node=2 --gpus-per-task=1 --gpus-per-socket=1; do
     refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -g/--gpus and -G/--gpu-type" -- -C "$ONE_LINE" --sbatch-arg="$arg"
   done
-  for arg in --mem=10G '--mem 10G' --mem-per-cpu=1G --mem-per-gpu=5G; do
-    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -m/--mem-per-gpu" -- -C "$ONE_LINE" --sbatch-arg="$arg"
+  for arg in --mem-per-cpu=1G --mem-per-gpu=5G; do
+    refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -m/--mem-per-gpu, or --mem=SIZE for the memory per node" -- -C "$ONE_LINE" --sbatch-arg="$arg"
   done
+  # --mem (0: all of a node's) replaces the one the submitter writes, in one line
+  dry -C "$ONE_LINE" -g 1 --sbatch-arg=--mem=0
+  assert_equal "$(grep -c '^#SBATCH --mem' <<<"$output")" 1
+  assert_output --partial '#SBATCH --mem=0'
+  dry -C "$ONE_LINE" -g 1 --sbatch-arg '--mem 64G'
+  assert_output --partial '#SBATCH --mem=64G'
   for arg in --partition=gpu -pgpu '-p gpu'; do
     refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -p/--partition" -- -C "$ONE_LINE" --sbatch-arg="$arg"
   done
   for arg in --account=def-x -Adef-x '-A def-x'; do
     refuse "--sbatch-arg=$arg sets what the submitter sets itself; use -a/--account" -- -C "$ONE_LINE" --sbatch-arg="$arg"
   done
-  # a generic resource that is not a GPU: a job without GPUs asks for it; one
-  # with GPUs cannot (the last --gres line wins: it would drop the GPUs)
+  # a generic resource that is not a GPU joins the job's one --gres line (sbatch
+  # obeys the last --gres line: a second one would drop the GPUs)
   dry -C "$ONE_LINE" -g 0 --sbatch-arg=--gres=lscratch:10
+  assert_equal "$(grep -c '^#SBATCH --gres' <<<"$output")" 1
   assert_output --partial '#SBATCH --gres=lscratch:10'
-  refuse "the sbatch option --gres=lscratch:10 (--sbatch-arg or the site profile) would replace the job's --gres=gpu:2 (sbatch obeys the last --gres line)" -- -C "$ONE_LINE" -g 2 --sbatch-arg=--gres=lscratch:10
+  dry -C "$ONE_LINE" -g 2 --sbatch-arg=--gres=lscratch:10 --sbatch-arg '--gres tmp:5'
+  assert_equal "$(grep -c '^#SBATCH --gres' <<<"$output")" 1
+  assert_output --partial '#SBATCH --gres=gpu:2,lscratch:10,tmp:5'
+  refuse "--sbatch-arg=--gres=gpu:a100:1,lscratch:10 sets what the submitter sets itself; use -g/--gpus and -G/--gpu-type" -- -C "$ONE_LINE" -g 1 --sbatch-arg=--gres=gpu:a100:1,lscratch:10
   # neighbours with other meanings pass
   dry -C "$ONE_LINE" --sbatch-arg=--gres-flags=enforce-binding --sbatch-arg=--mem-bind=local \
     --sbatch-arg=--nodelist=node1 --sbatch-arg=--ntasks-per-core=1 --sbatch-arg=--constraint=ib

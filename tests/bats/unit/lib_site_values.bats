@@ -110,8 +110,9 @@ echo hi'
   # a later #SBATCH line wins: the job's layout would not be the one the submitter planned
   refused 'sbatch = --nodes=2' "an sbatch option the submitter does not set itself (use -N/--nodes)"
   refused 'sbatch = --gres=gpu:4' "an sbatch option the submitter does not set itself (use -g/--gpus and -G/--gpu-type)"
-  refused 'sbatch = --mem=0' "an sbatch option the submitter does not set itself (use -m/--mem-per-gpu)"
-  refused 'sbatch = -p gpu' "an sbatch option the submitter does not set itself (use -p/--partition)"
+  refused 'sbatch = --mem-per-cpu=4G' "an sbatch option the submitter does not set itself (use -m/--mem-per-gpu, or --mem=SIZE for the memory per node)"
+  refused 'sbatch = -p gpu' "an sbatch option the submitter does not set itself (use 'partition = NAME' in the profile, or -p/--partition)"
+  refused 'sbatch = --account=x' "an sbatch option the submitter does not set itself (use 'account = NAME' in the profile, or -a/--account)"
 }
 
 @test "good typed values are kept as written" {

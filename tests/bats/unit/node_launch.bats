@@ -181,6 +181,10 @@ container() {
   launch
   assert_success
   assert_line "PYTHONPATH=$source_dir:/opt/image/lib"
+  unset STANDIN_IMAGE_ENV # an image without one: no empty entry (the working folder)
+  launch
+  assert_success
+  assert_line "PYTHONPATH=$source_dir"
 }
 
 @test "in a container, a passed value arrives as it is, though the container's shell evaluates it" {
