@@ -161,12 +161,30 @@ run_results_py() {
 # array and the layout, where a later line of the same option wins and the job
 # would run another layout than the one its HPC_* settings describe), the
 # submitter's way to ask for it; nothing for any other option.
+#
+# sbatch (getopt_long) also takes an unambiguous prefix of a long option
+# (--part=gpu is --partition=gpu): a long name that is not one of these but a
+# prefix of one counts as it (a prefix of others too is refused by sbatch anyway).
+SBATCH_OWNED_LONG=(--nodes --ntasks --ntasks-per-node --ntasks-per-gpu --cpus-per-task
+  --cpus-per-gpu --gres --gpus --gpus-per-node --gpus-per-task --gpus-per-socket
+  --tres-per-task --mem --mem-per-cpu --mem-per-gpu --partition --account --time
+  --requeue --no-requeue --signal --dependency --array --job-name --output --error
+  --open-mode --export)
 sbatch_option_owner() {
-  case "${1%%[= ]*}" in
+  local name=${1%%[= ]*} long
+  if [[ "$name" == --?* && " ${SBATCH_OWNED_LONG[*]} " != *" $name "* ]]; then
+    for long in "${SBATCH_OWNED_LONG[@]}"; do
+      [[ "$long" != "$name"* ]] || {
+        name=$long
+        break
+      }
+    done
+  fi
+  case "$name" in
     --nodes | -N*) printf 'use -N/--nodes' ;;
     --ntasks | -n* | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
     --cpus-per-task | -c* | --cpus-per-gpu) printf 'use -c/--cpus' ;;
-    --gres) [[ "$1" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another: plan_gres_merge
+    --gres | --tres-per-task) [[ "$1" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another gres: plan_gres_merge
     --gpus | -G* | --gpus-per-node | --gpus-per-task | --gpus-per-socket) printf 'use -g/--gpus and -G/--gpu-type' ;;
     --mem-per-cpu | --mem-per-gpu) printf 'use -m/--mem-per-gpu, or --mem=SIZE for the memory per node' ;; # --mem: plan_mem_override
     --partition | -p*) printf 'use -p/--partition' ;;

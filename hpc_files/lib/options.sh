@@ -116,7 +116,8 @@ Resources:
                               what the options here set (--time, --signal, --requeue,
                               --array, --dependency, --job-name, --output, --export,
                               --nodes, --ntasks*, --cpus-per-*, --gres=gpu*, --gpus*,
-                              --mem-per-*, --partition, --account); --mem=SIZE
+                              --mem-per-*, --partition, --account, or a prefix
+                              of one, which sbatch takes too); --mem=SIZE
                               replaces the memory per node, another --gres joins
                               the job's --gres line
   --dependency SPEC           sbatch --dependency, e.g. afterok:123

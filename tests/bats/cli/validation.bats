@@ -526,6 +526,12 @@ setup() {
   refuse "use -e/--exp-name" -- -C "$ONE_LINE" --sbatch-arg=-Jname
   refuse "the log is the submitter's" -- -C "$ONE_LINE" --sbatch-arg=--output=x.out
   refuse "the job needs the submitting shell's environment" -- -C "$ONE_LINE" --sbatch-arg=--export=NONE
+  # sbatch takes an unambiguous prefix of a long option: so does the refusal
+  refuse "--sbatch-arg=--part=gpu sets what the submitter sets itself; use -p/--partition" -- -C "$ONE_LINE" --sbatch-arg=--part=gpu
+  refuse "--sbatch-arg=--ntasks-per-n=2 sets what the submitter sets itself; the tasks follow" -- -C "$ONE_LINE" --sbatch-arg=--ntasks-per-n=2
+  refuse "--sbatch-arg=--tim=5 sets what the submitter sets itself; use -t/--time" -- -C "$ONE_LINE" --sbatch-arg=--tim=5
+  refuse "--sbatch-arg=--tres-per-task=gres/gpu:2 sets what the submitter sets itself; use -g/--gpus" -- -C "$ONE_LINE" --sbatch-arg=--tres-per-task=gres/gpu:2
+  dry -C "$ONE_LINE" --sbatch-arg=--tres-per-task=cpu:2 --sbatch-arg=--time-min=5
   # neighbours with other meanings pass
   dry -C "$ONE_LINE" --sbatch-arg=--time-min=10 --sbatch-arg=--exclusive --sbatch-arg=--tmp=10G
 }
