@@ -24,15 +24,16 @@ container_command() {
   fi
 }
 
-# pass_to_container NAME VALUE: NAME=VALUE inside the container. Apptainer and
-# Singularity 3.8.1+ evaluate a passed value in the container's shell, inside
-# double quotes (which they escape): '\', '$' and '`' are escaped here so the
-# value arrives as it is, not expanded or run there. (3.6 to 3.8.0 quoted it
+# pass_to_container NAME VALUE [EXPANDED]: NAME=VALUE inside the container.
+# Apptainer and Singularity 3.8.1+ evaluate a passed value in the container's
+# shell, inside double quotes (which they escape): '\', '$' and '`' are escaped
+# here so VALUE arrives as it is, not expanded or run there; EXPANDED follows
+# it unescaped, for the container's shell to expand. (3.6 to 3.8.0 quoted it
 # with Go's %q, doubling a backslash: a value with '\' or '$' arrives changed.)
 pass_to_container() {
   local value=${2//\\/\\\\}
   value=${value//\$/\\\$}
-  value=${value//\`/\\\`}
+  value=${value//\`/\\\`}${3:-}
   export "SINGULARITYENV_$1=$value" "APPTAINERENV_$1=$value"
 }
 
@@ -47,10 +48,8 @@ export_container_environment() {
   # not from the snapshot. The '$PYTHONPATH' left unescaped is the image's own
   # (none: no empty entry, which Python reads as the working folder).
   if [[ -n "${source_dir:-}" ]]; then
-    pass_to_container PYTHONPATH "$source_dir"
     # shellcheck disable=SC2016 # expanded in the container, by its shell
-    export "SINGULARITYENV_PYTHONPATH=$SINGULARITYENV_PYTHONPATH"'${PYTHONPATH:+:$PYTHONPATH}' \
-      "APPTAINERENV_PYTHONPATH=$APPTAINERENV_PYTHONPATH"'${PYTHONPATH:+:$PYTHONPATH}'
+    pass_to_container PYTHONPATH "$source_dir" '${PYTHONPATH:+:$PYTHONPATH}'
   fi
   read -r -a pass_names <<<"${HPC_PASS_ENV:-}"
   for name in ${pass_names[@]+"${pass_names[@]}"}; do

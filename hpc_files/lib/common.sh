@@ -184,9 +184,9 @@ sbatch_option_owner() {
     --nodes | -N*) printf 'use -N/--nodes' ;;
     --ntasks | -n* | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
     --cpus-per-task | -c* | --cpus-per-gpu) printf 'use -c/--cpus' ;;
-    --gres | --tres-per-task) [[ "$1" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another gres: plan_gres_merge
+    --gres | --tres-per-task) [[ "$1" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another gres: plan_resource_lines
     --gpus | -G* | --gpus-per-node | --gpus-per-task | --gpus-per-socket) printf 'use -g/--gpus and -G/--gpu-type' ;;
-    --mem-per-cpu | --mem-per-gpu) printf 'use -m/--mem-per-gpu, or --mem=SIZE for the memory per node' ;; # --mem: plan_mem_override
+    --mem-per-cpu | --mem-per-gpu) printf 'use -m/--mem-per-gpu, or --mem=SIZE for the memory per node' ;; # --mem: plan_resource_lines
     --partition | -p*) printf 'use -p/--partition' ;;
     --account | -A*) printf 'use -a/--account' ;;
     --time | -t*) printf 'use -t/--time' ;;

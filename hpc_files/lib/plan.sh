@@ -89,36 +89,20 @@ plan_layout() {
   plan_requeue_args+=(--requeue)
 }
 
-# plan_mem_override: the last --mem of the site's and --sbatch-arg's lines is
-# the job's memory per node (--mem=0: all of it), in its one --mem line.
-plan_mem_override() {
-  local arg
-  local -a rest=()
-  for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
-    if [[ "${arg%%[= ]*}" == --mem ]]; then
-      plan_mem=${arg#--mem}
-      plan_mem=${plan_mem:1}
-    else
-      rest+=("$arg")
-    fi
-  done
-  plan_sbatch_args=(${rest[@]+"${rest[@]}"})
-}
-
-# plan_gres_merge: the site's and --sbatch-arg's --gres (not GPUs: those are
-# refused, see sbatch_option_owner) join the job's own --gres line (GPUs first):
-# sbatch obeys only the last --gres line, which would drop the GPUs or an
-# earlier resource.
-plan_gres_merge() {
+# plan_resource_lines: the site's and --sbatch-arg's --gres and --mem go into
+# the job's own lines, as sbatch obeys only the last line of an option: another
+# --gres (not a GPU: sbatch_option_owner refuses those) joins its --gres line,
+# GPUs first, and the last --mem (0: all of a node's) is its memory per node.
+plan_resource_lines() {
   local arg value
   local -a rest=()
   for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
-    if [[ "${arg%%[= ]*}" == --gres ]]; then
-      value=${arg#--gres}
-      plan_gres+="${plan_gres:+,}${value:1}"
-    else
-      rest+=("$arg")
-    fi
+    value=${arg#--*[= ]}
+    case "${arg%%[= ]*}" in
+      --gres) plan_gres+="${plan_gres:+,}$value" ;;
+      --mem) plan_mem=$value ;;
+      *) rest+=("$arg") ;;
+    esac
   done
   plan_sbatch_args=(${rest[@]+"${rest[@]}"})
 }
@@ -135,8 +119,7 @@ plan_site_settings() {
   [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
   plan_dependency=${opt_dependency:-}
   plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
-  plan_gres_merge
-  plan_mem_override
+  plan_resource_lines
   plan_tmpdir_mode=$site_provides_tmpdir
   plan_tmpdir_base=$site_tmpdir_base
   plan_container_runtime=${site_container_runtime:-}

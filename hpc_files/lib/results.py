@@ -609,7 +609,8 @@ def collect(sub: Submission, project: str) -> list[Trial]:
         index = int(record.get("trial", k))
         other_round = round_jobs.get(str(record.get("source", "")))
         job, fields = other_round.get(index, (None, None)) if other_round else jobs[index]
-        log = read_log(sub.log_path(project, index, job))
+        log_path = sub.log_path(project, index, job)
+        log = read_log(log_path)
         state, failed, restarts = trial_state(fields, log)
         params = dict(raw_params[k])
         if "seed" in record.get("params", {}):
@@ -622,7 +623,7 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             trial.metrics = read_metrics(find_metrics_csv(run_dirs[k], sub.array))
         else:  # another round's trials ran before this round's folder was written
             since = None if other_round else submitted
-            until = ended_at(sub.log_path(project, index, job), log, state)
+            until = ended_at(log_path, log, state)
             trial.metrics = own_metrics(sub, index, since, state == "finished", until)
         trials.append(trial)
     return trials
@@ -947,7 +948,8 @@ def status_text(sub: Submission, project: str) -> str:
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
         job, fields = jobs[index]
-        log = read_log(sub.log_path(project, index, job))
+        log_path = sub.log_path(project, index, job)
+        log = read_log(log_path)
         restarts = log.restart if log else 0
         if fields:
             state = fields["JobState"]
@@ -963,7 +965,7 @@ def status_text(sub: Submission, project: str) -> str:
                 start = None
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
-        until = ended_at(sub.log_path(project, index, job), log, state)
+        until = ended_at(log_path, log, state)
         progress = (
             (log.progress if log else None)
             or last_metrics_progress(sub, index, submitted, finished, until)

@@ -8,11 +8,8 @@
 check_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key
   [[ -e "$file" ]] || return 0
-  # -L: a link's own mode is always 777; what others can read is its file's.
-  mode=$(stat -L -c %a "$file") || die "cannot stat $file"
-  if ((8#$mode & 8#077)); then
-    usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
-  fi
+  readable_by_others "$file" mode || die "cannot stat $file"
+  [[ -z "$mode" ]] || usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
   wandb_key_in "$file" key ||
     warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
 }

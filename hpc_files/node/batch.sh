@@ -67,9 +67,8 @@ on_exit() {
 load_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key
   [[ -f "$file" ]] || return 0
-  # -L: a link's own mode is always 777; what others can read is its file's.
-  mode=$(stat -L -c %a "$file")
-  if ((8#$mode & 8#077)); then
+  readable_by_others "$file" mode || mode=""
+  if [[ -n "$mode" ]]; then
     hpc_error "$file is readable by others (mode $mode); not using it (chmod 600 it)"
     return 0
   fi

@@ -98,6 +98,17 @@ wandb_key_in() {
   [[ -n "$found" || count -eq 0 ]]
 }
 
+# readable_by_others FILE VAR: FILE's mode in VAR when its group or others may
+# read it, '' when only its owner can: the W&B key file is refused then, at
+# submission and on the node. -L: a link's own mode is always 777; what others
+# can read is the file it leads to. Status 1 when stat fails.
+readable_by_others() {
+  local perms
+  perms=$(stat -L -c %a "$1") || return 1
+  ((8#$perms & 8#077)) || perms=""
+  printf -v "$2" '%s' "$perms"
+}
+
 # venv_stamp VENV: the file in which --setup-venv's job (setup_venv.sh) records
 # the digest of the requirements the venv holds, once installed.
 venv_stamp() {
