@@ -9,10 +9,13 @@
 #     then copies the stage-out folder back and removes the folder. The end is
 #     told three ways: batch.sh writes <stage dir>/stop (read every second: a
 #     signal through srun reaches only the tasks srun has seen start, so it
-#     can be lost) and sends USR2 (at once); SLURM sends TERM on cancel,
-#     timeout, preemption and requeue. At TERM, the keeper's srun in the batch
-#     step gets TERM too and answers it by SIGKILLing this step, so a large
-#     folder may be left half removed: plai_cleanups/ removes what is left.
+#     can be lost) and sends USR2 (at once), once the program has ended.
+#     SLURM sends TERM to every task at once on cancel, preemption and
+#     requeue: the program's grace time has begun, and it may still read and
+#     write the folder. So at TERM the keeper waits for batch.sh's word as
+#     before, but at most until shortly before SLURM's SIGKILL (the grace
+#     time: the larger of KillWait and the partition's GraceTime). A SIGKILL
+#     may leave a large folder half removed: plai_cleanups/ removes the rest.
 # It never removes anything but the exact folder it created.
 set -euo pipefail
 
@@ -24,6 +27,9 @@ status_dir=$(stage_dir)
 created_dir=""
 local_dir=""
 sleep_pid=""
+terminating=""
+# Seconds before SLURM's SIGKILL that the stage-out and removal may take.
+readonly KILL_MARGIN=3
 
 report() {
   local outcome=$1 message=${2:-}
@@ -68,6 +74,47 @@ finish() {
     hpc_log "$node: removed $created_dir"
   fi
   exit "$status"
+}
+
+# shellcheck disable=SC2317 # called from a trap
+on_term() {
+  terminating=1
+  [[ -z "$sleep_pid" ]] || kill "$sleep_pid" 2>/dev/null || true
+}
+
+# grace_seconds: how long SLURM lets a job's processes run after its TERM:
+# KillWait, or the partition's GraceTime when it preempts; the larger, as the
+# keeper cannot tell a preemption from a cancel. 30 when scontrol cannot say.
+grace_seconds() {
+  local config record kill_wait="" grace=""
+  config=$(scontrol show config 2>/dev/null) || config=""
+  [[ "$config" =~ KillWait[[:space:]]*=[[:space:]]*([0-9]+) ]] && kill_wait=${BASH_REMATCH[1]}
+  record=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" -o 2>/dev/null) || record=""
+  record_field "$record" GraceTime grace || true
+  [[ "$grace" =~ ^[0-9]+$ ]] || grace=0
+  [[ -n "$kill_wait" ]] || kill_wait=30
+  printf '%s' $((kill_wait > grace ? kill_wait : grace))
+}
+
+# wait_for_stop: until batch.sh says the program ended (the stop file, or
+# USR2 through finish); after a TERM, at most until KILL_MARGIN seconds before
+# SLURM's SIGKILL, so what the program wrote in its grace time is staged out.
+wait_for_stop() {
+  local deadline="" grace
+  while [[ ! -e "$status_dir/stop" ]]; do
+    if [[ -n "$terminating" && -z "$deadline" ]]; then
+      grace=$(grace_seconds)
+      deadline=$((SECONDS + (grace > KILL_MARGIN ? grace - KILL_MARGIN : 0)))
+      hpc_log "$node: SIGTERM; waiting for the program to end (at most $((deadline - SECONDS)) s) before the stage-out and cleanup"
+    fi
+    if [[ -n "$deadline" ]] && ((SECONDS >= deadline)); then
+      hpc_log "$node: the program still runs $grace s after SIGTERM, close to SLURM's SIGKILL; staging out and cleaning up now"
+      return 0
+    fi
+    sleep 1 &
+    sleep_pid=$!
+    wait "$sleep_pid" 2>/dev/null || true
+  done
 }
 
 prepare_local_dir() {
@@ -129,7 +176,8 @@ extract_data() {
 
 main() {
   mkdir -p "$status_dir"
-  trap 'finish 0' TERM INT USR2 HUP
+  trap 'finish 0' INT USR2 HUP
+  trap on_term TERM
   trap 'report failed "keeper exited unexpectedly"' ERR
   prepare_local_dir
   extract_data
@@ -139,11 +187,7 @@ main() {
     exit 0
   fi
   # Stay until told: the traps above, or the stop file.
-  while [[ ! -e "$status_dir/stop" ]]; do
-    sleep 1 &
-    sleep_pid=$!
-    wait "$sleep_pid" 2>/dev/null || true
-  done
+  wait_for_stop
   finish 0
 }
 

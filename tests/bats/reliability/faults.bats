@@ -113,6 +113,21 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   scancel "$job_id"
 }
 
+@test "preemption of a job whose TERM handler reads and writes its SLURM_TMPDIR for 3 s: the read succeeds and the file is staged out" {
+  submit -p notmpdir -n 1 -g 0 -c 1 -W none -t 10 -e graceful --stage-out out -- bash "$FIXTURES/programs/term_grace.sh"
+  wait_log "$job_id" '^term_grace: started' 120
+  local urgent
+  urgent=$(sbatch --parsable -p urgent -N 2 --ntasks-per-node=1 -c 8 -o /dev/null --wrap 'sleep 2')
+  wait_log "$job_id" 'staged out out' 120
+  run job_log "$job_id"
+  assert_output --partial 'term_grace: SIGTERM'
+  assert_output --partial 'term_grace: read ok'
+  assert_output --partial 'term_grace: wrote late.txt'
+  assert_equal "$(cat "$SCRATCH/${REPO_ROOT##*/}/graceful/out/late.txt")" late
+  wait_job_done "$urgent" 120
+  scancel "$job_id"
+}
+
 @test "a slurmd killed during a 2-node job: node DOWN, job requeued; node back: the job resumes from its last checkpoint" {
   # Slow steps: the run must outlast the ~30 s SLURM takes to declare the node down.
   submit -p notmpdir -n 2 -g 1 -c 1 -W torchrun -t 10 -e nodefail -- "${train[@]}" --epochs 8 --step-sleep 0.3 \

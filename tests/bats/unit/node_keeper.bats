@@ -144,19 +144,58 @@ wait_keeper() {
   assert_dir_exists "$SLURM_TMPDIR/results"
 }
 
-@test "finish: the mimic folder the keeper made is removed when the job ends (USR2 or TERM), and only that" {
-  local sig
-  for sig in USR2 TERM; do
-    rm -rf "${sub:?}/runs"
-    keeper_until_ok
-    assert_dir_exists "$base/alice/77/nodeA"
-    : >"$base/alice/77/nodeA/tmpfile"
-    kill -s "$sig" "$keeper_pid"
-    wait_keeper
-    assert_not_exist "$base/alice/77"
-    assert_dir_exists "$base/alice"
-    assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
-  done
+@test "finish: the mimic folder the keeper made is removed when the job ends (USR2), and only that" {
+  keeper_until_ok
+  assert_dir_exists "$base/alice/77/nodeA"
+  : >"$base/alice/77/nodeA/tmpfile"
+  kill -s USR2 "$keeper_pid"
+  wait_keeper
+  assert_not_exist "$base/alice/77"
+  assert_dir_exists "$base/alice"
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: removed $base/alice/77/nodeA"
+}
+
+# stub_scontrol KILLWAIT GRACETIME: scontrol answers 'show config' and 'show
+# partition' with these.
+stub_scontrol() {
+  local bin="$BATS_TEST_TMPDIR/scontrol-bin"
+  mkdir -p "$bin"
+  cat >"$bin/scontrol" <<STUB
+#!/usr/bin/env bash
+case "\$2" in
+  config) printf 'KeepAliveTime           = SYSTEM_DEFAULT\nKillWait                = $1 sec\n' ;;
+  partition) printf 'PartitionName=p AllowGroups=ALL GraceTime=$2 Hidden=NO\n' ;;
+esac
+STUB
+  chmod +x "$bin/scontrol"
+  PATH="$bin:$PATH"
+}
+
+@test "TERM (cancel, preemption): the program keeps the folder in its grace time; stage-out and removal follow its end" {
+  stub_scontrol 20 0
+  export HPC_STAGE_OUT=results HPC_TRIAL_DIR="$BATS_TEST_TMPDIR/trial"
+  keeper_until_ok
+  mkdir -p "$base/alice/77/nodeA/results"
+  kill -s TERM "$keeper_pid"
+  # The program's TERM handler: reads, and writes for a while.
+  sleep 2
+  assert_dir_exists "$base/alice/77/nodeA/results"
+  printf 'late\n' >"$base/alice/77/nodeA/results/late.txt"
+  # batch.sh, once the training step ended.
+  : >"$sub/runs/77/stage/stop"
+  wait_keeper
+  assert_equal "$(cat "$HPC_TRIAL_DIR/results/late.txt")" late
+  assert_not_exist "$base/alice/77"
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: SIGTERM; waiting for the program to end (at most 17 s) before the stage-out and cleanup"
+}
+
+@test "TERM: a program still running near SLURM's SIGKILL (the larger of KillWait and GraceTime) is not waited for longer" {
+  stub_scontrol 2 5
+  keeper_until_ok
+  kill -s TERM "$keeper_pid"
+  wait_keeper
+  assert_not_exist "$base/alice/77"
+  assert_file_contains "$BATS_TEST_TMPDIR/keeper.out" "hpc: nodeA: the program still runs 5 s after SIGTERM, close to SLURM's SIGKILL; staging out and cleaning up now"
 }
 
 @test "finish: the keeper ends on the stop file alone (a USR2 that srun did not forward is not needed)" {
