@@ -6,7 +6,7 @@
 # node. Sourced; functions only.
 
 # sbatch_line ARG: one '#SBATCH' line; sbatch honours double quotes there.
-# A value with spaces is quoted, given as '--opt=a b' or as '--opt a b'.
+# A value with spaces is quoted, given as '--opt=a b', '--opt a b' or '-o a'.
 sbatch_line() {
   local arg=$1 name
   if [[ "$arg" != *[[:space:]]* ]]; then
@@ -16,7 +16,13 @@ sbatch_line() {
   name=${arg%%[=[:space:]]*}
   arg=${arg#"$name"}
   arg=${arg#[=[:space:]]}
-  printf '#SBATCH %s="%s"\n' "$name" "$arg"
+  # sbatch reads a short option's value from the next word ('-w=node1' would
+  # name the node '=node1').
+  if [[ "$name" == -[!-]* ]]; then
+    printf '#SBATCH %s "%s"\n' "$name" "$arg"
+  else
+    printf '#SBATCH %s="%s"\n' "$name" "$arg"
+  fi
 }
 
 # export_line NAME VALUE: an export with the value quoted literally.
@@ -95,7 +101,10 @@ render_site_sbatch_lines() {
 render_environment() {
   local entry quoted
   # shellcheck disable=SC2016 # the job expands these variables, not the submitter
-  printf '%s\n' '' 'set -uo pipefail' '# srun does not inherit --cpus-per-task since SLURM 22.05.' \
+  printf '%s\n' '' 'set -uo pipefail' \
+    '# A job sbatch-ed from an empty environment (env -i) has no HOME or USER.' \
+    'export HOME=${HOME:-~} USER="${USER:-$(id -un)}"' \
+    '# srun does not inherit --cpus-per-task since SLURM 22.05.' \
     'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"' '' \
     '# The project and its folders, for the node scripts and the program.'
   export_line source_dir "$plan_code_dir"

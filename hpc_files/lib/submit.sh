@@ -5,13 +5,18 @@
 
 # The credentials file is read on the node only; refuse one others can read,
 # and say now when the node will find no key in it.
+# A key in this shell's WANDB_API_KEY is not passed (it would be in the job's
+# environment, readable through scontrol): said once, with the way that works.
 check_wandb_credentials() {
-  local file="$HOME/wandb_credentials.txt" mode key
-  [[ -e "$file" ]] || return 0
-  readable_by_others "$file" mode || die "cannot stat $file"
-  [[ -z "$mode" ]] || usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
-  wandb_key_in "$file" key ||
-    warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
+  local file="$HOME/wandb_credentials.txt" mode key=""
+  if [[ -e "$file" ]]; then
+    readable_by_others "$file" mode || die "cannot stat $file"
+    [[ -z "$mode" ]] || usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
+    wandb_key_in "$file" key ||
+      warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
+  fi
+  [[ -z "${WANDB_API_KEY:-}" || -n "$key" ]] ||
+    warn "WANDB_API_KEY is not passed to the jobs (their environment is readable through scontrol); to give them a key, write it alone on one line of $file and chmod 600 it"
 }
 
 # make_submission_dir: $plan_scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp
@@ -215,13 +220,40 @@ warn_if_other_code() {
   warn "experiment '$opt_exp_name' already holds checkpoints, and its last submission ($previous) $what; its runs will resume those checkpoints with this code: use -e NEW_NAME, or add --fresh to start over, if that is not what you want"
 }
 
+# leaked_names: the variables of this shell a job must not get (sbatch passes
+# the rest, --export=ALL): what an enclosing allocation or step describes
+# (salloc, srun, a job submitting the next one: SLURM_MEM_PER_CPU beside the
+# new job's SLURM_MEM_PER_NODE makes every srun in it fail), sbatch's, salloc's
+# and srun's option variables, which would bend the layout, the log and the
+# array (an SBATCH_ACCOUNT or SBATCH_PARTITION stays where the submission sets
+# none), the toolkit's own internals (those a job needs, its script sets), the
+# W&B key (the node reads it from its file) and the node-local folder.
+leaked_names() {
+  local name
+  for name in ${!SLURM_@} ${!SLURMD_@} ${!SBATCH_@} ${!SALLOC_@} ${!SRUN_@} ${!HPC_@}; do
+    case "$name" in
+      SLURM_CONF | SLURM_CLUSTERS | SLURM_TIME_FORMAT) ;;
+      SBATCH_QOS | SBATCH_RESERVATION | SBATCH_CLUSTERS | SBATCH_CONSTRAINT | SBATCH_WCKEY) ;;
+      SBATCH_ACCOUNT) [[ -z "${plan_account:-}" ]] || printf '%s\n' "$name" ;;
+      SBATCH_PARTITION) [[ -z "${plan_partition:-}" ]] || printf '%s\n' "$name" ;;
+      # The user's knobs: the submitter's and those the node and harness read.
+      HPC_SITE | HPC_SITES_DIR | HPC_PYTHON | HPC_SNAPSHOT_MAX_MB | HPC_TRACE) ;;
+      HPC_WANDB | HPC_DIST_TIMEOUT | HPC_SETUP_PYTHON) ;;
+      *) printf '%s\n' "$name" ;;
+    esac
+  done
+  printf '%s\n' WANDB_API_KEY MASTER_ADDR
+  # An allocation's GPUs; the new job's own are set by SLURM.
+  [[ -z "${SLURM_JOB_ID:-}" ]] || printf '%s\n' CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES GPU_DEVICE_ORDINAL
+}
+
 # sbatch_from_submission ARG...: sbatch ARG... in the submission folder, its
-# output and errors on stdout. The jobs get this shell's environment minus the
-# W&B key, which the node reads from its file, and minus what an allocation
-# this shell runs in (salloc, the bayes controller) set for itself: its
-# node-local folder; MASTER_ADDR is the new job's first node (batch.sh).
+# output and errors on stdout, with this shell's environment less
+# leaked_names; MASTER_ADDR is the new job's first node (batch.sh).
 sbatch_from_submission() {
-  (cd "$submission_dir" && unset WANDB_API_KEY SLURM_TMPDIR MASTER_ADDR && sbatch "$@" 2>&1)
+  local -a names
+  mapfile -t names < <(leaked_names)
+  (cd "$submission_dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,

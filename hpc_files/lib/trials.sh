@@ -146,7 +146,7 @@ submit_bayes_controller() {
   [[ -z "$plan_partition" ]] || args+=(--partition="$plan_partition")
   python=$(login_python)
   shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
-  output=$(cd "$submission_dir" && env -u WANDB_API_KEY sbatch "${args[@]}" --wrap="$wrap" 2>&1) ||
+  output=$(sbatch_from_submission "${args[@]}" --wrap="$wrap") ||
     die "sbatch refused the method-bayes controller job (round job $job_id is queued; run: $wrap): ${output//$'\n'/ }"
   bayes_controller_id=${output%%;*}
   printf '%s\n' "$bayes_controller_id" >"$submission_dir/bayes_controller_job_id"

@@ -26,11 +26,11 @@ make_scratch() {
 stub_sbatch() {
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   mkdir -p "$bin"
-  export SBATCH_LOG="$BATS_TEST_TMPDIR/sbatch.log"
+  export STUB_SBATCH_LOG="$BATS_TEST_TMPDIR/sbatch.log"
   cat >"$bin/sbatch" <<'STUB'
 #!/usr/bin/env bash
-for arg in "$@"; do printf '%s\n' "$arg" >>"$SBATCH_LOG"; done
-echo "--" >>"$SBATCH_LOG"
+for arg in "$@"; do printf '%s\n' "$arg" >>"$STUB_SBATCH_LOG"; done
+echo "--" >>"$STUB_SBATCH_LOG"
 echo "4242"
 STUB
   # The submitter asks scontrol for MaxArraySize before an array: answer as

@@ -17,7 +17,7 @@ setup() {
 
 # sbatch_call N: the argv of the Nth sbatch call (1-based), one word per line.
 sbatch_call() {
-  awk -v n="$1" '$0 == "--" { k++; next } k == n - 1' "$SBATCH_LOG"
+  awk -v n="$1" '$0 == "--" { k++; next } k == n - 1' "$STUB_SBATCH_LOG"
 }
 
 @test "--sweep bayes.yml --rounds 2 --trials 3: round 1 (3 tasks from Optuna) and a controller job after it" {
@@ -34,7 +34,7 @@ sbatch_call() {
   assert_line --index 0 --regexp '^/usr/bin/env python -m hpc_harness.train --epochs=1 --hidden=(16|32|64) --lr=0\.[0-9]+$'
   assert_file_contains "$sub/job.sbatch" '^#SBATCH --array=0-2'
   # Two sbatch calls: the round's array job, then the controller.
-  assert_equal "$(grep -cx -- -- "$SBATCH_LOG")" 2
+  assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 2
   run sbatch_call 2
   assert_line -- '--dependency=afterany:4242'
   assert_line -- '--cpus-per-task=1'
@@ -66,7 +66,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   dry --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 3
   assert_line '#SBATCH --array=0-2%4'
   assert_equal "$(scratch_listing | grep -c optuna)" 0
-  [[ ! -e "$SBATCH_LOG" ]] || fail "sbatch was called"
+  [[ ! -e "$STUB_SBATCH_LOG" ]] || fail "sbatch was called"
 }
 
 @test "bad method-bayes values are refused with one line, nothing written" {
@@ -85,7 +85,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   ((status == 0)) || fail "exit $status: $stderr"
   # The first search's tasks ran: their folders hold checkpoints.
   mkdir -p "$SCRATCH/$PROJECT/bo2/trials/0/checkpoints" "$SCRATCH/$PROJECT/bo2/trials/1"
-  rm -f "$SBATCH_LOG"
+  rm -f "$STUB_SBATCH_LOG"
   refuse "experiment 'bo2' holds the trial folders of an earlier search (trials/0 ...); a new method-bayes search numbers its trials from 0 again and would resume theirs: use another -e" -- \
     --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 --sweep-seed 2
   refuse "experiment 'bo2' holds the trial folders of an earlier search" -- \

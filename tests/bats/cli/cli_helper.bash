@@ -48,7 +48,7 @@ refuse() {
   [[ -n "$stderr" && "$stderr" != *$'\n'* ]] || fail "expected exactly one line on stderr, got: $stderr"
   [[ "$stderr" == "job_submitter.sh: error: "* ]] || fail "stderr does not start with 'job_submitter.sh: error: ': $stderr"
   [[ "$stderr" == *"$expected"* ]] || fail "stderr does not name the problem ('$expected'): $stderr"
-  [[ ! -e "$SBATCH_LOG" ]] || fail "sbatch was called: $(cat "$SBATCH_LOG")"
+  [[ ! -e "$STUB_SBATCH_LOG" ]] || fail "sbatch was called: $(cat "$STUB_SBATCH_LOG")"
   [[ "$before" == "$after" ]] || fail "files appeared under SCRATCH: $(diff <(printf '%s\n' "$before") <(printf '%s\n' "$after"))"
 }
 
@@ -60,21 +60,21 @@ dry() {
   [[ -z "$stderr" ]] || fail "unexpected stderr: $stderr"
 }
 
-# stub_sbatch_recording: like stub_sbatch (argv to $SBATCH_LOG, prints 4242),
+# stub_sbatch_recording: like stub_sbatch (argv to $STUB_SBATCH_LOG, prints 4242),
 # and also records the folder it ran in and HPC_SUBMISSION_DIR
-# ($SBATCH_LOG.where) and its whole environment ($SBATCH_LOG.env). With
-# SBATCH_FAIL set, it prints that on stderr and exits 1 instead.
+# ($STUB_SBATCH_LOG.where) and its whole environment ($STUB_SBATCH_LOG.env). With
+# STUB_SBATCH_FAIL set, it prints that on stderr and exits 1 instead.
 stub_sbatch_recording() {
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   stub_sbatch
   cat >"$bin/sbatch" <<'STUB'
 #!/usr/bin/env bash
-for arg in "$@"; do printf '%s\n' "$arg" >>"$SBATCH_LOG"; done
-echo "--" >>"$SBATCH_LOG"
-printf '%s\n%s\n' "$PWD" "${HPC_SUBMISSION_DIR:-}" >>"$SBATCH_LOG.where"
-env >>"$SBATCH_LOG.env"
-if [[ -n "${SBATCH_FAIL:-}" ]]; then
-  printf '%s\n' "$SBATCH_FAIL" >&2
+for arg in "$@"; do printf '%s\n' "$arg" >>"$STUB_SBATCH_LOG"; done
+echo "--" >>"$STUB_SBATCH_LOG"
+printf '%s\n%s\n' "$PWD" "${HPC_SUBMISSION_DIR:-}" >>"$STUB_SBATCH_LOG.where"
+env >>"$STUB_SBATCH_LOG.env"
+if [[ -n "${STUB_SBATCH_FAIL:-}" ]]; then
+  printf '%s\n' "$STUB_SBATCH_FAIL" >&2
   exit 1
 fi
 echo "4242"

@@ -126,7 +126,7 @@ $(diff -u "$GOLDEN_DIR/$name.sbatch" "$rendered")"
   done
   "$SUBMITTER" --dry-run -C "$ONE_LINE" -d ds >/dev/null </dev/null
   assert_equal "$(scratch_listing)" "$before"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
 }
 
 @test "--dry-run with a fresh SCRATCH does not create it" {

@@ -67,7 +67,7 @@ one_submission() {
   assert_success
   assert_line --index 1 '# Preview (--dry-run): nothing was written or submitted, and the submission'
   assert_equal "$(find "$SCRATCH" -mindepth 1 | wc -l)" 0
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
 }
 
 @test "--no-submit writes the whole folder, queues nothing, and prints the sbatch line last" {
@@ -77,7 +77,7 @@ one_submission() {
   assert_success
   one_submission "$project" later
   assert_equal "${lines[-1]}" "sbatch '$sub/job.sbatch'"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
   local f
   for f in job.sbatch commands.txt command.txt git.txt node/batch.sh node/launch.sh code.tar; do
     assert_file_exists "$sub/$f"
@@ -150,7 +150,7 @@ one_submission() {
   run --separate-stderr env HPC_SNAPSHOT_MAX_MB=1 "$project/hpc_files/job_submitter.sh" -e big -g 0 -W none -- bash prog.sh </dev/null
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: the project's code snapshot is over the 1 MiB cap (HPC_SNAPSHOT_MAX_MB); move data and results under \$SCRATCH, git-ignore them, or run the live tree with --no-snapshot"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
   assert_equal "$(find "$SCRATCH/big/big" -mindepth 1 -maxdepth 1 ! -name checkpoints)" ""
   # --no-snapshot runs the live tree instead.
   run --separate-stderr env HPC_SNAPSHOT_MAX_MB=1 "$project/hpc_files/job_submitter.sh" -e big -g 0 -W none --no-snapshot -- bash prog.sh </dev/null
@@ -167,12 +167,12 @@ one_submission() {
     run --separate-stderr "$SUBMITTER" -e contract -C "$ONE_LINE" -t 30 --signal-lead 20 </dev/null
   assert_success
   # On sbatch's command line, these beat the SBATCH_* variables.
-  grep -qx -- '--requeue' "$SBATCH_LOG"
-  grep -qx -- '--signal=B:USR1@20' "$SBATCH_LOG"
-  grep -qx -- '--open-mode=append' "$SBATCH_LOG"
-  grep -qx -- '--time=30' "$SBATCH_LOG"
-  grep -qx -- '--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1' "$SBATCH_LOG"
-  ! grep -qF -- "$key" "$SBATCH_LOG.env" || fail "WANDB_API_KEY reached sbatch's environment (and so the job's)"
+  grep -qx -- '--requeue' "$STUB_SBATCH_LOG"
+  grep -qx -- '--signal=B:USR1@20' "$STUB_SBATCH_LOG"
+  grep -qx -- '--open-mode=append' "$STUB_SBATCH_LOG"
+  grep -qx -- '--time=30' "$STUB_SBATCH_LOG"
+  grep -qx -- '--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1' "$STUB_SBATCH_LOG"
+  ! grep -qF -- "$key" "$STUB_SBATCH_LOG.env" || fail "WANDB_API_KEY reached sbatch's environment (and so the job's)"
 }
 
 @test "resubmitting an experiment whose checkpoints came from other commands warns; the same commands do not" {

@@ -8,16 +8,16 @@ load 'cli_helper'
 
 setup() {
   cli_setup
-  # sbatch: prints job ids 100, 101, ...; refuses call number $SBATCH_REFUSE_CALL.
+  # sbatch: prints job ids 100, 101, ...; refuses call number $STUB_SBATCH_REFUSE_CALL.
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   mkdir -p "$bin"
   cat >"$bin/sbatch" <<'STUB'
 #!/usr/bin/env bash
-calls=$(($(cat "$SBATCH_LOG.calls" 2>/dev/null || echo 0) + 1))
-echo "$calls" >"$SBATCH_LOG.calls"
-printf '%s\n' "$@" -- >>"$SBATCH_LOG"
-cp "${@: -1}" "$SBATCH_LOG.script$calls"
-if [[ "$calls" == "${SBATCH_REFUSE_CALL:-0}" ]]; then
+calls=$(($(cat "$STUB_SBATCH_LOG.calls" 2>/dev/null || echo 0) + 1))
+echo "$calls" >"$STUB_SBATCH_LOG.calls"
+printf '%s\n' "$@" -- >>"$STUB_SBATCH_LOG"
+cp "${@: -1}" "$STUB_SBATCH_LOG.script$calls"
+if [[ "$calls" == "${STUB_SBATCH_REFUSE_CALL:-0}" ]]; then
   echo "sbatch: error: Batch job submission failed: Invalid qos specification" >&2
   exit 1
 fi
@@ -40,7 +40,7 @@ CONF
     --sbatch-arg=--reservation=r1 --venv "$BATS_TEST_TMPDIR/venv" --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" \
     -C "$ONE_LINE" </dev/null
   assert_success
-  local script="$SBATCH_LOG.script1"
+  local script="$STUB_SBATCH_LOG.script1"
   assert_file_exists "$script"
   grep -qx '#SBATCH --job-name=.*_setup_venv' "$script"
   grep -qx '#SBATCH --account=def-lab' "$script"
@@ -54,11 +54,11 @@ CONF
   grep -qx "export HPC_VENV=$BATS_TEST_TMPDIR/venv" "$script"
   grep -q 'exec bash "$HPC_SUBMISSION_DIR/node/setup_venv.sh"' "$script"
   # The training job waits for it.
-  grep -qx -- '--dependency=afterok:100' "$SBATCH_LOG"
+  grep -qx -- '--dependency=afterok:100' "$STUB_SBATCH_LOG"
 }
 
 @test "sbatch refusing the training job cancels the setup job already queued, and the folder goes" {
-  SBATCH_REFUSE_CALL=2 run --separate-stderr "$SUBMITTER" -g 0 -W none -e refused --venv "$BATS_TEST_TMPDIR/venv" \
+  STUB_SBATCH_REFUSE_CALL=2 run --separate-stderr "$SUBMITTER" -g 0 -W none -e refused --venv "$BATS_TEST_TMPDIR/venv" \
     --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" -C "$ONE_LINE" </dev/null
   assert_failure 1
   [[ "$stderr" == *"sbatch refused the job: sbatch: error: Batch job submission failed: Invalid qos specification"* ]] ||
@@ -72,18 +72,18 @@ CONF
   digest=$(sha256sum <"$BATS_TEST_TMPDIR/requirements.txt" | cut -d' ' -f1)
   run --separate-stderr "$SUBMITTER" --venv "$venv" --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" -C "$ONE_LINE" </dev/null
   assert_success
-  grep -qx "export HPC_VENV_DIGEST=$digest" "$SBATCH_LOG.script2"
+  grep -qx "export HPC_VENV_DIGEST=$digest" "$STUB_SBATCH_LOG.script2"
   # A later plain submission with that venv set up: the digest it holds now.
   mkdir -p "$venv/bin"
   ln -s "$(command -v python3)" "$venv/bin/python"
   echo feedbeef >"$venv/.hpc-requirements.sha256"
   run --separate-stderr "$SUBMITTER" --venv "$venv" -C "$ONE_LINE" </dev/null
   assert_success
-  grep -qx "export HPC_VENV_DIGEST=feedbeef" "$SBATCH_LOG.script3"
+  grep -qx "export HPC_VENV_DIGEST=feedbeef" "$STUB_SBATCH_LOG.script3"
   # A venv never set up by --setup-venv: nothing to check.
   rm "$venv/.hpc-requirements.sha256"
   run --separate-stderr "$SUBMITTER" --venv "$venv" -C "$ONE_LINE" </dev/null
   assert_success
-  run grep -c HPC_VENV_DIGEST "$SBATCH_LOG.script4"
+  run grep -c HPC_VENV_DIGEST "$STUB_SBATCH_LOG.script4"
   assert_output 0
 }

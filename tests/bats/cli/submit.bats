@@ -54,7 +54,7 @@ the_submission() {
   assert_line --index 2 "  submission: $sub"
   # sbatch: once, from the submission folder, with the requeue protocol and
   # the wall time on its command line, where SBATCH_* variables cannot change them.
-  assert_equal "$(cat "$SBATCH_LOG")" "--parsable
+  assert_equal "$(cat "$STUB_SBATCH_LOG")" "--parsable
 --open-mode=append
 --signal=B:USR1@90
 --requeue
@@ -62,7 +62,7 @@ the_submission() {
 --export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1
 job.sbatch
 --"
-  assert_equal "$(sed -n 1p "$SBATCH_LOG.where")" "$sub"
+  assert_equal "$(sed -n 1p "$STUB_SBATCH_LOG.where")" "$sub"
 }
 
 @test "the submitted script is the --dry-run script" {
@@ -92,12 +92,12 @@ job.sbatch
   submit_ok -e secret -C "$ONE_LINE"
   the_submission secret
   ! grep -rqF -- "$key" "$SCRATCH" || fail "the key is under SCRATCH: $(grep -rlF -- "$key" "$SCRATCH")"
-  ! grep -qF -- "$key" "$SBATCH_LOG" "$SBATCH_LOG.where" || fail "the key is in sbatch's argv"
-  ! grep -qF -- "$key" "$SBATCH_LOG.env" || fail "the key is in sbatch's environment"
+  ! grep -qF -- "$key" "$STUB_SBATCH_LOG" "$STUB_SBATCH_LOG.where" || fail "the key is in sbatch's argv"
+  ! grep -qF -- "$key" "$STUB_SBATCH_LOG.env" || fail "the key is in sbatch's environment"
   [[ "$output$stderr" != *"$key"* ]] || fail "the key was printed"
   # A wandb sweep too.
   submit_ok -e secret2 -w abc123 --sweep-count 2
-  ! grep -rqF -- "$key" "$SCRATCH" "$SBATCH_LOG" "$SBATCH_LOG.env" || fail "the key leaked in a wandb sweep submission"
+  ! grep -rqF -- "$key" "$SCRATCH" "$STUB_SBATCH_LOG" "$STUB_SBATCH_LOG.env" || fail "the key leaked in a wandb sweep submission"
   [[ "$output$stderr" != *"$key"* ]] || fail "the key was printed"
 }
 
@@ -105,8 +105,45 @@ job.sbatch
   # Submitting from inside an allocation (salloc, a controller job): that job's
   # node-local folder and rendezvous host are not the new job's.
   SLURM_TMPDIR=/tmp/another_jobs_tmpdir MASTER_ADDR=127.0.0.1 MASTER_PORT=23456 submit_ok -e env -C "$ONE_LINE"
-  ! grep -E '^(SLURM_TMPDIR|MASTER_ADDR)=' "$SBATCH_LOG.env" || fail "sbatch got the shell's node-local folder or rendezvous host"
-  grep -qx 'MASTER_PORT=23456' "$SBATCH_LOG.env" || fail "sbatch lost MASTER_PORT, a documented override"
+  ! grep -E '^(SLURM_TMPDIR|MASTER_ADDR)=' "$STUB_SBATCH_LOG.env" || fail "sbatch got the shell's node-local folder or rendezvous host"
+  grep -qx 'MASTER_PORT=23456' "$STUB_SBATCH_LOG.env" || fail "sbatch lost MASTER_PORT, a documented override"
+}
+
+@test "what describes an enclosing allocation, sbatch/salloc/srun option variables and the toolkit's internals do not reach the job; site settings and knobs do" {
+  # As inside 'salloc --mem-per-cpu=1G' or another toolkit job: SLURM_MEM_PER_CPU
+  # beside the new job's SLURM_MEM_PER_NODE makes every srun in it fail.
+  local -a shell=(SLURM_JOB_ID=7 SLURM_MEM_PER_CPU=1024 SLURM_CPUS_PER_TASK=3 SLURM_NTASKS=1
+    SLURM_NODELIST=node1 SLURM_STEP_ID=0 SLURMD_NODENAME=node1 SRUN_CPUS_PER_TASK=3
+    SALLOC_PARTITION=urgent SBATCH_ARRAY_INX=0-1 SBATCH_JOB_NAME=x SBATCH_GPUS_PER_TASK=1
+    SBATCH_PARTITION=urgent SBATCH_EXPORT=NONE SBATCH_ACCOUNT=def-lab SBATCH_QOS=normal
+    HPC_DATA_TARBALL=/elsewhere/data.tar HPC_BAYES_ROUND=2 HPC_VENV=/elsewhere/venv
+    CUDA_VISIBLE_DEVICES=0 SLURM_TIME_FORMAT=relative HPC_WANDB=offline HPC_DIST_TIMEOUT=60)
+  run --separate-stderr env "${shell[@]}" "$SUBMITTER" -e env -C "$ONE_LINE" -p notmpdir </dev/null
+  ((status == 0)) || fail "the submission failed: $stderr"
+  local leaked
+  leaked=$(grep -E '^(SLURM_(JOB_ID|MEM_PER_CPU|CPUS_PER_TASK|NTASKS|NODELIST|STEP_ID)|SLURMD_NODENAME|SRUN_|SALLOC_|SBATCH_(ARRAY_INX|JOB_NAME|GPUS_PER_TASK|PARTITION|EXPORT)|HPC_(DATA_TARBALL|BAYES_ROUND|VENV)|CUDA_VISIBLE_DEVICES)' \
+    "$STUB_SBATCH_LOG.env") && fail "sbatch got: $leaked"
+  # No --account given: the user's SBATCH_ACCOUNT is their default account.
+  local kept
+  for kept in SLURM_CONF SLURM_TIME_FORMAT=relative SBATCH_ACCOUNT=def-lab SBATCH_QOS=normal HPC_WANDB=offline HPC_DIST_TIMEOUT=60; do
+    grep -q "^$kept" "$STUB_SBATCH_LOG.env" || fail "sbatch lost $kept"
+  done
+}
+
+@test "an SBATCH_ACCOUNT in the shell does not replace the account the submission sets" {
+  SBATCH_ACCOUNT=rrg-lab submit_ok -e env -C "$ONE_LINE" -a def-lab
+  ! grep -q '^SBATCH_ACCOUNT=' "$STUB_SBATCH_LOG.env" || fail "sbatch got the shell's SBATCH_ACCOUNT beside --account def-lab"
+}
+
+@test "a W&B key in the shell's WANDB_API_KEY is not passed, and one warning line says how to give the jobs a key" {
+  WANDB_API_KEY=shell-key-1234 submit_ok -e env -C "$ONE_LINE"
+  assert_equal "$stderr" "job_submitter.sh: warning: WANDB_API_KEY is not passed to the jobs (their environment is readable through scontrol); to give them a key, write it alone on one line of $HOME/wandb_credentials.txt and chmod 600 it"
+  ! grep -q 'shell-key-1234' "$STUB_SBATCH_LOG.env" || fail "the key reached sbatch"
+  # With the key in its file, nothing to say.
+  printf 'file-key\n' >"$HOME/wandb_credentials.txt"
+  chmod 600 "$HOME/wandb_credentials.txt"
+  WANDB_API_KEY=shell-key-1234 submit_ok -e env2 -C "$ONE_LINE"
+  assert_equal "$stderr" ""
 }
 
 @test "a wandb key file others can read is refused before anything is written" {
@@ -115,7 +152,7 @@ job.sbatch
   run --separate-stderr "$SUBMITTER" -e secret -C "$ONE_LINE" </dev/null
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: $HOME/wandb_credentials.txt is readable by others (mode 644); run: chmod 600 '$HOME/wandb_credentials.txt'"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
   assert_equal "$(find "$SCRATCH" -mindepth 1 | wc -l)" 0
 }
 
@@ -150,17 +187,17 @@ job.sbatch
   run --separate-stderr "$SUBMITTER" -e newline -- python train.py $'new\nline' </dev/null
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: a word after '--' contains a newline; put such a command in a --configs file or a script"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
 }
 
 @test "sbatch failing: exit 1, one line with sbatch's message, the submission folder removed" {
-  SBATCH_FAIL=$'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\nsecond line'
-  export SBATCH_FAIL
+  STUB_SBATCH_FAIL=$'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\nsecond line'
+  export STUB_SBATCH_FAIL
   run --separate-stderr "$SUBMITTER" -e failing -C "$ONE_LINE" </dev/null
   assert_failure 1
   assert_equal "$output" ""
   assert_equal "$stderr" "job_submitter.sh: error: sbatch refused the job: sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified second line"
-  assert_file_exists "$SBATCH_LOG"
+  assert_file_exists "$STUB_SBATCH_LOG"
   assert_equal "$(submission_dirs failing)" ""
 }
 
@@ -229,7 +266,7 @@ diff:"
   submit_ok -e twice -C "$ONE_LINE"
   submit_ok -e twice -C "$ONE_LINE"
   assert_equal "$(submission_dirs twice | wc -l)" 2
-  assert_equal "$(grep -c '^--$' "$SBATCH_LOG")" 2
+  assert_equal "$(grep -c '^--$' "$STUB_SBATCH_LOG")" 2
 }
 
 # --- data tarball ------------------------------------------------------------
@@ -316,7 +353,7 @@ tarballs() {
   assert_equal "${stderr_lines[-1]}" "job_submitter.sh: error: tar failed (exit 1) building the data tarball; nothing was submitted"
   assert_equal "$(tarballs)" ""
   assert_equal "$(find "$cache" -name '*.manifest*' -o -name '*.meta*' -o -name '*.tmp*')" ""
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
   assert_equal "$(submission_dirs data)" ""
 }
 
@@ -337,7 +374,7 @@ tarballs() {
   assert_equal "$(cat "$BATS_TEST_TMPDIR"/err.* | grep -c 'data: reusing')" 4
   assert_equal "$(tarballs | wc -l)" 1
   assert_equal "$(find "$cache" -name '*.tmp*' | wc -l)" 0
-  assert_equal "$(grep -c '^--$' "$SBATCH_LOG")" 5
+  assert_equal "$(grep -c '^--$' "$STUB_SBATCH_LOG")" 5
   assert_equal "$(submission_dirs data | wc -l)" 5
   tar -tf "$(tarballs)" >/dev/null
 }
@@ -350,7 +387,7 @@ tarballs() {
   the_submission pct
   grep -qxF "#SBATCH --output=\"$BATS_TEST_TMPDIR/100%% scratch/$PROJECT/hpc_outputs/%x_%j.out\"" "$sub/job.sbatch"
   assert_line --index 1 "  log:        $SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_pct_4242.out"
-  rm -f "$SBATCH_LOG"
+  rm -f "$STUB_SBATCH_LOG"
   SCRATCH="$BATS_TEST_TMPDIR/a\"b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
   SCRATCH="$BATS_TEST_TMPDIR/a\\b" refuse "SCRATCH must not contain '\"' or '\\'" -- -C "$ONE_LINE"
 }

@@ -36,7 +36,7 @@ STUB
   assert_failure 1
   assert_output ''
   assert_equal "$stderr" "$message"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
 }
 
 @test "a missing HPC_PYTHON is refused with one line" {

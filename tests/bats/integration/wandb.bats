@@ -26,11 +26,11 @@ setup() {
   # An sbatch on PATH that records its argv (one word per line), then runs the real one.
   local real_sbatch
   real_sbatch=$(command -v sbatch) || fail "no sbatch on PATH"
-  export SBATCH_ARGV_LOG="$BATS_TEST_TMPDIR/sbatch-argv.log"
+  export STUB_SBATCH_ARGV_LOG="$BATS_TEST_TMPDIR/sbatch-argv.log"
   mkdir -p "$BATS_TEST_TMPDIR/bin"
   cat >"$BATS_TEST_TMPDIR/bin/sbatch" <<EOF
 #!/usr/bin/env bash
-printf '%s\n' "\$@" -- >>"\$SBATCH_ARGV_LOG"
+printf '%s\n' "\$@" -- >>"\$STUB_SBATCH_ARGV_LOG"
 exec $(printf '%q' "$real_sbatch") "\$@"
 EOF
   chmod +x "$BATS_TEST_TMPDIR/bin/sbatch"
@@ -184,7 +184,7 @@ EOF
   submit_sweep_and_wait "$exp" 3
   assert_wait_status 0
   # One sbatch call, one array job of 3 tasks, all COMPLETED with 0:0.
-  run grep -c -x -- -- "$SBATCH_ARGV_LOG"
+  run grep -c -x -- -- "$STUB_SBATCH_ARGV_LOG"
   assert_output 1
   run array_states "$job_id"
   assert_output "$(printf '%s COMPLETED 0:0\n' 0 1 2)"
@@ -243,7 +243,7 @@ EOF
   assert_success
   refute_output --partial "$secret"
   refute_output --partial WANDB_API_KEY
-  run cat "$SBATCH_ARGV_LOG"
+  run cat "$STUB_SBATCH_ARGV_LOG"
   assert_line job.sbatch
   refute_output --partial "$secret"
   assert_equal "$submit_output" "${submit_output//"$secret"/}"

@@ -26,6 +26,15 @@ source "$HPC_FILES_DIR/lib/render.sh"
   assert_output '#SBATCH --comment="two words"'
 }
 
+@test "sbatch_line: a short option's value is its own word, as sbatch reads it" {
+  run sbatch_line "-w node1"
+  assert_output '#SBATCH -w "node1"'
+  run sbatch_line "-D /tmp/a b"
+  assert_output '#SBATCH -D "/tmp/a b"'
+  run sbatch_line -wnode1
+  assert_output '#SBATCH -wnode1'
+}
+
 @test "export_line quotes the value so the node reads it literally" {
   local line
   run export_line X 'a b'
