@@ -169,7 +169,9 @@ Data and environment:
 Wall time and requeue:
   --signal SIG                the wall-time signal: USR1, USR2, HUP, INT, QUIT or URG
                               (default: $DEFAULT_SIGNAL; the program checkpoints on it)
-  --signal-lead SECONDS       send it this long before the wall time, at most --time - 60 s (default: $DEFAULT_SIGNAL_LEAD)
+  --signal-lead SECONDS       send it this long before the wall time, at most --time - 60 s
+                              (a shorter --time lowers the default, or drops the signal
+                              below 70 s; default: $DEFAULT_SIGNAL_LEAD)
   --no-signal                 send no wall-time signal: the program runs to the wall
                               time (for programs that do not checkpoint on a signal)
   --max-requeues N            requeue at most N times (default: $DEFAULT_MAX_REQUEUES)

@@ -129,6 +129,7 @@ validate_settings() {
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
+  [[ -n "${opt_no_signal:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
   if [[ -z "${opt_no_signal:-}" ]]; then
     ((lead < seconds)) ||
       usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
@@ -146,6 +147,25 @@ validate_settings() {
   validate_kind_layout
   validate_optional_settings
   validate_submission_mode
+}
+
+# Below this lead the program has no time to checkpoint at the signal.
+readonly MIN_SIGNAL_LEAD=10
+
+# fit_default_signal_lead SECONDS VAR: a --time too short for the default
+# lead (it must leave 60 s, see below) gets the longest lead that fits, or
+# no wall-time signal at all; said in one line. An explicit lead is not changed.
+fit_default_signal_lead() {
+  local seconds=$1 fitted=$(($1 - 60))
+  ((fitted < ${!2})) || return 0
+  if ((fitted >= MIN_SIGNAL_LEAD)); then
+    info "--time $opt_time leaves no room for the default $DEFAULT_SIGNAL_LEAD s signal lead; the wall-time signal comes $fitted s before the end (--signal-lead sets it)"
+    opt_signal_lead=$fitted
+    printf -v "$2" '%s' "$fitted"
+  else
+    info "--time $opt_time is too short for a wall-time signal (it needs $((60 + MIN_SIGNAL_LEAD)) s or more); the job runs without one, as with --no-signal"
+    opt_no_signal=1
+  fi
 }
 
 # validate_signal: one signal the batch script can trap and forward (not

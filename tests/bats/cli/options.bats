@@ -326,7 +326,7 @@ quoted() {
 @test "--wait with --dry-run prints the script and calls nothing" {
   dry "${BASE[@]}" --wait
   assert_line "#!/bin/bash"
-  assert_file_not_exists "$SBATCH_LOG"
+  assert_file_not_exists "$STUB_SBATCH_LOG"
 }
 
 @test "an option given twice with the same value is accepted" {
@@ -404,6 +404,6 @@ quoted() {
   assert_line --regexp "^  -m, --mem-per-gpu SIZE .*\(default: $DEFAULT_MEM_PER_GPU\)$"
   assert_line --regexp "\(default: $DEFAULT_TIME\)$"
   assert_line --regexp "^ +nodes per run \(default: $DEFAULT_NODES\)$"
-  assert_line --regexp "^  --signal-lead SECONDS .*\(default: $DEFAULT_SIGNAL_LEAD\)$"
+  assert_line --regexp "^ +below 70 s; default: $DEFAULT_SIGNAL_LEAD\)$"
   assert_line --regexp "^  --max-requeues N .*\(default: $DEFAULT_MAX_REQUEUES\)$"
 }

@@ -188,6 +188,20 @@ setup() {
   refute_output --partial '#SBATCH --signal'
 }
 
+@test "signal lead: a --time too short for the default lead gets the longest that fits, or no signal, said in one line" {
+  run --separate-stderr "$SUBMITTER" --dry-run -C "$ONE_LINE" -t 00:02:00 </dev/null
+  assert_success
+  assert_output --partial '#SBATCH --signal=B:USR1@60'
+  assert_equal "$stderr" "job_submitter.sh: --time 00:02:00 leaves no room for the default 90 s signal lead; the wall-time signal comes 60 s before the end (--signal-lead sets it)"
+  run --separate-stderr "$SUBMITTER" --dry-run -C "$ONE_LINE" -t 1 </dev/null
+  assert_success
+  refute_output --partial '#SBATCH --signal'
+  assert_equal "$stderr" "job_submitter.sh: --time 1 is too short for a wall-time signal (it needs 70 s or more); the job runs without one, as with --no-signal"
+  # Long enough for the default: nothing said.
+  dry -C "$ONE_LINE" -t 00:02:30
+  assert_output --partial '#SBATCH --signal=B:USR1@90'
+}
+
 @test "signal lead: zero" {
   refuse "--signal-lead must be at least 1, got '0'" -- -C "$ONE_LINE" --signal-lead 0
 }
