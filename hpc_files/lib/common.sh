@@ -155,47 +155,93 @@ run_results_py() {
   exec "$(login_python)" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
 }
 
+# The long sbatch options the submitter sets itself (sbatch_option_owner).
+SBATCH_OWNED_LONG=(--nodes --ntasks --ntasks-per-node --ntasks-per-gpu --cpus-per-task
+  --cpus-per-gpu --gres --gpus --gpus-per-node --gpus-per-task --gpus-per-socket
+  --tres-per-task --mem --mem-per-cpu --mem-per-gpu --partition --account --time
+  --requeue --no-requeue --signal --dependency --array --job-name --output --error
+  --open-mode --export)
+
+# sbatch_option_parts ARG NAME_VAR VALUE_VAR: ARG as sbatch reads it, its name
+# and value ('-N2', '-N 2', '--nodes=2' and '--node 2' are all --nodes 2):
+# sbatch (getopt_long) takes an unambiguous prefix of a long option, so a
+# long name that is not an owned one but a prefix of one counts as it (a
+# prefix of others too is refused by sbatch anyway).
+sbatch_option_parts() {
+  # Names of their own: the caller's variables may be name and value.
+  local arg=$1 parts_name parts_value long
+  if [[ "$arg" == --* ]]; then
+    parts_name=${arg%%[= ]*}
+    parts_value=${arg#"$parts_name"}
+  else
+    parts_name=${arg:0:2}
+    parts_value=${arg:2}
+  fi
+  parts_value=${parts_value#[= ]}
+  case "$parts_name" in
+    -N) parts_name=--nodes ;;
+    -n) parts_name=--ntasks ;;
+    -c) parts_name=--cpus-per-task ;;
+    -G) parts_name=--gpus ;;
+    -p) parts_name=--partition ;;
+    -A) parts_name=--account ;;
+    -t) parts_name=--time ;;
+    -d) parts_name=--dependency ;;
+    -a) parts_name=--array ;;
+    -J) parts_name=--job-name ;;
+    -o) parts_name=--output ;;
+    -e) parts_name=--error ;;
+    --?*)
+      if [[ " ${SBATCH_OWNED_LONG[*]} " != *" $parts_name "* ]]; then
+        for long in "${SBATCH_OWNED_LONG[@]}"; do
+          [[ "$long" != "$parts_name"* ]] || {
+            parts_name=$long
+            break
+          }
+        done
+      fi
+      ;;
+  esac
+  printf -v "$2" '%s' "$parts_name"
+  printf -v "$3" '%s' "$parts_value"
+}
+
 # sbatch_option_owner ARG: for an sbatch option the submitter sets itself (on
 # sbatch's command line, where it beats an #SBATCH line that a later 'sbatch
 # job.sbatch' would obey instead, or in the script's own lines for the log, the
 # array and the layout, where a later line of the same option wins and the job
 # would run another layout than the one its HPC_* settings describe), the
 # submitter's way to ask for it; nothing for any other option.
-#
-# sbatch (getopt_long) also takes an unambiguous prefix of a long option
-# (--part=gpu is --partition=gpu): a long name that is not one of these but a
-# prefix of one counts as it (a prefix of others too is refused by sbatch anyway).
-SBATCH_OWNED_LONG=(--nodes --ntasks --ntasks-per-node --ntasks-per-gpu --cpus-per-task
-  --cpus-per-gpu --gres --gpus --gpus-per-node --gpus-per-task --gpus-per-socket
-  --tres-per-task --mem --mem-per-cpu --mem-per-gpu --partition --account --time
-  --requeue --no-requeue --signal --dependency --array --job-name --output --error
-  --open-mode --export)
 sbatch_option_owner() {
-  local name=${1%%[= ]*} long
-  if [[ "$name" == --?* && " ${SBATCH_OWNED_LONG[*]} " != *" $name "* ]]; then
-    for long in "${SBATCH_OWNED_LONG[@]}"; do
-      [[ "$long" != "$name"* ]] || {
-        name=$long
-        break
-      }
-    done
-  fi
+  local name value
+  sbatch_option_parts "$1" name value
   case "$name" in
-    --nodes | -N*) printf 'use -N/--nodes' ;;
-    --ntasks | -n* | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
-    --cpus-per-task | -c* | --cpus-per-gpu) printf 'use -c/--cpus' ;;
-    --gres | --tres-per-task) [[ "$1" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another gres: plan_resource_lines
-    --gpus | -G* | --gpus-per-node | --gpus-per-task | --gpus-per-socket) printf 'use -g/--gpus and -G/--gpu-type' ;;
+    --nodes) printf 'use -N/--nodes' ;;
+    --ntasks | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
+    --cpus-per-task | --cpus-per-gpu) printf 'use -c/--cpus' ;;
+    --gres | --tres-per-task) [[ "$value" != *gpu* ]] || printf 'use -g/--gpus and -G/--gpu-type' ;; # another gres: plan_resource_lines
+    --gpus | --gpus-per-node | --gpus-per-task | --gpus-per-socket) printf 'use -g/--gpus and -G/--gpu-type' ;;
     --mem-per-cpu | --mem-per-gpu) printf 'use -m/--mem-per-gpu, or --mem=SIZE for the memory per node' ;; # --mem: plan_resource_lines
-    --partition | -p*) printf 'use -p/--partition' ;;
-    --account | -A*) printf 'use -a/--account' ;;
-    --time | -t*) printf 'use -t/--time' ;;
+    --partition) printf 'use -p/--partition' ;;
+    --account) printf 'use -a/--account' ;;
+    --time) printf 'use -t/--time' ;;
     --requeue | --no-requeue) printf 'use --max-requeues or --no-signal' ;;
     --signal) printf 'use --signal, --signal-lead or --no-signal' ;;
-    --dependency | -d*) printf 'use --dependency' ;;
-    --array | -a*) printf 'use --sweep, --seeds, -C or --array-throttle' ;;
-    --job-name | -J*) printf 'use -e/--exp-name' ;;
-    --output | -o* | --error | -e* | --open-mode) printf "the log is the submitter's: one per task, appended across requeues" ;;
+    --dependency) printf 'use --dependency' ;;
+    --array) printf 'use --sweep, --seeds, -C or --array-throttle' ;;
+    --job-name) printf 'use -e/--exp-name' ;;
+    --output | --error | --open-mode) printf "the log is the submitter's: one per task, appended across requeues" ;;
     --export) printf "the job needs the submitting shell's environment (--export=ALL)" ;;
   esac
+}
+
+# The owned options whose value the plan compares with its own (an
+# --sbatch-arg that repeats it is accepted: plan_repeated_options).
+SBATCH_PLANNED=(--nodes --ntasks --ntasks-per-node --cpus-per-task --partition --account --job-name)
+
+# sbatch_option_planned ARG: ARG sets one of SBATCH_PLANNED.
+sbatch_option_planned() {
+  local name value
+  sbatch_option_parts "$1" name value
+  [[ " ${SBATCH_PLANNED[*]} " == *" $name "* ]]
 }

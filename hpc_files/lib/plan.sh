@@ -107,6 +107,40 @@ plan_resource_lines() {
   plan_sbatch_args=(${rest[@]+"${rest[@]}"})
 }
 
+# planned_value NAME VAR: the value the submitter's own line of sbatch
+# option NAME (one of SBATCH_PLANNED) has; '' where it writes none.
+planned_value() {
+  local value
+  case "$1" in
+    --nodes) value=$plan_nodes ;;
+    --ntasks) value=$((plan_nodes * plan_tasks_per_node)) ;;
+    --ntasks-per-node) value=$plan_tasks_per_node ;;
+    --cpus-per-task) value=$plan_cpus_per_task ;;
+    --partition) value=$plan_partition ;;
+    --account) value=$plan_account ;;
+    --job-name) value=$plan_job_name ;;
+  esac
+  printf -v "$2" '%s' "$value"
+}
+
+# plan_repeated_options: --sbatch-arg joins plan_sbatch_args, but for an
+# option the submitter sets with the same value (test-tube's SlurmCluster
+# writes ntasks-per-node beside its GPUs): that line is the submitter's
+# already. Another value is refused, naming both.
+plan_repeated_options() {
+  local arg name value planned
+  for arg in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
+    if sbatch_option_planned "$arg"; then
+      sbatch_option_parts "$arg" name value
+      planned_value "$name" planned
+      [[ "$value" == "$planned" ]] && continue
+      if [[ -n "$planned" ]]; then planned="$name=$planned"; else planned="no $name"; fi
+      usage_error "--sbatch-arg=$arg sets what the submitter sets itself; $(sbatch_option_owner "$arg") (this submission sets $planned; the same value is accepted)"
+    fi
+    plan_sbatch_args+=("$arg")
+  done
+}
+
 # plan_site_settings: what the site profile sets or defaults, the command
 # line winning where it gave the option (--modules '' loads none).
 plan_site_settings() {
@@ -118,7 +152,8 @@ plan_site_settings() {
   plan_array_throttle=${opt_array_throttle:-${site_array_throttle:-}}
   [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
   plan_dependency=${opt_dependency:-}
-  plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"} ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"})
+  plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"})
+  plan_repeated_options
   plan_resource_lines
   plan_tmpdir_mode=$site_provides_tmpdir
   plan_tmpdir_base=$site_tmpdir_base

@@ -309,7 +309,9 @@ validate_optional_settings() {
   for word in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
     [[ "$word" == -* ]] || usage_error "--sbatch-arg expects an sbatch option starting with '-', got '$word'"
     owner=$(sbatch_option_owner "$word")
-    [[ -z "$owner" ]] || usage_error "--sbatch-arg=$word sets what the submitter sets itself; $owner"
+    # The same value as the submitter's is accepted (plan_repeated_options).
+    [[ -z "$owner" ]] || sbatch_option_planned "$word" ||
+      usage_error "--sbatch-arg=$word sets what the submitter sets itself; $owner"
     [[ "$word" != *$'\n'* ]] || usage_error "--sbatch-arg must not contain a newline"
     # The #SBATCH line quotes the value in double quotes, which cannot nest.
     [[ "$word" != *'"'* && "$word" != *\\* ]] ||

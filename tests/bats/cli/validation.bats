@@ -550,6 +550,20 @@ setup() {
   dry -C "$ONE_LINE" --sbatch-arg=--time-min=10 --sbatch-arg=--exclusive --sbatch-arg=--tmp=10G
 }
 
+@test "sbatch arg: a layout option with the value the submitter sets is accepted (test-tube's ntasks-per-node), another value is refused naming both" {
+  local arg
+  for arg in --ntasks-per-node=2 '--ntasks-per-node 2' --nodes=1 -N1 '-c 2' --cpus-per-task=2 --ntasks=2; do
+    dry -C "$ONE_LINE" -g 2 -c 2 -W lightning --sbatch-arg="$arg"
+    assert_equal "$(grep -c '^#SBATCH' <<<"$output")" 11
+  done
+  assert_output --partial '#SBATCH --ntasks-per-node=2'
+  refuse "--sbatch-arg=--ntasks-per-node=8 sets what the submitter sets itself; the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node) (this submission sets --ntasks-per-node=2; the same value is accepted)" -- \
+    -C "$ONE_LINE" -g 2 -W lightning --sbatch-arg=--ntasks-per-node=8
+  refuse "--sbatch-arg=-J x sets what the submitter sets itself; use -e/--exp-name (this submission sets --job-name=" -- -C "$ONE_LINE" --sbatch-arg='-J x'
+  refuse "--sbatch-arg=--part=gpu sets what the submitter sets itself; use -p/--partition (this submission sets no --partition; the same value is accepted)" -- \
+    -C "$ONE_LINE" --sbatch-arg=--part=gpu
+}
+
 @test "sbatch arg: a resource or layout option the submitter writes is refused, naming the submitter's" {
   # sbatch obeys the last of two #SBATCH lines: --sbatch-arg=--nodes=2 ran on
   # 2 nodes while the job's HPC_NODES said 1.

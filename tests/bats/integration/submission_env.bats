@@ -62,3 +62,17 @@ teardown() {
   wait_job_done "$job_id" 60
   assert_job_state "$job_id" COMPLETED
 }
+
+@test "seed 000's SlurmCluster example, its add_slurm_cmd('ntasks-per-node') included, runs its 9-trial grid on 2 nodes x 2 GPUs" {
+  local out task
+  out=$(cd "$BATS_TEST_TMPDIR" && HPC_SITE=local "$REPO_ROOT/.venv/bin/python" \
+    "$REPO_ROOT/tests/bats/fixtures/programs/seed_slurm_cluster.py" 2>&1) || fail "the seed script failed: $out"
+  job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
+  [[ -n "$job_id" ]] || fail "no job id in: $out"
+  for task in 0 1 2 3 4 5 6 7 8; do
+    wait_job_done "${job_id}_$task" 300
+    assert_job_state "${job_id}_$task" COMPLETED
+  done
+  run cat "$SCRATCH/$project/hpc_outputs/${project}_seed_grid_${job_id}_8.out"
+  assert_output --partial 'seed trial: learning_rate=0.1 layers=64 rank=3 of 4'
+}
