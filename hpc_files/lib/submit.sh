@@ -19,17 +19,31 @@ check_wandb_credentials() {
     warn "WANDB_API_KEY is not passed to the jobs (their environment is readable through scontrol); to give them a key, write it alone on one line of $file and chmod 600 it"
 }
 
-# make_submission_dir: $plan_scratch_dir/$exp_name/<stamp>-XXXX, private (mktemp
-# -d: a new folder, mode 0700).
+readonly SUFFIX_CHARS=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
+
+# make_submission_dir: $plan_scratch_dir/$exp_name/<stamp>-XXXX, a new folder,
+# private (mode 0700). It is named before it is made, so that the EXIT trap
+# knows it whenever an interrupt comes (mktemp -d in $(...) could make it and
+# die of a Ctrl-C before this shell learnt its name).
 make_submission_dir() {
-  local stamp
+  local stamp suffix candidate i
   if [[ ! -d "$plan_log_dir" || ! -d "$plan_exp_dir/checkpoints" ]]; then
     mkdir -p "$plan_log_dir" "$plan_exp_dir/checkpoints" ||
       die "cannot create $plan_log_dir and $plan_exp_dir/checkpoints"
   fi
   printf -v stamp '%(%Y%m%d-%H%M%S)T' -1
-  submission_dir=$(mktemp -d "$plan_exp_dir/$stamp-XXXX") ||
-    die "cannot create a submission folder in $plan_exp_dir"
+  for _ in 1 2 3 4 5 6 7 8; do
+    suffix=""
+    for i in 1 2 3 4; do
+      suffix+=${SUFFIX_CHARS:RANDOM % ${#SUFFIX_CHARS}:1}
+    done
+    candidate="$plan_exp_dir/$stamp-$suffix"
+    [[ ! -e "$candidate" ]] || continue
+    submission_dir=$candidate
+    mkdir -m 0700 -- "$candidate" 2>/dev/null && return 0
+    submission_dir=""
+  done
+  die "cannot create a submission folder in $plan_exp_dir"
 }
 
 # Until sbatch accepts the job (or --no-submit has written it whole), the

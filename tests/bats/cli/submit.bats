@@ -146,6 +146,26 @@ job.sbatch
   assert_equal "$stderr" ""
 }
 
+@test "a Ctrl-C just as the submission folder is made leaves no folder behind" {
+  # mkdir and mktemp stand-ins make the folder, then Ctrl-C their process
+  # group (as a terminal does) before they return.
+  local bin="$BATS_TEST_TMPDIR/interrupting" tool
+  mkdir -p "$bin"
+  for tool in mkdir mktemp; do
+    cat >"$bin/$tool" <<STUB
+#!/usr/bin/env bash
+$(command -v "$tool") "\$@" || exit
+case "\${!#}" in
+  */exp-ctrlc/[0-9]*-*) kill -INT 0; sleep 5 ;;
+esac
+STUB
+    chmod +x "$bin/$tool"
+  done
+  PATH="$bin:$PATH" run setsid env --default-signal=INT "$SUBMITTER" -e exp-ctrlc -C "$ONE_LINE" --no-submit </dev/null
+  assert_equal "$status" 130
+  assert_equal "$(find "$SCRATCH/$PROJECT/exp-ctrlc" -mindepth 1 -maxdepth 1 ! -name checkpoints)" ""
+}
+
 @test "a wandb key file others can read is refused before anything is written" {
   printf 'WANDB_API_KEY=x\n' >"$HOME/wandb_credentials.txt"
   chmod 644 "$HOME/wandb_credentials.txt"
