@@ -277,7 +277,8 @@ def _read(path: str, what: str, label: str | None = None) -> str:
     except OSError as exc:
         raise TrialsError(f"{what}: cannot read {_q(path)}: {exc.strerror}") from None
     try:
-        text = data.decode("utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors) is not part of the first line.
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise TrialsError(f"{label or path}: not UTF-8 text (byte {exc.start})") from None
     if "\0" in text:

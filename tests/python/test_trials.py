@@ -536,6 +536,13 @@ def test_configs_assignments_before_a_program_are_its_environment(write):
     assert [t["argv"][0] for t in trials] == ["A=1", "--x=1"]
 
 
+def test_configs_with_a_utf8_bom_runs_its_first_program(write):
+    """Editors on Windows start a file with a byte-order mark: the first line's program
+    is 'python', not '\\ufeffpython' (exit 127 on the node)."""
+    trials = manifest("--configs", write("bom.txt", "\ufeffpython a.py --x 1\npython b.py\n"))
+    assert [t["argv"][:2] for t in trials] == [["python", "a.py"], ["python", "b.py"]]
+
+
 def test_configs_label_names_the_configs_in_messages_instead_of_file_and_line(write):
     """The submitter's command after '--' comes as a temporary configs file: its messages
     name 'the command after '--'', not that file."""
