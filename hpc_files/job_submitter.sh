@@ -58,6 +58,7 @@ main() {
     return 0
   fi
   validate_data_paths
+  validate_experiment_folder
   check_wandb_credentials
   prepare_trials
   refuse_bayes_unsubmitted

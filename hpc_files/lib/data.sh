@@ -11,23 +11,40 @@
 # the nodes check before extracting; read with meta_value, node/shared.sh).
 # Sourced; functions only.
 
-# validate_data_paths: every -d path is relative, exists and stays inside the
-# project's scratch folder, symbolic links followed; the first path (in
-# order) with a problem is named.
+# validate_data_paths: every -d path is relative, has no '..' and exists, its
+# symbolic links resolved; the first path (in order) with a problem is named.
+# A link may lead outside the project's scratch folder: clusters keep shared,
+# read-only datasets elsewhere (datasets/imagenet -> /datashare/imagenet), and
+# the tarball holds what links lead to; nothing behind them is written.
 validate_data_paths() {
-  local path problem real real_scratch
+  local path problem
   ((${#opt_data[@]} > 0)) || return 0
-  real_scratch=$(cd "$plan_scratch_dir" 2>/dev/null && pwd -P) ||
+  [[ -d "$plan_scratch_dir" ]] ||
     usage_error "--data paths are relative to $plan_scratch_dir, which does not exist"
   for path in "${opt_data[@]}"; do
     data_path_problem "$path" problem
     [[ -z "$problem" ]] || usage_error "$problem"
-    real=$(realpath -e -- "$plan_scratch_dir/$path" 2>/dev/null) || usage_error "--data path '$path' cannot be resolved"
-    [[ "$real" == "$real_scratch" || "$real" == "$real_scratch"/* ]] ||
-      usage_error "--data path '$path' resolves outside $plan_scratch_dir (symlink to '$real')"
+    realpath -e -- "$plan_scratch_dir/$path" >/dev/null 2>&1 || usage_error "--data path '$path' cannot be resolved"
     data_links_problem "$path" problem
     [[ -z "$problem" ]] || usage_error "$problem"
   done
+}
+
+# validate_experiment_folder: -e names the folder the runs write their
+# checkpoints into ($SCRATCH/<project>/<exp>): not a -d data folder, and not
+# a folder of other files (an experiment's has checkpoints/ from its first
+# submission on).
+validate_experiment_folder() {
+  local path first
+  for path in ${opt_data[@]+"${opt_data[@]}"}; do
+    first=${path#./}
+    first=${first%%/*}
+    [[ "$first" != "$opt_exp_name" ]] ||
+      usage_error "--exp-name '$opt_exp_name' is the folder of --data path '$path': the runs would write their checkpoints among the data; choose another -e"
+  done
+  [[ ! -e "$plan_exp_dir" || -d "$plan_exp_dir/checkpoints" ]] && return 0
+  [[ -d "$plan_exp_dir" && -z "$(ls -A -- "$plan_exp_dir")" ]] && return 0
+  usage_error "--exp-name '$opt_exp_name' names $plan_exp_dir, which holds other files than an experiment's (no checkpoints/ folder); choose another -e"
 }
 
 # data_links_problem PATH VAR: in VAR, a broken symbolic link or a link loop

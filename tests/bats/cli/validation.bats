@@ -677,20 +677,38 @@ setup() {
   refuse "--data paths are relative to $SCRATCH/$PROJECT, which does not exist" -- -C "$ONE_LINE" -d ds
 }
 
-@test "data: a symlink that points outside scratch" {
-  mkdir -p "$SCRATCH/$PROJECT" "$BATS_TEST_TMPDIR/outside"
-  ln -s "$BATS_TEST_TMPDIR/outside" "$SCRATCH/$PROJECT/link"
-  refuse "--data path 'link' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d link
+@test "data: a symlink to a shared dataset outside scratch is staged: the tarball holds what it leads to" {
+  mkdir -p "$SCRATCH/$PROJECT/datasets" "$BATS_TEST_TMPDIR/datashare/imagenet"
+  printf 'x\n' >"$BATS_TEST_TMPDIR/datashare/imagenet/img1"
+  ln -s "$BATS_TEST_TMPDIR/datashare/imagenet" "$SCRATCH/$PROJECT/datasets/imagenet"
+  run --separate-stderr "$SUBMITTER" -e shared -C "$ONE_LINE" -d datasets/imagenet </dev/null
+  assert_success
+  local tarball
+  tarball=$(find "$SCRATCH/$PROJECT" -name 'data-*.tar' | head -n 1)
+  [[ -n "$tarball" ]] || fail "no data tarball"
+  assert_equal "$(tar -xOf "$tarball" datasets/imagenet/img1)" x
+}
+
+@test "exp name: a data folder, or a folder of other files, is refused; an experiment's folder is not" {
+  mkdir -p "$SCRATCH/$PROJECT/datasets/mix" "$SCRATCH/$PROJECT/notes"
+  printf 'x\n' >"$SCRATCH/$PROJECT/datasets/mix/a"
+  printf 'x\n' >"$SCRATCH/$PROJECT/notes/todo.txt"
+  refuse "--exp-name 'datasets' is the folder of --data path './datasets/mix': the runs would write their checkpoints among the data; choose another -e" -- \
+    -C "$ONE_LINE" -e datasets -d ./datasets/mix
+  refuse "--exp-name 'datasets' names $SCRATCH/$PROJECT/datasets, which holds other files than an experiment's (no checkpoints/ folder); choose another -e" -- \
+    -C "$ONE_LINE" -e datasets
+  refuse "--exp-name 'notes' names $SCRATCH/$PROJECT/notes" -- -C "$ONE_LINE" -e notes
+  mkdir -p "$SCRATCH/$PROJECT/exp1/checkpoints" "$SCRATCH/$PROJECT/empty"
+  dry -C "$ONE_LINE" -e exp1 -d datasets/mix
+  dry -C "$ONE_LINE" -e empty
 }
 
 @test "data: the first problem in path order is the one reported" {
-  # A link outside scratch, then a missing path: the link is named, as when
-  # each path is checked in turn.
-  mkdir -p "$SCRATCH/$PROJECT/inside" "$BATS_TEST_TMPDIR/outside"
-  ln -s "$BATS_TEST_TMPDIR/outside" "$SCRATCH/$PROJECT/link"
-  refuse "--data path 'link' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d link missing
-  refuse "--data path 'missing' does not exist in $SCRATCH/$PROJECT" -- -C "$ONE_LINE" -d inside missing link
-  refuse "--data path './link/' resolves outside $SCRATCH/$PROJECT (symlink to '$BATS_TEST_TMPDIR/outside')" -- -C "$ONE_LINE" -d inside ./link/
+  mkdir -p "$SCRATCH/$PROJECT/inside"
+  ln -s "$BATS_TEST_TMPDIR/nowhere" "$SCRATCH/$PROJECT/broken"
+  refuse "--data path 'missing' does not exist in $SCRATCH/$PROJECT" -- -C "$ONE_LINE" -d inside missing broken
+  refuse "--data path 'broken' does not exist in $SCRATCH/$PROJECT" -- -C "$ONE_LINE" -d inside broken missing
+  refuse "--data path 'up/../inside' must not contain '..'" -- -C "$ONE_LINE" -d inside up/../inside missing
 }
 
 @test "data: symlinks that stay inside scratch, and a scratch folder behind a symlink, are accepted" {
