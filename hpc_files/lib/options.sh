@@ -188,6 +188,11 @@ Behaviour:
   -h, --help                  this help
   --version                   print the version
 
+Paths: FILE, REQUIREMENTS, IMAGE and --venv's PATH relative to the current
+directory, else to the project (the folder holding hpc_files/), so that
+'cd hpc_files && bash job_submitter.sh --sweep sweeper.yml' finds the
+project's sweeper.yml; -d paths relative to \$SCRATCH/<project>.
+
 Environment: SCRATCH (required), HPC_SITE, HPC_PYTHON (the python that expands
 trials and sweeps on this machine; default: the --venv's python, else the
 project's .venv, else python3), HPC_SNAPSHOT_MAX_MB (the largest code snapshot
@@ -303,6 +308,19 @@ apply_defaults() {
     opt_configs="$HPC_FILES_DIR/experiment_configurations.txt"
     [[ -f "$opt_configs" ]] || opt_configs="${HPC_FILES_DIR%/*}/experiment_configurations.txt"
   fi
+  from_project_if_missing opt_configs
+  from_project_if_missing opt_sweep
+  from_project_if_missing opt_setup_venv
+  from_project_if_missing opt_container
+  from_project_if_missing opt_venv
+}
+
+# from_project_if_missing VAR: a relative path in VAR that names nothing from
+# the current directory but names something in the project becomes that.
+from_project_if_missing() {
+  local path=${!1:-}
+  [[ -n "$path" && "$path" != /* && ! -e "$path" && -e "$source_dir/$path" ]] || return 0
+  printf -v "$1" '%s' "$source_dir/$path"
 }
 
 # ask_sweep_count: a wandb sweep without --sweep-count asks for it on a

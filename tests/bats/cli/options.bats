@@ -407,3 +407,17 @@ quoted() {
   assert_line --regexp "^ +below 70 s; default: $DEFAULT_SIGNAL_LEAD\)$"
   assert_line --regexp "^  --max-requeues N .*\(default: $DEFAULT_MAX_REQUEUES\)$"
 }
+
+@test "relative files: from the current directory, else from the project (the seed's 'cd hpc_files' workflow)" {
+  cd "$REPO_ROOT/hpc_files"
+  dry --sweep sweeper.yml --trials 2
+  assert_output --partial '#SBATCH --array='
+  dry -C experiment_configurations.txt
+  # The current directory's file wins over the project's.
+  cd "$BATS_TEST_TMPDIR"
+  printf 'python here.py\n' >experiment_configurations.txt
+  run --separate-stderr "$SUBMITTER" --list-trials -C experiment_configurations.txt </dev/null
+  assert_success
+  assert_output --partial '"argv":["python","here.py"]'
+  refuse "--sweep file 'nowhere.yml' does not exist" -- --sweep nowhere.yml
+}
