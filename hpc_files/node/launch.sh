@@ -63,10 +63,12 @@ build_command() {
   local -a assignments=()
   line=$(trial_command_line) || exit 1
   # The trial's words, with $VARS expanded here on the node, as the user wrote
-  # them; as in the shell, an unset variable expands to nothing.
-  set +u
+  # them; as in the shell, an unset variable expands to nothing. Globs and
+  # braces stay as written (set -f, +B), as --list-trials shows them: this
+  # node's folder is not the one the line was written in.
+  set +u -f +B
   eval "set -- $line"
-  set -u
+  set -u +f -B
   # Leading NAME=value words are the command's environment, as in the shell.
   while (($# > 0)) && [[ "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
     assignments+=("$1")

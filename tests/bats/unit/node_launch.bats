@@ -122,6 +122,19 @@ argv:
 argv:end'
 }
 
+@test "globs and braces reach the program as written (as --list-trials shows them); \$VAR expands" {
+  export HPC_KIND=none X=value
+  mkdir -p "$BATS_TEST_TMPDIR/cwd"
+  : >"$BATS_TEST_TMPDIR/cwd/BENCHMARKS.md"
+  cd "$BATS_TEST_TMPDIR/cwd"
+  experiment 'show *.md {a,b} $X'
+  launch
+  assert_success
+  assert_equal "$output" 'argv:*.md
+argv:{a,b}
+argv:value'
+}
+
 @test "a line of only assignments is refused as an empty command" {
   export HPC_KIND=none
   experiment 'FOO=1'
