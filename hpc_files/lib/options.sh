@@ -158,7 +158,9 @@ Data and environment:
                               project's .venv if present)
   --setup-venv REQUIREMENTS   first run a setup job that creates/updates the venv
                               from this requirements file (only when the file
-                              changed since the last setup); the job waits for it
+                              changed since the last setup); the job waits for it.
+                              Where the site says compute_internet = no, it runs
+                              here, on the login node, before the job is queued
   -s, --singularity-container IMAGE
                               run inside this Singularity/Apptainer image
   --pass-local-rank, --pass-local-rank=underscore|hyphen

@@ -156,6 +156,7 @@ plan_site_settings() {
   plan_repeated_options
   plan_resource_lines
   plan_tmpdir_mode=$site_provides_tmpdir
+  plan_compute_internet=$site_compute_internet
   plan_tmpdir_base=$site_tmpdir_base
   plan_container_runtime=${site_container_runtime:-}
   plan_env=(${site_env[@]+"${site_env[@]}"})

@@ -22,6 +22,7 @@ declare -A SITE_KEYS=(
   [max_nodes]=scalar          # refuse --num-nodes above this
   [array_throttle]=scalar     # default --array-throttle
   [container_runtime]=scalar  # singularity or apptainer
+  [compute_internet]=scalar   # no: --setup-venv builds on the login node
   [slurm_conf]=scalar         # SLURM_CONF to use when unset (relative: to the toolkit's folder)
   [env]=list                  # NAME=VALUE exported in the job
   [sbatch]=list               # extra #SBATCH arguments
@@ -87,6 +88,7 @@ read_site_file() {
     esac
   done <"$file"
   : "${site_provides_tmpdir:=auto}"
+  : "${site_compute_internet:=yes}"
   : "${site_tmpdir_base:=/tmp}"
 }
 
@@ -123,6 +125,9 @@ site_check_value() {
       ;;
     provides_tmpdir)
       [[ "$value" =~ ^(yes|no|auto)$ ]] || site_value_error "$where" "$key" "$value" "yes, no or auto"
+      ;;
+    compute_internet)
+      [[ "$value" =~ ^(yes|no)$ ]] || site_value_error "$where" "$key" "$value" "yes or no"
       ;;
     container_runtime)
       [[ "$value" =~ ^(singularity|apptainer)$ ]] ||

@@ -271,7 +271,8 @@ sbatch_from_submission() {
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,
-# only when the venv's digest stamp does not match the requirements file.
+# only when the venv's digest stamp does not match the requirements file;
+# where the site's compute nodes have no internet, the same script runs here.
 # Sets setup_job_id (empty when the venv is up to date).
 submit_setup_job() {
   local output
@@ -283,6 +284,13 @@ submit_setup_job() {
   fi
   cp -p "$opt_setup_venv" "$submission_dir/requirements.txt" || die "cannot copy $opt_setup_venv"
   render_setup_script >"$submission_dir/setup.sbatch" || die "cannot write $submission_dir/setup.sbatch"
+  if [[ "$plan_compute_internet" == no ]]; then
+    # The script the setup job would run, here, where pip reaches the index.
+    info "venv: site '$site_name' compute nodes have no internet; building $plan_venv here from ${opt_setup_venv##*/} first"
+    bash "$submission_dir/setup.sbatch" >&2 ||
+      die "building $plan_venv from ${opt_setup_venv##*/} failed (above); nothing was submitted"
+    return 0
+  fi
   output=$(sbatch_from_submission --parsable --export=ALL setup.sbatch) ||
     die "sbatch refused the venv setup job: ${output//$'\n'/ }"
   setup_job_id=${output%%;*}

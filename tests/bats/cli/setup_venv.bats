@@ -87,3 +87,32 @@ CONF
   run grep -c HPC_VENV_DIGEST "$STUB_SBATCH_LOG.script4"
   assert_output 0
 }
+
+@test "compute_internet = no: the setup script runs here, before the job is queued, and the job has no dependency" {
+  printf 'compute_internet = no\n' >>"$BATS_TEST_TMPDIR/site.conf"
+  # A setup python whose venv's pip records what it was asked to install.
+  local bin="$BATS_TEST_TMPDIR/setup-python"
+  mkdir -p "$bin"
+  cat >"$bin/python3" <<'STUB'
+#!/usr/bin/env bash
+venv=${*: -1}
+mkdir -p "$venv/bin"
+cat >"$venv/bin/python" <<'PIP'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"${0%/bin/python}/pip.log"
+PIP
+chmod +x "$venv/bin/python"
+STUB
+  chmod +x "$bin/python3"
+  # Lmod defines 'module' for non-interactive shells through BASH_ENV.
+  printf 'module() { printf "%%s\\n" "$*" >>"%s"; }\n' "$BATS_TEST_TMPDIR/module.log" >"$BATS_TEST_TMPDIR/lmod.bash"
+  run --separate-stderr env HPC_SETUP_PYTHON="$bin/python3" BASH_ENV="$BATS_TEST_TMPDIR/lmod.bash" "$SUBMITTER" --site "$BATS_TEST_TMPDIR/site.conf" -g 0 -W none \
+    --venv "$BATS_TEST_TMPDIR/venv" --setup-venv "$BATS_TEST_TMPDIR/requirements.txt" -C "$ONE_LINE" </dev/null
+  ((status == 0)) || fail "exit $status: $stderr"
+  assert_equal "$(cat "$STUB_SBATCH_LOG.calls")" 1
+  ! grep -q -- '--dependency' "$STUB_SBATCH_LOG" || fail "the job waits for a setup job: $(cat "$STUB_SBATCH_LOG")"
+  grep -q -- '-m pip install -r .*/requirements.txt' "$BATS_TEST_TMPDIR/venv/pip.log"
+  assert_file_exists "$BATS_TEST_TMPDIR/venv/.hpc-requirements.sha256"
+  assert_equal "$(cat "$BATS_TEST_TMPDIR/module.log")" "load python/3.11 cuda/12.2"
+  [[ "$stderr" == *"compute nodes have no internet; building $BATS_TEST_TMPDIR/venv here"* ]] || fail "$stderr"
+}
