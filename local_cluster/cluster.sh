@@ -3,7 +3,7 @@
 # integration tests: one munged, one slurmctld and several `slurmd -N nodeK`,
 # each node claiming fake GPUs (GRES on /dev/tty*) and more CPUs than exist.
 #
-# Usage: local_cluster/cluster.sh up|down|status|env
+# Usage: local_cluster/cluster.sh up|down|status|env|ports
 #
 #   up      write the configuration, start the daemons, wait until every node is
 #           idle. Idempotent: a running cluster is left as it is.
@@ -12,6 +12,7 @@
 #   status  daemons, nodes and partitions.
 #   env     print the `export SLURM_CONF=...` line clients need (and the
 #           PATH line under SLURM_PREFIX).
+#   ports   the ports this cluster listens on (or would, at 'up').
 #
 # Everything lives under HPC_CLUSTER_DIR (default: <repo>/.cluster), on
 # non-default ports, with its own munge socket, so a real SLURM or munge on the
@@ -26,13 +27,24 @@
 #
 # Knobs: HPC_CLUSTER_DIR, HPC_CLUSTER_NODES (default 2), HPC_CLUSTER_CPUS
 # (per node, default 8), HPC_CLUSTER_GPUS (per node, default 4),
-# HPC_CLUSTER_CTLD_PORT (default 16817), HPC_CLUSTER_NODE_PORT (first slurmd
-# port, default 17001), HPC_CLUSTER_GRACE (preemption grace seconds, 30).
+# HPC_CLUSTER_CTLD_PORT, HPC_CLUSTER_NODE_PORT (first slurmd port),
+# HPC_CLUSTER_GRACE (preemption grace seconds, 30).
+#
+# Two clusters on one machine (two clones, or a clone beside a working tree)
+# share nothing: each has its own folder, munge socket and node-local folders
+# (the 'local' site profile's mimic SLURM_TMPDIR base is <folder>/local-ssd),
+# and its own ports: without the port knobs, 'up' takes a block of 128 ports
+# in 30000-32767 (above jobs' MASTER_PORT range, below Linux's ephemeral one)
+# chosen from a hash of the folder's path, the next free block when another
+# program holds a port of it; slurm.conf records them, and a later 'up' keeps
+# them while any of the cluster's daemons runs. 'ports' prints them. The
+# first job id comes from the same hash, so the two clusters' jobs (and the
+# MASTER_PORT each derives from its id) do not pair up.
 #
 # Another SLURM: SLURM_PREFIX=/opt/slurm-24.11 (a folder with bin/ and sbin/)
 # runs that build's daemons and clients instead of the ones on PATH, under
-# <repo>/.cluster-24.11 (the prefix's name without 'slurm-') on ports 18817
-# and 18001+, so it runs beside the default cluster without touching it.
+# <repo>/.cluster-24.11 (the prefix's name without 'slurm-'), so it runs
+# beside the default cluster without touching it.
 # Jobs inherit the submitting PATH, and a 22.05 srun first on PATH fails in a
 # 24.11 job ("Invalid Protocol Version"): `env` prints the PATH line too, and
 # the TaskProlog puts the prefix's bin/ first for jobs that inherit nothing
@@ -52,16 +64,20 @@ if [[ -n "$SLURM_PREFIX" ]]; then
   PATH="$SLURM_PREFIX/bin:$SLURM_PREFIX/sbin:$PATH"
   prefix_name=${SLURM_PREFIX%/}
   prefix_name=${prefix_name##*/}
-  readonly DEFAULT_DIR="$REPO_ROOT/.cluster-${prefix_name#slurm-}" DEFAULT_CTLD_PORT=18817 DEFAULT_NODE_PORT=18001
+  readonly DEFAULT_DIR="$REPO_ROOT/.cluster-${prefix_name#slurm-}"
 else
-  readonly DEFAULT_DIR="$REPO_ROOT/.cluster" DEFAULT_CTLD_PORT=16817 DEFAULT_NODE_PORT=17001
+  readonly DEFAULT_DIR="$REPO_ROOT/.cluster"
 fi
 readonly CLUSTER_DIR="${HPC_CLUSTER_DIR:-$DEFAULT_DIR}"
 readonly NODE_COUNT="${HPC_CLUSTER_NODES:-2}"
 readonly NODE_CPUS="${HPC_CLUSTER_CPUS:-8}"
 readonly NODE_GPUS="${HPC_CLUSTER_GPUS:-4}"
-readonly CTLD_PORT="${HPC_CLUSTER_CTLD_PORT:-$DEFAULT_CTLD_PORT}"
-readonly NODE_PORT="${HPC_CLUSTER_NODE_PORT:-$DEFAULT_NODE_PORT}"
+# Set by choose_ports (the knobs, else slurm.conf's record, else a free block).
+CTLD_PORT="" NODE_PORT=""
+readonly PORT_FIRST=30000 PORT_BLOCK=128 PORT_BLOCKS=21
+# The block's slot (and the first job id) from the folder's path.
+FOLDER_HASH=$(printf '%s' "$CLUSTER_DIR" | cksum | cut -d' ' -f1)
+readonly FOLDER_HASH
 readonly GRACE_SECONDS="${HPC_CLUSTER_GRACE:-30}"
 readonly HOSTS_MARK="# hpc-local-cluster"
 readonly WAIT_SECONDS=60
@@ -91,6 +107,25 @@ node_port() {
   echo $((NODE_PORT + index - 1))
 }
 
+# recorded_ports: 'CTLD NODE' from an existing slurm.conf, or nothing.
+recorded_ports() {
+  local ctld node
+  [[ -f "$CONF" ]] || return 0
+  ctld=$(sed -n 's/^SlurmctldPort=\([0-9]*\)$/\1/p' "$CONF")
+  node=$(sed -n 's/^NodeName=.* Port=\([0-9]*\).*/\1/p' "$CONF" | head -n 1)
+  [[ -z "$ctld" || -z "$node" ]] || echo "$ctld $node"
+}
+
+# any_daemon_alive: is a slurmctld or slurmd of this cluster running?
+any_daemon_alive() {
+  local name
+  pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid" && return 0
+  for name in $(node_names); do
+    pidfile_alive "$CLUSTER_DIR/run/slurmd-$name.pid" && return 0
+  done
+  return 1
+}
+
 # Is the process in pid file $1 alive and one of ours (its command line names
 # our configuration folder)? Guards against a recycled pid.
 pidfile_alive() {
@@ -108,6 +143,43 @@ port_in_use() {
   ss -Hltn "sport = :$port" 2>/dev/null | grep -q .
 }
 
+# ports_free CTLD NODE: are CTLD and the NODE_COUNT ports from NODE unused?
+ports_free() {
+  local i
+  port_in_use "$1" && return 1
+  for ((i = 0; i < NODE_COUNT; i++)); do
+    port_in_use "$(($2 + i))" && return 1
+  done
+  return 0
+}
+
+# choose_ports [probe]: CTLD_PORT and NODE_PORT. The ports slurm.conf records,
+# kept while a daemon of ours runs; else, or when another program now holds
+# one of them (probe), the first free block from the folder's slot on. Each
+# knob wins over what was chosen (check_ports refuses it when it is taken).
+choose_ports() {
+  local probe=${1:-} recorded slot tries
+  recorded=$(recorded_ports)
+  if [[ -n "$recorded" ]] && { [[ "$probe" != probe ]] || any_daemon_alive || ports_free "${recorded% *}" "${recorded#* }"; }; then
+    CTLD_PORT=${recorded% *}
+    NODE_PORT=${recorded#* }
+  else
+    slot=$((FOLDER_HASH % PORT_BLOCKS))
+    for ((tries = 0; tries < PORT_BLOCKS; tries++)); do
+      CTLD_PORT=$((PORT_FIRST + slot * PORT_BLOCK))
+      NODE_PORT=$((CTLD_PORT + 8))
+      if [[ "$probe" != probe ]] || ports_free "$CTLD_PORT" "$NODE_PORT"; then
+        break
+      fi
+      slot=$(((slot + 1) % PORT_BLOCKS))
+    done
+    ((tries < PORT_BLOCKS)) ||
+      die "no block of $PORT_BLOCK free ports in $PORT_FIRST-$((PORT_FIRST + PORT_BLOCKS * PORT_BLOCK - 1)); set HPC_CLUSTER_CTLD_PORT and HPC_CLUSTER_NODE_PORT"
+  fi
+  CTLD_PORT=${HPC_CLUSTER_CTLD_PORT:-$CTLD_PORT}
+  NODE_PORT=${HPC_CLUSTER_NODE_PORT:-$NODE_PORT}
+}
+
 check_prerequisites() {
   local cmd
   [[ "$(id -u)" == 0 ]] || die "the local cluster runs its daemons as root (SlurmUser=root); run as root or with sudo"
@@ -116,6 +188,8 @@ check_prerequisites() {
   done
   [[ "$NODE_COUNT" =~ ^[1-9][0-9]?$ ]] || die "HPC_CLUSTER_NODES must be 1-99, got '$NODE_COUNT'"
   [[ "$NODE_GPUS" =~ ^[0-4]$ ]] || die "HPC_CLUSTER_GPUS must be 0-4 (fake GPUs are /dev/tty0-3), got '$NODE_GPUS'"
+  [[ "${HPC_CLUSTER_CTLD_PORT:-1}${HPC_CLUSTER_NODE_PORT:-1}" =~ ^[0-9]+$ ]] ||
+    die "HPC_CLUSTER_CTLD_PORT and HPC_CLUSTER_NODE_PORT must be port numbers, got '${HPC_CLUSTER_CTLD_PORT:-}' and '${HPC_CLUSTER_NODE_PORT:-}'"
   # slurm.conf has no quoting: a path with spaces or odd characters would be split.
   [[ "$CLUSTER_DIR" =~ ^/[A-Za-z0-9._/-]+$ ]] ||
     die "HPC_CLUSTER_DIR must be an absolute path of letters, digits, '.', '_', '-' and '/' (slurm.conf cannot quote), got '$CLUSTER_DIR'"
@@ -137,6 +211,7 @@ write_slurm_conf() {
 ClusterName=hpclocal
 SlurmctldHost=localhost
 SlurmctldPort=$CTLD_PORT
+FirstJobId=$((1 + FOLDER_HASH % PORT_BLOCKS * 600))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -332,6 +407,7 @@ cmd_up() {
   mkdir -p "$CLUSTER_DIR"/{etc,state,spool,run,log,local} "$MUNGE_DIR"
   chmod 0700 "$MUNGE_DIR"
   ensure_hosts_entries
+  choose_ports probe
   write_slurm_conf
   check_ports
   start_munge
@@ -409,9 +485,14 @@ main() {
     down) cmd_down ;;
     status) cmd_status ;;
     env) env_lines ;;
+    ports)
+      choose_ports probe
+      echo "slurmctld $CTLD_PORT"
+      echo "slurmd $NODE_PORT-$(node_port "$NODE_COUNT")"
+      ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
     *)
-      echo "$PROG: error: expected one of up, down, status, env; got '${1:-}'" >&2
+      echo "$PROG: error: expected one of up, down, status, env, ports; got '${1:-}'" >&2
       exit 2
       ;;
   esac

@@ -6,8 +6,9 @@
 # a space or tab, starts a comment (a '#' inside a word, as in a#b, is kept).
 # Values are literal: nothing is expanded or evaluated here; each is checked
 # by its type when read (site_value_error names file, line, key and what is
-# accepted). tmpdir_base may name $USER, expanded on the node. Repeatable keys
-# (env, sbatch, command) accumulate in order.
+# accepted). tmpdir_base may name $USER, expanded on the node; a relative one
+# is under the folder of the cluster's slurm.conf (site_tmpdir_base holds it
+# resolved). Repeatable keys (env, sbatch, command) accumulate in order.
 
 # key -> "scalar" or "list"
 declare -A SITE_KEYS=(
@@ -15,7 +16,7 @@ declare -A SITE_KEYS=(
   [partition]=scalar          # default --partition
   [modules]=scalar            # modules to 'module load' on the nodes
   [provides_tmpdir]=scalar    # yes: the site sets SLURM_TMPDIR; no: mimic it
-  [tmpdir_base]=scalar        # node-local base for the mimic SLURM_TMPDIR
+  [tmpdir_base]=scalar        # node-local base for the mimic SLURM_TMPDIR (relative: to slurm.conf's folder)
   [gpu_types]=scalar          # allowed --gpu-type values, comma separated
   [max_gpus_per_node]=scalar  # refuse --gpus above this
   [max_cpus_per_node]=scalar  # refuse layouts that need more CPUs per node
@@ -90,6 +91,27 @@ read_site_file() {
   : "${site_provides_tmpdir:=auto}"
   : "${site_compute_internet:=yes}"
   : "${site_tmpdir_base:=/tmp}"
+  site_resolve_tmpdir_base
+}
+
+# site_resolve_tmpdir_base: a relative tmpdir_base made absolute under the
+# folder of the cluster's slurm.conf (SLURM_CONF, else the profile's
+# slurm_conf), each leading '../' taking one folder off: a local cluster's
+# mimic folders then live in that cluster's own folder, so two clusters on one
+# machine (both with a job 1) never meet there.
+site_resolve_tmpdir_base() {
+  local base=$site_tmpdir_base conf dir
+  [[ "$base" != /* ]] || return 0
+  conf=$(site_slurm_conf_path)
+  [[ -n "$conf" ]] ||
+    usage_error "$site_file: tmpdir_base '$base' is relative to the folder of the cluster's slurm.conf, but neither SLURM_CONF nor the profile's slurm_conf names one"
+  dir=${conf%/*}
+  while [[ "$base" == ../* ]]; do
+    dir=${dir%/*}
+    base=${base#../}
+  done
+  base=${base#./}
+  site_tmpdir_base="${dir:-}/$base"
 }
 
 # site_strip_comment LINE VAR: LINE without its comment (a '#' first on the
@@ -148,8 +170,8 @@ site_check_value() {
     tmpdir_base)
       stripped=${value//\$\{USER\}/}
       stripped=${stripped//\$USER/}
-      [[ "$value" == /* && "$stripped" =~ ^[A-Za-z0-9_./+@:\ -]*$ ]] ||
-        site_value_error "$where" "$key" "$value" "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
+      [[ "$stripped" =~ ^[A-Za-z0-9_./+@:\ -]+$ ]] ||
+        site_value_error "$where" "$key" "$value" "a path of letters, digits, spaces and '_./+@:-', which may name \$USER (relative: to slurm.conf's folder)"
       ;;
     slurm_conf)
       [[ "$value" =~ ^[A-Za-z0-9_./+@:\ -]+$ ]] ||
@@ -197,9 +219,22 @@ list_shipped_sites() {
 # set and the file exists (the local cluster: sbatch, squeue and scontrol find
 # it without 'export SLURM_CONF=...'). A SLURM_CONF already set wins.
 use_site_slurm_conf() {
-  local conf=${site_slurm_conf:-}
-  [[ -n "$conf" && -z "${SLURM_CONF:-}" ]] || return 0
-  [[ "$conf" == /* ]] || conf="${HPC_FILES_DIR%/*}/$conf"
+  local conf
+  [[ -n "${site_slurm_conf:-}" && -z "${SLURM_CONF:-}" ]] || return 0
+  conf=$(site_slurm_conf_path)
   [[ -f "$conf" ]] || return 0
   export SLURM_CONF="$conf"
+}
+
+# site_slurm_conf_path: the slurm.conf this submission talks to: SLURM_CONF,
+# else the profile's slurm_conf (relative: to the toolkit's folder), else ''.
+# A relative SLURM_CONF is the current directory's, as SLURM reads it.
+site_slurm_conf_path() {
+  local conf=${SLURM_CONF:-} base=$PWD
+  if [[ -z "$conf" ]]; then
+    conf=${site_slurm_conf:-}
+    base=${HPC_FILES_DIR%/*}
+  fi
+  [[ -z "$conf" || "$conf" == /* ]] || conf="$base/$conf"
+  printf '%s' "$conf"
 }

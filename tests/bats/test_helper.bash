@@ -163,6 +163,20 @@ cluster_test_setup() {
   project=${REPO_ROOT##*/}
 }
 
+# local_tmpdir_base: the 'local' site profile's node-local base for this
+# cluster (SLURM_CONF), as the submitter resolves it.
+local_tmpdir_base() {
+  # shellcheck disable=SC2016 # expanded by the bash it starts
+  bash -c 'set -euo pipefail
+    HPC_FILES_DIR=$1
+    source "$HPC_FILES_DIR/lib/common.sh"
+    source "$HPC_FILES_DIR/lib/options.sh"
+    source "$HPC_FILES_DIR/lib/site.sh"
+    find_site_file local
+    read_site_file "$site_file"
+    printf "%s" "$site_tmpdir_base"' _ "$REPO_ROOT/hpc_files"
+}
+
 # digits_dataset: the example's dataset, written once per .bats file; prints its path.
 digits_dataset() {
   local dir="$BATS_FILE_TMPDIR/digits"

@@ -8,6 +8,11 @@ setup() {
   require_cluster
 }
 
+teardown() {
+  # The second cluster a test started (its own folder), stopped whatever happened.
+  [[ -z "${second+x}" ]] || "${second[@]}" down >/dev/null 2>&1 || true
+}
+
 submit_probe() {
   local partition=$1 out=$2
   sbatch --parsable -p "$partition" --nodes=2 --ntasks-per-node=2 --cpus-per-task=3 \
@@ -96,4 +101,29 @@ submit_probe() {
   wait_job_done "$job_id" 60
   assert_job_state "$job_id" COMPLETED
   assert_file_contains "$SCRATCH/$project/stageout/results/out.txt" '^from node1$'
+}
+
+@test "a second cluster in another folder shares nothing: its own ports, job ids and node-local folders" {
+  cluster_test_setup
+  local dir="$BATS_TEST_TMPDIR/second" first_conf=$SLURM_CONF first_job
+  [[ "$dir" =~ ^/[A-Za-z0-9._/-]+$ ]] || skip "BATS_TEST_TMPDIR ($dir) is not a path slurm.conf can hold"
+  second=(env -u HPC_CLUSTER_CTLD_PORT -u HPC_CLUSTER_NODE_PORT HPC_CLUSTER_DIR="$dir" HPC_CLUSTER_NODES=1
+    "$REPO_ROOT/local_cluster/cluster.sh")
+  run "${second[@]}" up
+  assert_success
+  run "${second[@]}" ports
+  refute_line "slurmctld $(sed -n 's/^SlurmctldPort=//p' "$first_conf")"
+  local probe='echo "tmp=$SLURM_TMPDIR"'
+  submit -p notmpdir -n 1 -g 0 -W none -t 5 -e first -- bash -c "$probe"
+  first_job=$job_id
+  SLURM_CONF="$dir/etc/slurm.conf" submit -p notmpdir -n 1 -g 0 -W none -t 5 -e second -- bash -c "$probe"
+  [[ "$job_id" != "$first_job" ]] || fail "both clusters gave job id $job_id"
+  SLURM_CONF="$dir/etc/slurm.conf" wait_job_done "$job_id" 60
+  SLURM_CONF="$dir/etc/slurm.conf" assert_job_state "$job_id" COMPLETED
+  run job_log "$job_id"
+  assert_output --regexp "tmp=$dir/local-ssd/$(id -un)/$job_id/node1"$'(\n|$)'
+  wait_job_done "$first_job" 60
+  assert_job_state "$first_job" COMPLETED
+  run job_log "$first_job"
+  assert_output --regexp "tmp=${first_conf%/etc/slurm.conf}/local-ssd/$(id -un)/$first_job/node1"$'(\n|$)'
 }

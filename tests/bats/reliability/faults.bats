@@ -205,7 +205,7 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   [[ "$(sed 's/.*port=\([0-9]*\).*/\1/' <<<"$a")" != "$(sed 's/.*port=\([0-9]*\).*/\1/' <<<"$b")" ]] || fail "same port: $a / $b"
   assert_equal "${a##* }" data=payload
   assert_equal "${b##* }" data=payload
-  run find /tmp/hpc-local-ssd -mindepth 2 -maxdepth 2 \( -name "${jobs[0]}" -o -name "${jobs[1]}" \)
+  run find "$(local_tmpdir_base)" -mindepth 2 -maxdepth 2 \( -name "${jobs[0]}" -o -name "${jobs[1]}" \)
   assert_output ''
 }
 
@@ -215,9 +215,10 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   wait_log "$job_id" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
   scancel "$job_id"
   wait_job_done "$job_id" 60
-  local deadline=$((SECONDS + 30))
-  while [[ -e "/tmp/hpc-local-ssd/root/$job_id" ]]; do
-    ((SECONDS < deadline)) || fail "/tmp/hpc-local-ssd/root/$job_id still exists 30 s after scancel"
+  local deadline=$((SECONDS + 30)) dir
+  dir="$(local_tmpdir_base)/$(id -un)/$job_id"
+  while [[ -e "$dir" ]]; do
+    ((SECONDS < deadline)) || fail "$dir still exists 30 s after scancel"
     sleep 0.3
   done
   run ls "$BATS_TEST_TMPDIR/cancelled"

@@ -6,7 +6,7 @@ load '../test_helper'
 @test "cluster.sh with no command exits 2 with one line" {
   run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh"
   assert_failure 2
-  assert_equal "$stderr" "cluster.sh: error: expected one of up, down, status, env; got ''"
+  assert_equal "$stderr" "cluster.sh: error: expected one of up, down, status, env, ports; got ''"
 }
 
 @test "cluster.sh env prints the SLURM_CONF export" {
@@ -30,6 +30,54 @@ load '../test_helper'
   SLURM_PREFIX="$BATS_TEST_TMPDIR/none" run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" env
   assert_failure 1
   assert_equal "$stderr" "cluster.sh: error: SLURM_PREFIX '$BATS_TEST_TMPDIR/none' has no sbin/slurmctld and bin/sinfo"
+}
+
+# hold_port PORT: a listener on PORT until the test ends (holder_pid).
+hold_port() {
+  python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(); time.sleep(60)' "$1" &
+  holder_pid=$!
+  local deadline=$((SECONDS + 10))
+  until ss -Hltn "sport = :$1" | grep -q .; do
+    ((SECONDS < deadline)) || fail "port holder did not start listening"
+    sleep 0.1
+  done
+}
+
+teardown() {
+  [[ -z "${holder_pid:-}" ]] || { kill "$holder_pid" && wait "$holder_pid"; } 2>/dev/null || true
+}
+
+@test "cluster.sh ports: two clusters' folders get their own ports; each knob wins" {
+  unset HPC_CLUSTER_CTLD_PORT HPC_CLUSTER_NODE_PORT
+  # Folders whose hashes fall in different blocks (cksum is fixed).
+  HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  assert_success
+  assert_output $'slurmctld 32048\nslurmd 32056-32057'
+  HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODES=3 run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  assert_output $'slurmctld 31920\nslurmd 31928-31930'
+  HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODE_PORT=27001 run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  assert_output $'slurmctld 31920\nslurmd 27001-27002'
+}
+
+@test "cluster.sh ports: a block another program holds a port of is skipped for the next" {
+  unset HPC_CLUSTER_CTLD_PORT HPC_CLUSTER_NODE_PORT
+  hold_port 32057
+  HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  assert_success
+  assert_output $'slurmctld 32176\nslurmd 32184-32185'
+}
+
+@test "cluster.sh ports: the ports an earlier 'up' wrote into slurm.conf are kept, unless another program took one" {
+  unset HPC_CLUSTER_CTLD_PORT HPC_CLUSTER_NODE_PORT
+  local dir="$BATS_TEST_TMPDIR/c"
+  mkdir -p "$dir/etc"
+  printf '%s\n' 'SlurmctldPort=30517' 'NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=30601-30602 CPUs=8' >"$dir/etc/slurm.conf"
+  HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  assert_output $'slurmctld 30517\nslurmd 30601-30602'
+  hold_port 30602
+  HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
+  refute_output --partial 30517
+  assert_output --regexp $'^slurmctld 3[0-9]{4}\nslurmd 3[0-9]{4}-3[0-9]{4}$'
 }
 
 @test "cluster.sh up refuses a state folder slurm.conf cannot quote" {

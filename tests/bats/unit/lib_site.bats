@@ -73,6 +73,38 @@ command:echo two'
   assert_output "auto /tmp"
 }
 
+@test "a relative tmpdir_base is under the folder of SLURM_CONF, so each local cluster has its own" {
+  site 'tmpdir_base = ../local-ssd/$USER'
+  SLURM_CONF=/c/one/etc/slurm.conf in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_tmpdir_base"'
+  assert_success
+  assert_output '/c/one/local-ssd/$USER'
+  SLURM_CONF=/c/two/etc/slurm.conf in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_tmpdir_base"'
+  assert_output '/c/two/local-ssd/$USER'
+}
+
+@test "a relative tmpdir_base without SLURM_CONF: under the profile's slurm_conf (relative: to the toolkit's folder)" {
+  site 'tmpdir_base = ./ssd' 'slurm_conf = .elsewhere/etc/slurm.conf'
+  unset SLURM_CONF
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "%s" "$site_tmpdir_base"'
+  assert_success
+  assert_output "$REPO_ROOT/.elsewhere/etc/ssd"
+}
+
+@test "the shipped local profile puts the mimic folders in the cluster's own folder" {
+  SLURM_CONF=/clones/a/.cluster/etc/slurm.conf in_libs 'parse_options --site local; load_site; printf "%s" "$site_tmpdir_base"'
+  assert_success
+  assert_output /clones/a/.cluster/local-ssd
+}
+
+@test "a relative tmpdir_base with no slurm.conf named: exit 2, one line" {
+  site 'tmpdir_base = ../local-ssd'
+  unset SLURM_CONF
+  in_libs 'parse_options --site "$SITE_FILE"; load_site; echo loaded'
+  assert_failure 2
+  assert_output ''
+  assert_equal "$stderr" "job_submitter.sh: error: $SITE_FILE: tmpdir_base '../local-ssd' is relative to the folder of the cluster's slurm.conf, but neither SLURM_CONF nor the profile's slurm_conf names one"
+}
+
 @test "a name means hpc_files/sites/NAME.conf; HPC_SITE when --site is not given" {
   HPC_SITE=local in_libs 'parse_options; load_site; printf "%s %s" "$site_file" "$site_partition"'
   assert_success

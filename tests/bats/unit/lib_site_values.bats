@@ -102,8 +102,8 @@ echo hi'
   refused 'partition = $(touch "$PWNED")' "names of letters, digits, '.', '_' and '-', separated by commas"
   refused 'gpu_types = v100;a100' "names of letters, digits, '.', '_' and '-', separated by commas"
   refused 'modules = cuda/12 $(touch "$PWNED")' "module names (letters, digits, '_', '.', '/', '+', '-') separated by spaces"
-  refused 'tmpdir_base = relative/dir' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
-  refused 'tmpdir_base = /tmp/"$(touch "$PWNED")"' "an absolute path of letters, digits, spaces and '_./+@:-', which may name \$USER"
+  refused 'tmpdir_base = /tmp/"$(touch "$PWNED")"' "a path of letters, digits, spaces and '_./+@:-', which may name \$USER (relative: to slurm.conf's folder)"
+  refused 'tmpdir_base = ../$(touch "$PWNED")' "a path of letters, digits, spaces and '_./+@:-', which may name \$USER (relative: to slurm.conf's folder)"
   refused 'sbatch = constraint=ib' "an sbatch option starting with '-'"
   # the submitter's command line beats it at submission, a later sbatch of the script obeys it
   refused 'sbatch = --time=5' "an sbatch option the submitter does not set itself (use -t/--time)"
