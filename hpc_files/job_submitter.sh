@@ -65,6 +65,7 @@ main() {
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
+  validate_interactive_trials "$plan_trial_count"
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0
@@ -79,6 +80,7 @@ main() {
     report_unsubmitted
     return 0
   fi
+  [[ -z "${opt_interactive:-}" ]] || run_interactive
   bayes_start "$@"
   submit_setup_job
   submit_job

@@ -66,6 +66,7 @@ declare -A FLAG_SETTING=(
   [--no-signal]=no_signal
   [--prune-data-cache]=prune_data_cache
   [--wait]=wait
+  [--interactive]=interactive
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
   [-h]=help [--help]=help
@@ -187,6 +188,11 @@ Behaviour:
   --no-snapshot               run the live project tree instead of the snapshot of
                               its code taken at submission (the default)
   --wait                      follow the job until it ends; exit with its exit code
+  --interactive               run it now in an salloc allocation, its output on this
+                              terminal: the batch script's layout, staging, environment
+                              and launcher; Ctrl-C ends the program (the node-local
+                              folders are cleaned, the allocation released). One
+                              trial; no wall-time signal or requeue; exits with its code
   -h, --help                  this help
   --version                   print the version
 

@@ -82,7 +82,8 @@ plan_layout() {
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
   # sbatch's command line too, where SBATCH_* variables cannot change them.
   plan_signal=""
-  [[ -n "${opt_no_signal:-}" ]] || plan_signal=${opt_signal#SIG}
+  # An interactive run has no wall-time signal: it ends with its allocation.
+  [[ -n "${opt_no_signal:-}${opt_interactive:-}" ]] || plan_signal=${opt_signal#SIG}
   plan_signal_lead=$((10#$opt_signal_lead))
   plan_requeue_args=(--open-mode=append)
   [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$plan_signal_lead")

@@ -270,6 +270,32 @@ sbatch_from_submission() {
   (cd "$submission_dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
 }
 
+# run_interactive: --interactive. The batch script, run now by salloc in an
+# allocation of the same resources (resource_options and the site's and
+# --sbatch-arg's options, as salloc reads them), its output on this terminal;
+# exits with the program's exit code. HPC_INTERACTIVE tells batch.sh that
+# Ctrl-C ends the program and that nothing is requeued.
+run_interactive() {
+  local arg name value exit_code=0
+  local -a resource_args names
+  submission_complete=1
+  resource_options
+  for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
+    sbatch_option_parts "$arg" name value
+    if [[ "$name" == --* ]]; then
+      resource_args+=("$name${value:+=$value}")
+    else
+      resource_args+=("$name" ${value:+"$value"})
+    fi
+  done
+  [[ -z "$plan_dependency" ]] || resource_args+=("--dependency=$plan_dependency")
+  info "interactive: $plan_nodes node(s) x $plan_gpus_per_node GPU(s), -W $plan_kind; the program's output follows (Ctrl-C ends it); submission: $submission_dir"
+  mapfile -t names < <(leaked_names)
+  (cd "$submission_dir" && unset "${names[@]}" && HPC_INTERACTIVE=1 exec salloc "${resource_args[@]}" bash job.sbatch) ||
+    exit_code=$?
+  exit "$exit_code"
+}
+
 # submit_setup_job: with --setup-venv, a setup job before the training job,
 # only when the venv's digest stamp does not match the requirements file;
 # where the site's compute nodes have no internet, the same script runs here.

@@ -129,8 +129,8 @@ validate_settings() {
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
-  [[ -n "${opt_no_signal:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
-  if [[ -z "${opt_no_signal:-}" ]]; then
+  [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
+  if [[ -z "${opt_no_signal:-}${opt_interactive:-}" ]]; then
     ((lead < seconds)) ||
       usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
     # slurmctld sends the signal at its time-limit check (every 30 s) once the
@@ -166,6 +166,27 @@ fit_default_signal_lead() {
     info "--time $opt_time is too short for a wall-time signal (it needs $((60 + MIN_SIGNAL_LEAD)) s or more); the job runs without one, as with --no-signal"
     opt_no_signal=1
   fi
+}
+
+# validate_interactive: --interactive runs one trial in the foreground,
+# without the wall-time signal and requeue of a batch job.
+validate_interactive() {
+  local pair
+  [[ -n "${opt_interactive:-}" ]] || return 0
+  for pair in no_submit:--no-submit wait:--wait setup_venv:--setup-venv wandb_sweep:-w \
+    signal:--signal signal_lead:--signal-lead no_signal:--no-signal max_requeues:--max-requeues \
+    seeds:--seeds array_throttle:--array-throttle; do
+    [[ -z "${OPT_GIVEN[${pair%%:*}]:-}" ]] ||
+      usage_error "--interactive runs one trial now, in the foreground; it does not take ${pair#*:}"
+  done
+}
+
+# validate_interactive_trials COUNT: --interactive runs one trial, of no search.
+validate_interactive_trials() {
+  [[ -n "${opt_interactive:-}" ]] || return 0
+  [[ -z "${bayes_first:-}" ]] || usage_error "--interactive runs one trial; method bayes submits rounds of them"
+  (($1 == 1)) ||
+    usage_error "--interactive runs one trial, and this submission has $1: give one command after '--', or a configs file of one line"
 }
 
 # validate_signal: one signal the batch script can trap and forward (not
@@ -320,8 +341,10 @@ validate_optional_settings() {
 }
 
 # validate_submission_mode: --dry-run previews, --no-submit writes without
-# queueing; neither can be followed by what only a queued job has.
+# queueing, --interactive runs one trial now; none can be followed by what only
+# a queued job has.
 validate_submission_mode() {
+  validate_interactive
   if [[ -n "${opt_no_submit:-}" ]]; then
     [[ -z "${opt_dry_run:-}" ]] || usage_error "--no-submit writes the submission folder and --dry-run writes nothing; choose one"
     [[ -z "${opt_wait:-}" ]] || usage_error "--wait follows a queued job; with --no-submit nothing is queued (run the printed sbatch line, then watch it)"

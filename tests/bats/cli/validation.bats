@@ -770,3 +770,16 @@ setup() {
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
 }
+
+@test "--interactive: one trial, in the foreground, without what only a queued batch job has" {
+  refuse "--interactive runs one trial, and this submission has 3: give one command after '--', or a configs file of one line" -- \
+    -C "$THREE_LINES" --interactive
+  local arg
+  for arg in --no-submit --wait --no-signal '--signal USR2' '--signal-lead 60' '--max-requeues 2' '--seeds 2' '--array-throttle 2'; do
+    # shellcheck disable=SC2086 # an option and its value, split on purpose
+    refuse "--interactive runs one trial now, in the foreground; it does not take ${arg%% *}" -- -C "$ONE_LINE" --interactive $arg
+  done
+  dry -C "$ONE_LINE" --interactive
+  refute_output --partial '#SBATCH --signal'
+}
+
