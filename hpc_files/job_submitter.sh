@@ -28,6 +28,8 @@ source "$HPC_FILES_DIR/lib/data.sh"
 source "$HPC_FILES_DIR/lib/render.sh"
 # shellcheck source=lib/submit.sh
 source "$HPC_FILES_DIR/lib/submit.sh"
+# shellcheck source=lib/limits.sh
+source "$HPC_FILES_DIR/lib/limits.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
@@ -59,6 +61,7 @@ main() {
   fi
   validate_data_paths
   validate_experiment_folder
+  validate_allocation
   check_wandb_credentials
   prepare_trials
   refuse_bayes_unsubmitted

@@ -76,3 +76,13 @@ teardown() {
   run cat "$SCRATCH/$project/hpc_outputs/${project}_seed_grid_${job_id}_8.out"
   assert_output --partial 'seed trial: learning_rate=0.1 layers=64 rank=3 of 4'
 }
+
+@test "a request over the nodes' memory fails at submission with both numbers, nothing queued" {
+  local largest gib
+  largest=$(sinfo -h -p notmpdir -o '%m' | sort -n | tail -n 1)
+  gib=$((largest / 1024 + 1))
+  run --separate-stderr "$SUBMITTER" --site local -p notmpdir -g 1 -m "${gib}G" -t 5 -e toomuch -- true </dev/null
+  assert_equal "$status" 2
+  assert_equal "$stderr" "job_submitter.sh: error: this job asks for $((gib * 1024)) MiB per node (--mem ${gib}G: -m/--mem-per-gpu x GPUs or processes) but the largest node of partition 'notmpdir' has $largest MiB; lower -m"
+  assert_not_exist "$SCRATCH/$project/toomuch"
+}
