@@ -256,6 +256,36 @@ def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatc
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
 
 
+def test_a_task_the_cgroup_killed_for_memory_shows_out_of_memory_with_its_exit_code(
+    tmp_path, monkeypatch
+) -> None:
+    log = tmp_path / "task.out"
+    log.write_text(
+        "hpc: job 7 (trial 0) on node1, restart 0, started 2026-11-27 10:00:00\n"
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks"
+        " have been OOM Killed.\n"
+        "srun: error: node1: task 0: Out Of Memory\n"
+        "hpc: training step ended with exit code 137 at 2026-11-27 10:00:09\n"
+    )
+    assert results.trial_state(None, results.read_log(str(log)))[:2] == (
+        "out of memory (exit 137)",
+        True,
+    )
+    fields = {"JobState": "OUT_OF_MEMORY", "ExitCode": "0:125", "Restarts": "0"}
+    assert results.trial_state(fields, None)[:2] == ("out of memory (exit 0)", True)
+
+
+def test_status_shows_a_task_slurm_ended_out_of_memory(scratch, capsys, monkeypatch) -> None:
+    text = (
+        "JobId=600 ArrayJobId=600 ArrayTaskId=0 JobState=OUT_OF_MEMORY Restarts=0 "
+        "ExitCode=0:125 RunTime=00:00:09\n"
+    )
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    code, lines, _ = run(capsys, "status", "--project", "proj", "600")
+    assert code == 0
+    assert rows(lines)[0][:2] == ["0", "out of memory (exit 0)"]
+
+
 def _rerun_task_by_hand(scratch: Path, task: int, job: str, end: str) -> Path:
     """The grid submission (job 500, whose tasks each made runs/500_K) after
     ``sbatch --array=TASK job.sbatch``: job JOB ran that task alone and, being the newest,
