@@ -27,6 +27,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
                 path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
+        if hp.should_stop_trial(val_acc, epoch + 1): ...  # a sweep's early_terminate: save, exit 0
 
 This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
 resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another; the
@@ -54,6 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from hpc_harness import checkpoint as ckpt
+from hpc_harness import pruning
 from hpc_harness.data import ResumableSampler, shield_workers
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
 from hpc_harness.dist import group as _group
@@ -82,6 +84,7 @@ __all__ = [
     "save_checkpoint",
     "setup",
     "shield_workers",
+    "should_stop_trial",
     "signals_blocked",
     "start_fresh",
 ]
@@ -252,3 +255,12 @@ def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) ->
     announce_requeue(step, epoch, checkpoint, stop)
     cleanup()
     sys.exit(REQUEUE_EXIT_CODE)
+
+
+def should_stop_trial(value: Any, step: int) -> bool:
+    """True when the sweep's ``early_terminate`` prunes this trial at ``step`` (epochs done, from
+    1): save a checkpoint and exit 0. ``value``: the sweep's metric, or a dict holding it; rank
+    0's counts. False at once outside such a sweep. Collective in one (hpc_harness/pruning.py)."""
+    if pruning.config() is None:  # the same on every rank: no collective
+        return False
+    return bool(on_rank0(lambda: pruning.report(value, step)))
