@@ -10,10 +10,11 @@ one, the submission folder holds ``early_terminate.json`` (hpc_files/lib/prune.p
 reports the value to this trial's Optuna trial in the experiment's journal file, and Optuna's
 SuccessiveHalvingPruner compares it with the other trials' values at the same rung. A pruned
 trial is told PRUNED, and ``$HPC_TRIAL_DIR/pruned`` holds ``STEP VALUE`` (status.sh and
-results.sh show PRUNED). Programs outside Python run, once per epoch, with the job's python::
-
-    python -m hpc_harness.pruning STEP VALUE    # prints continue (exit 0) or prune (exit 3)
-
+results.sh show PRUNED). Programs outside Python, with the job's python, either run once
+per epoch ``python -m hpc_harness.pruning STEP VALUE`` (prints continue, exit 0, or prune,
+exit 3), or follow the file protocol under ``command: [python, -m, hpc_harness.pruning,
+watch, --, PROGRAM, ${args}]`` (see :func:`watch`): append ``STEP VALUE`` lines to
+``$HPC_TRIAL_DIR/reports``; stop (checkpoint, exit 0) once ``$HPC_TRIAL_DIR/pruned`` exists.
 A trial pruned before a requeue is pruned again at its next report. Optuna is needed only
 inside such a sweep (in the job's environment).
 """
@@ -23,12 +24,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 CONFIG = "early_terminate.json"  # written by hpc_files/lib/prune.py into the submission folder
 MARKER = "pruned"  # in $HPC_TRIAL_DIR: "STEP VALUE" of the step the trial was pruned at
+REPORTS = "reports"  # in $HPC_TRIAL_DIR: the "STEP VALUE" lines a watched program appends
+REPORTED = "reported"  # in $HPC_TRIAL_DIR: the last step watch has judged
 PRUNE_EXIT_CODE = 3
 
 _state: dict[str, Any] = {}  # the study and trial, opened once per process
@@ -136,25 +142,70 @@ def report(value: Any, step: int) -> bool:
 
 def _write_marker(step: int, value: float) -> None:
     folder = os.environ.get("HPC_TRIAL_DIR")
-    if not folder:
-        return
-    path = os.path.join(folder, MARKER)
+    if folder:
+        _write(os.path.join(folder, MARKER), f"{step} {value!r}\n")
+
+
+def _write(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(f"{step} {value!r}\n")
+        fh.write(text)
     os.replace(tmp, path)
+
+
+def watch(argv: list[str], poll_s: float = 0.2) -> int:
+    """The file protocol: run ``argv`` (the trial's program) and judge each ``STEP VALUE``
+    line it appends to ``$HPC_TRIAL_DIR/reports``; a pruned trial finds ``pruned`` there
+    (the program checkpoints and exits 0) and ``reported`` holds the last step judged (a
+    program that must not run ahead of the pruner waits for it). Lines written before it
+    started (an earlier run's, before a requeue) are not judged again; a ``pruned`` file
+    older than the submission is an earlier submission's and is removed. Signals (SLURM's
+    wall-time USR1, TERM) go to the program; returns its exit code."""
+    folder = os.environ["HPC_TRIAL_DIR"]
+    reports, marker = os.path.join(folder, REPORTS), os.path.join(folder, MARKER)
+    job = os.path.join(os.environ.get("HPC_SUBMISSION_DIR", folder), "job.sbatch")
+    if os.path.exists(marker) and os.path.exists(job):
+        if os.path.getmtime(marker) < os.path.getmtime(job):
+            os.unlink(marker)
+    offset = os.path.getsize(reports) if os.path.exists(reports) else 0
+    child = subprocess.Popen(argv)
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    pruned = False
+    while True:
+        ended = child.poll() is not None
+        if os.path.exists(reports):
+            with open(reports, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+            whole = data[: data.rfind(b"\n") + 1]  # the last line may be half written
+            offset += len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                try:
+                    step, value = int(line.split()[0]), float(line.split()[1])
+                except (ValueError, IndexError):
+                    print(f"hpc_harness: {reports}: not STEP VALUE: {line!r}", file=sys.stderr)
+                    continue
+                pruned = pruned or report(value, step)
+                _write(os.path.join(folder, REPORTED), f"{step}\n")
+        if ended:
+            return child.returncode
+        time.sleep(poll_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     prog = "python -m hpc_harness.pruning"
+    if argv[:2] == ["watch", "--"] and len(argv) > 2:
+        return watch(argv[2:])
     try:
         step, value = int(argv[0]), float(argv[1])
         if len(argv) != 2 or step < 1 or math.isinf(value):
             raise ValueError
     except (ValueError, IndexError):
         print(
-            f"{prog}: error: expects STEP VALUE (a whole step >= 1, a number), got {argv}",
+            f"{prog}: error: expects STEP VALUE (a whole step >= 1, a number) or watch -- "
+            f"PROGRAM [ARG...], got {argv}",
             file=sys.stderr,
         )
         return 2

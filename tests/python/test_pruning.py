@@ -175,3 +175,42 @@ def test_the_trainer_stops_a_pruned_trial_with_a_checkpoint(tmp_path, monkeypatc
     assert trainer.epoch == 1 and os.path.exists(tmp_path / "ck" / "last.pt")
     assert os.listdir(tmp_path / "ck")  # the checkpoint and last.pt
     assert open(os.path.join(folder, "pruned")).read().startswith("1 ")
+
+
+# A program outside Python under watch: appends "STEP VALUE", waits until watch has judged
+# the step (reported), stops with exit 0 once pruned exists.
+PROGRAM = r"""
+for step in 1 2 3; do
+  echo "$step $VALUE" >>"$HPC_TRIAL_DIR/reports"
+  until [[ "$(cat "$HPC_TRIAL_DIR/reported" 2>/dev/null)" == "$step" ]]; do sleep 0.05; done
+  if [[ -e "$HPC_TRIAL_DIR/pruned" ]]; then echo "stopped at $step"; exit 0; fi
+done
+echo "ran to the end"
+"""
+
+
+def test_the_file_protocol_under_watch(tmp_path, monkeypatch) -> None:
+    sub = start(tmp_path, monkeypatch)
+    open(os.path.join(sub, "job.sbatch"), "w").close()
+    env = dict(os.environ)
+    for index, value, want in ((0, "0.5", "ran to the end"), (1, "0.1", "stopped at 1")):
+        folder = as_trial(monkeypatch, tmp_path, index)
+        # An earlier submission's reports and pruned file: neither is judged nor kept.
+        with open(os.path.join(folder, "reports"), "w") as fh:
+            fh.write("1 0.9\n")
+        with open(os.path.join(folder, "pruned"), "w") as fh:
+            fh.write("1 0.9\n")
+        os.utime(os.path.join(folder, "pruned"), (1_000_000, 1_000_000))
+        env.update(HPC_TRIAL_INDEX=str(index), HPC_TRIAL_DIR=folder, VALUE=value)
+        run = subprocess.run(
+            [sys.executable, "-m", "hpc_harness.pruning", "watch", "--", "bash", "-c", PROGRAM],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines()[-1] == want
+    with open(os.path.join(folder, "pruned")) as fh:
+        assert fh.read() == "1 0.1\n"
