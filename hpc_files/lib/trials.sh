@@ -129,7 +129,7 @@ study_name() {
 # trials' hpc_harness/pruning.py reads; nothing without the block.
 prune_start() {
   [[ -n "${opt_sweep:-}" ]] || return 0
-  grep -q early_terminate "$submission_dir/sweep.yml" || return 0
+  grep -qE '^[^#]*early_terminate' "$submission_dir/sweep.yml" || return 0
   local python
   python=$(login_python)
   "$python" "$HPC_FILES_DIR/lib/prune.py" start --submission "$submission_dir" \
