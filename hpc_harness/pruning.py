@@ -76,7 +76,13 @@ def _trial(cfg: dict[str, Any]) -> tuple[Any, Any]:
     requeue)."""
     if "trial" in _state:
         return _state["study"], _state["trial"]
-    import optuna
+    try:
+        import optuna
+    except ImportError:
+        raise RuntimeError(
+            "the sweep's early_terminate needs Optuna in the job's environment: pip install "
+            "'optuna>=4' (or the project's extra: pip install -e '.[search]')"
+        ) from None
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 

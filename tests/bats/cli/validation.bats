@@ -770,3 +770,12 @@ setup() {
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
 }
+
+@test "early_terminate: an unknown type or a bad number is refused in one line, exit 2" {
+  local sweep="$BATS_TEST_TMPDIR/early terminate.yml"
+  printf '%s\n' 'program: p.py' 'method: grid' 'metric: {name: val_acc, goal: maximize}' \
+    'parameters: {lr: {values: [0.1]}}' 'early_terminate: {type: asha, min_iter: 1}' >"$sweep"
+  refuse "$sweep: early_terminate type must be hyperband, got 'asha'" -- --sweep "$sweep" -g 0 -W none
+  sed -i 's/type: asha, min_iter: 1/type: hyperband, min_iter: 1, eta: 1/' "$sweep"
+  refuse "$sweep: early_terminate eta must be at least 2, got 1" -- --sweep "$sweep" -g 0 -W none
+}
