@@ -27,7 +27,6 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
                 path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
-        if hp.should_stop_trial(val_acc, epoch + 1): ...  # a sweep's early_terminate: save, exit 0
 
 This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
 resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another; the
@@ -41,6 +40,8 @@ RNG). Seeded with ``sampler.worker_seed()`` at each epoch's start, it gives the 
 randomness (augmentations) another seed on each rank and in each epoch, and a resumed process
 the one the uninterrupted run drew (the generator itself is not saved).
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
+In a sweep with ``early_terminate``, call :func:`should_stop_trial` with your metric after each
+evaluation: True means pruned (save a checkpoint, exit 0).
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
 (``checkpoint.RunMismatch``); :func:`start_fresh` before it (your ``--fresh``) moves the earlier
