@@ -214,3 +214,17 @@ def test_the_file_protocol_under_watch(tmp_path, monkeypatch) -> None:
         assert run.stdout.splitlines()[-1] == want
     with open(os.path.join(folder, "pruned")) as fh:
         assert fh.read() == "1 0.1\n"
+
+
+def test_every_rank_gets_rank_0s_decision(tmp_path, monkeypatch) -> None:
+    from conftest import threaded_ranks
+
+    start(tmp_path, monkeypatch)
+    as_trial(monkeypatch, tmp_path, 0)
+    assert pieces.should_stop_trial(0.5, 1) is False
+    folder = as_trial(monkeypatch, tmp_path, 1)
+    # Rank 1's better value is not reported: rank 0's 0.1 is, and prunes both.
+    got = threaded_ranks(lambda rank, _w: pieces.should_stop_trial(0.1 if rank == 0 else 0.9, 1), 2)
+    assert got == [True, True]
+    with open(os.path.join(folder, "pruned")) as fh:
+        assert fh.read() == "1 0.1\n"
