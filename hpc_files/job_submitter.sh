@@ -76,6 +76,7 @@ main() {
   make_submission_dir
   plan_submission_folder "$submission_dir"
   fill_submission_dir "$@"
+  prune_start
   stage_data_tarball
   render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   warn_if_other_command_checkpointed

@@ -40,6 +40,8 @@ RNG). Seeded with ``sampler.worker_seed()`` at each epoch's start, it gives the 
 randomness (augmentations) another seed on each rank and in each epoch, and a resumed process
 the one the uninterrupted run drew (the generator itself is not saved).
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
+In a sweep with ``early_terminate``, call :func:`should_stop_trial` with your metric after each
+evaluation: True means pruned (save a checkpoint, exit 0).
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
 (``checkpoint.RunMismatch``); :func:`start_fresh` before it (your ``--fresh``) moves the earlier
@@ -54,6 +56,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from hpc_harness import checkpoint as ckpt
+from hpc_harness import pruning
 from hpc_harness.data import ResumableSampler, shield_workers
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
 from hpc_harness.dist import group as _group
@@ -82,6 +85,7 @@ __all__ = [
     "save_checkpoint",
     "setup",
     "shield_workers",
+    "should_stop_trial",
     "signals_blocked",
     "start_fresh",
 ]
@@ -252,3 +256,12 @@ def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) ->
     announce_requeue(step, epoch, checkpoint, stop)
     cleanup()
     sys.exit(REQUEUE_EXIT_CODE)
+
+
+def should_stop_trial(value: Any, step: int) -> bool:
+    """True when the sweep's ``early_terminate`` prunes this trial at ``step`` (epochs done, from
+    1): save a checkpoint and exit 0. ``value``: the sweep's metric, or a dict holding it; rank
+    0's counts. False at once outside such a sweep. Collective in one (hpc_harness/pruning.py)."""
+    if pruning.config() is None:  # the same on every rank: no collective
+        return False
+    return bool(on_rank0(lambda: pruning.report(value, step)))

@@ -590,7 +590,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> str:
-        """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
+        """Train until done. Returns "finished", "max_steps", "pruned" or "requeue" (exit 42)."""
         cfg = self.cfg
         self.agreement.install()
         try:
@@ -637,6 +637,8 @@ class Trainer:
                     return self._requeue()
                 if self.step_in_epoch >= self.steps_per_epoch and not self._end_epoch():
                     return self._requeue()  # stopped in the evaluation: evaluated again after
+                if self.step_in_epoch == 0 and pieces.should_stop_trial(self.metrics, self.epoch):
+                    status = "pruned"  # the sweep's early_terminate (pieces): save, exit 0
             self._save_checkpoint()  # not again when nothing changed since the last one
             self._save_final()
             self._print(

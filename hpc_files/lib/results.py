@@ -635,8 +635,22 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             since = None if other_round else submitted
             until = ended_at(log_path, log, state)
             trial.metrics = own_metrics(sub, index, since, state == "finished", until)
+        if state == "finished" and (
+            step := pruned_at(sub, index, None if other_round else submitted)
+        ):
+            trial.state = f"PRUNED at step {step}"
         trials.append(trial)
     return trials
+
+
+def pruned_at(sub: Submission, index: int, since: float | None) -> str | None:
+    """The step a finished trial was pruned at (the sweep's early_terminate), from the
+    ``pruned`` file hpc_harness/pruning.py writes in its folder; an earlier run's is ignored."""
+    path = os.path.join(sub.trial_dir(index), "pruned")
+    text = _read_text(path)
+    if not text or (since is not None and os.stat(path).st_mtime < since):
+        return None
+    return text.split()[0]
 
 
 def submitted_at(sub: Submission) -> float | None:
@@ -978,6 +992,8 @@ def status_text(sub: Submission, project: str) -> str:
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
         until = ended_at(log_path, log, state)
+        if finished and (step := pruned_at(sub, index, submitted)):
+            state = f"PRUNED at step {step}"
         progress = (
             (log.progress if log else None)
             or last_metrics_progress(sub, index, submitted, finished, until)

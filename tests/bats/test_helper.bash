@@ -121,6 +121,24 @@ submit() {
   [[ -n "$job_id" ]] || fail "no job id in: $out"
 }
 
+# array_states JOB: 'TASK STATE' per array task, sorted by task.
+array_states() {
+  scontrol show job -o "$1" | sed -n 's/.* ArrayTaskId=\([0-9]*\) .* JobState=\([A-Z_]*\) .*/\1 \2/p' | sort -n
+}
+
+# wait_array_done JOB TASKS SECONDS
+wait_array_done() {
+  local job=$1 tasks=$2 deadline=$((SECONDS + $3)) states
+  while :; do
+    states=$(array_states "$job")
+    if [[ "$(grep -cE ' (COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$' <<<"$states")" == "$tasks" ]]; then
+      return 0
+    fi
+    ((SECONDS < deadline)) || fail "array $job not done within $3 s: $states"
+    sleep 0.5
+  done
+}
+
 # job_log JOB: the job's log (all of its runs, appended).
 job_log() {
   cat "$SCRATCH/${REPO_ROOT##*/}/hpc_outputs/"*"_$1.out"

@@ -628,3 +628,20 @@ def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratc
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
     assert results.collect(sub, "proj")[0].metrics == {}
+
+
+def test_a_pruned_trial_shows_pruned_with_its_step(scratch, capsys) -> None:
+    """hpc_harness/pruning.py's ``pruned`` file in a finished trial's folder (early_terminate);
+    one older than the submission is an earlier run's and is ignored."""
+    trials = scratch / "proj" / "grid" / "trials"
+    (trials / "6" / "pruned").write_text("3 0.6\n")
+    (trials / "7" / "pruned").write_text("1 0.5\n")
+    os.utime(trials / "7" / "pruned", (1_000_000, 1_000_000))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
+    assert code == 0
+    states = {r[0]: r[4] for r in rows(lines)}
+    assert states["6"] == "PRUNED at step 3"
+    assert states["7"] == "finished"
+    code, lines, _ = run(capsys, "status", "--project", "proj")
+    states = {r[0]: r[1] for r in rows(lines)}
+    assert (states["6"], states["7"]) == ("PRUNED at step 3", "finished")

@@ -783,3 +783,11 @@ setup() {
   refute_output --partial '#SBATCH --signal'
 }
 
+@test "early_terminate: an unknown type or a bad number is refused in one line, exit 2" {
+  local sweep="$BATS_TEST_TMPDIR/early terminate.yml"
+  printf '%s\n' 'program: p.py' 'method: grid' 'metric: {name: val_acc, goal: maximize}' \
+    'parameters: {lr: {values: [0.1]}}' 'early_terminate: {type: asha, min_iter: 1}' >"$sweep"
+  refuse "$sweep: early_terminate type must be hyperband, got 'asha'" -- --sweep "$sweep" -g 0 -W none
+  sed -i 's/type: asha, min_iter: 1/type: hyperband, min_iter: 1, eta: 1/' "$sweep"
+  refuse "$sweep: early_terminate eta must be at least 2, got 1" -- --sweep "$sweep" -g 0 -W none
+}
