@@ -28,6 +28,8 @@ source "$HPC_FILES_DIR/lib/data.sh"
 source "$HPC_FILES_DIR/lib/render.sh"
 # shellcheck source=lib/submit.sh
 source "$HPC_FILES_DIR/lib/submit.sh"
+# shellcheck source=lib/experiment.sh
+source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
@@ -59,6 +61,7 @@ main() {
   fi
   validate_data_paths
   validate_experiment_folder
+  queue_after_running
   check_wandb_credentials
   prepare_trials
   refuse_bayes_unsubmitted
@@ -79,6 +82,7 @@ main() {
     report_unsubmitted
     return 0
   fi
+  clear_stop_record
   bayes_start "$@"
   submit_setup_job
   submit_job

@@ -66,6 +66,7 @@ declare -A FLAG_SETTING=(
   [--no-signal]=no_signal
   [--prune-data-cache]=prune_data_cache
   [--wait]=wait
+  [--after-running]=after_running
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
   [-h]=help [--help]=help
@@ -121,6 +122,9 @@ Resources:
                               replaces the memory per node, another --gres joins
                               the job's --gres line
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
+  --after-running             queue behind the experiment's queued or running jobs
+                              (afterany); without it a submission to an experiment
+                              with such jobs is refused (hpc_files/stop.sh EXP stops them)
 
 Experiments:
   -C, --configs FILE          experiment lines (default: hpc_files/experiment_configurations.txt

@@ -1,0 +1,162 @@
+# shellcheck shell=bash
+# An experiment as one thing: its jobs are those its submission folders
+# recorded (job_id, job_ids, bayes_controller_job_id, setup_job_id) and those
+# named for it (<project>_<exp>: a 'sbatch job.sbatch' by hand), as squeue
+# lists them now. The submitter refuses a second submission while some are
+# queued or running (--after-running queues it behind them); stop.sh cancels
+# them and writes the stop record (<exp>/stopped), which a method-bayes
+# controller reads before it submits a round. Sourced; functions only.
+
+# The stop record's name in the experiment folder (bayes.py reads it too).
+readonly STOP_RECORD=stopped
+
+# experiment_jobs EXP_DIR JOB_NAME: the (array) job ids of the experiment
+# that squeue lists and that are not ending (COMPLETING), ascending, one a
+# line. Returns 1 when squeue gives no answer within 10 s.
+experiment_jobs() {
+  local exp_dir=$1 name=$2 file id state job listing user
+  local -A recorded=() live=()
+  for file in "$exp_dir"/*/job_id "$exp_dir"/*/job_ids "$exp_dir"/*/bayes_controller_job_id "$exp_dir"/*/setup_job_id; do
+    [[ -f "$file" ]] || continue
+    while read -r id _; do
+      [[ ! "$id" =~ ^[0-9]+$ ]] || recorded[$id]=1
+    done <"$file"
+  done
+  user=$(id -un) || return 1
+  # The name last: a project folder's name may hold the separator.
+  listing=$(timeout 10 squeue -h -u "$user" -o '%F|%T|%j' 2>/dev/null) || return 1
+  while IFS='|' read -r id state job; do
+    [[ "$id" =~ ^[0-9]+$ && "$state" != COMPLETING ]] || continue
+    [[ -n "${recorded[$id]:-}" || "$job" == "$name" ]] || continue
+    live[$id]=1
+  done <<<"$listing"
+  ((${#live[@]} == 0)) || printf '%s\n' "${!live[@]}" | sort -n
+}
+
+# queue_after_running: a submission to an experiment with queued or running
+# jobs is refused, naming them and the ways out: its runs would write the
+# same trial folders and checkpoints, and results.sh would mix them. With
+# --after-running it waits for them instead (afterany, beside --dependency).
+# A method-bayes round that the search's controller submits (HPC_BAYES_ROUND)
+# runs inside the experiment: never refused here.
+queue_after_running() {
+  local listing joined
+  [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
+  # No answer from squeue (no cluster here): sbatch will say so.
+  listing=$(experiment_jobs "$plan_exp_dir" "$plan_job_name") || return 0
+  if [[ -z "$listing" ]]; then
+    [[ -z "${opt_after_running:-}" ]] ||
+      info "--after-running: no job of experiment '$opt_exp_name' is queued or running; it starts when SLURM allows"
+    return 0
+  fi
+  joined=$(paste -sd, - <<<"$listing")
+  [[ -n "${opt_after_running:-}" ]] ||
+    usage_error "experiment '$opt_exp_name' has queued or running job(s) $joined; a second submission would share its trial folders and checkpoints: use -e NEW for a new experiment, --after-running to queue behind them, or stop them first: hpc_files/stop.sh $opt_exp_name"
+  plan_dependency="afterany:${joined//,/:}${plan_dependency:+,$plan_dependency}"
+  info "--after-running: queued behind job(s) $joined of experiment '$opt_exp_name'"
+}
+
+# clear_stop_record: a new search or run in a stopped experiment, submitted
+# by the user (not a bayes round), is the user going on: its rounds may start.
+clear_stop_record() {
+  [[ -z "${HPC_BAYES_ROUND:-}" && -e "$plan_exp_dir/$STOP_RECORD" ]] || return 0
+  rm -f -- "$plan_exp_dir/$STOP_RECORD" || die "cannot remove $plan_exp_dir/$STOP_RECORD"
+  info "experiment '$opt_exp_name' was stopped (stop.sh); this submission starts it again"
+}
+
+# stop_help: stop.sh's --help.
+stop_help() {
+  cat <<'HELP'
+Usage: stop.sh EXP|JOBID
+
+Stops an experiment of this project: cancels every job of it that is queued
+or running (its array jobs, a method-bayes controller, venv setup jobs) and
+records the stop in $SCRATCH/<project>/EXP/stopped, so that no later round
+of a method-bayes search starts. JOBID (or JOBID_TASK) names the experiment
+of the submission that ran that job. A later submission to EXP by hand
+starts it again.
+
+  -h, --help      this help
+HELP
+}
+
+# stop_main ARG...: stop.sh.
+stop_main() {
+  local target="" exp exp_dir listing pass cancelled=""
+  local -a ids
+  while (($# > 0)); do
+    case "$1" in
+      -h | --help)
+        stop_help
+        return 0
+        ;;
+      --)
+        shift
+        (($# == 0)) || [[ -z "$target" && $# -eq 1 ]] || usage_error "expected one experiment or job id, got: $target $*"
+        target=${1:-$target}
+        break
+        ;;
+      -?*) usage_error "unknown option '$1' (see --help)" ;;
+      *)
+        [[ -z "$target" ]] || usage_error "expected one experiment or job id, got '$target' and '$1'"
+        target=$1
+        ;;
+    esac
+    shift
+  done
+  [[ -n "$target" ]] || usage_error "expected an experiment name or a job id (see --help)"
+  [[ -n "${SCRATCH:-}" ]] || usage_error "SCRATCH is not set; it names the folder that holds \$SCRATCH/<project>/<exp>"
+  project_paths
+  exp=$(stop_target_experiment "$target") || exit $?
+  exp_dir="$SCRATCH/$project_name/$exp"
+  # First the record, then the cancels: a controller running now reads it
+  # before it submits the next round.
+  { printf 'stopped %(%F %T %Z)T by stop.sh %s\n' -1 "$target" >"$exp_dir/$STOP_RECORD.tmp" &&
+    mv -f -- "$exp_dir/$STOP_RECORD.tmp" "$exp_dir/$STOP_RECORD"; } || die "cannot write $exp_dir/$STOP_RECORD"
+  # A controller that was submitting a round as the record appeared queues
+  # it and records its job id: the next pass cancels it.
+  for pass in 1 2 3 4 5 6 7 8 9 10; do
+    listing=$(experiment_jobs "$exp_dir" "${project_name}_$exp") ||
+      die "squeue gave no answer; the stop is recorded ($exp_dir/$STOP_RECORD) but no job was cancelled"
+    [[ -n "$listing" ]] || break
+    mapfile -t ids <<<"$listing"
+    scancel -- "${ids[@]}" || die "scancel ${ids[*]} failed"
+    cancelled+="${cancelled:+,}$(paste -sd, - <<<"$listing")"
+    ((pass == 10)) || sleep 1
+  done
+  [[ -z "$listing" ]] || die "job(s) $(paste -sd, - <<<"$listing") of experiment '$exp' are still listed after 10 scancel passes"
+  if [[ -n "$cancelled" ]]; then
+    printf 'Stopped experiment %s: cancelled job(s) %s; recorded in %s\n' "$exp" "$cancelled" "$exp_dir/$STOP_RECORD"
+  else
+    printf 'Stopped experiment %s: no job of it was queued or running; recorded in %s\n' "$exp" "$exp_dir/$STOP_RECORD"
+  fi
+}
+
+# stop_target_experiment TARGET: the experiment TARGET names: an experiment
+# folder of the project, or (digits, as experiment names never are) the one
+# whose submission folder recorded that job id, else the one squeue names it for.
+stop_target_experiment() {
+  local target=$1 project_dir="$SCRATCH/$project_name" file id name
+  if [[ ! "$target" =~ ^[0-9]+(_[0-9]+)?$ ]]; then
+    [[ "$target" =~ ^[A-Za-z0-9_][A-Za-z0-9._-]*$ && -d "$project_dir/$target" ]] ||
+      usage_error "no experiment '$target' in $project_dir (an experiment name, or a job id)"
+    printf '%s' "$target"
+    return 0
+  fi
+  id=${target%%_*}
+  for file in "$project_dir"/*/*/job_id "$project_dir"/*/*/job_ids "$project_dir"/*/*/bayes_controller_job_id "$project_dir"/*/*/setup_job_id; do
+    [[ -f "$file" ]] || continue
+    if grep -qx -- "$id\( .*\)\?" "$file"; then
+      file=${file%/*}
+      file=${file%/*}
+      printf '%s' "${file##*/}"
+      return 0
+    fi
+  done
+  name=$(timeout 10 squeue -h -j "$id" -o '%j' 2>/dev/null | head -n 1) || name=""
+  if [[ "$name" == "${project_name}_"* && -d "$project_dir/${name#"${project_name}"_}" ]]; then
+    printf '%s' "${name#"${project_name}"_}"
+    return 0
+  fi
+  usage_error "no submission of project '$project_name' recorded job $id, and squeue names no experiment of it for that job"
+}
