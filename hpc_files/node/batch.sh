@@ -156,6 +156,18 @@ record_job_id() {
     hpc_log "warning: cannot record job $id in $file (status.sh shows job $recorded)"
 }
 
+# claim_first_run: the first job to run this trial of the submission folder
+# writes its job key (a requeue keeps it); launch.sh drops the trial's
+# --fresh in any other job ('sbatch job.sbatch' again resumes, as the log
+# advises after --max-requeues). The first writer wins (noclobber).
+claim_first_run() {
+  local file
+  file=$(first_run_file)
+  [[ ! -e "$file" ]] || return 0
+  mkdir -p "${file%/*}" && (set -o noclobber && printf '%s\n' "$(job_key)" >"$file") 2>/dev/null ||
+    [[ -e "$file" ]] || hpc_log "warning: cannot write $file; a later sbatch of this folder starts --fresh again"
+}
+
 # export_rendezvous: MASTER_ADDR is this allocation's first node, always (one
 # that sbatch --export=ALL carried from the submitting shell names a host
 # outside this job); MASTER_PORT from the job id unless set (an override).
@@ -357,6 +369,7 @@ main() {
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   check_job_contract
   record_job_id
+  claim_first_run
   load_wandb_credentials
   unpack_code || exit 1
   check_venv

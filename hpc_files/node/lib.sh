@@ -179,6 +179,12 @@ to_decimal_node() {
   printf -v "$2" '%s' "$digits"
 }
 
+# first_run_file: where the first job to run this trial of the submission
+# folder wrote its job key (batch.sh claim_first_run; launch.sh reads it).
+first_run_file() {
+  printf '%s/runs/first.%s' "$HPC_SUBMISSION_DIR" "$(trial_index)"
+}
+
 # trial_command_line: line K+1 of commands.txt (K = array task id).
 trial_command_line() {
   local index line
