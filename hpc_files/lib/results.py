@@ -112,7 +112,8 @@ run's run.json.
   --no-group         one row per trial (seeds not grouped)
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)
-  --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --plot FILE.png    draw the sort metric of the finished trials against each
+                     parameter that varies (matplotlib)
   --curves FILE.png  draw the training curves: one panel per metric (those of
                      --metrics), value against global step, one line per trial
   --run RUN_DIR|CSV  instead of EXP: one run outside SLURM (a laptop run), its
@@ -803,12 +804,16 @@ def results_table(
     for t in trials:
         param_names += [k for k in t.params if k not in param_names and not (group and k == "seed")]
     grouped = group and any(len(r.trials) > 1 for r in rows)
-    header = ["trial" + ("s" if grouped else "")] + param_names + (["n"] if grouped else [])
+    # A parameter and a metric of one name (--lr and a logged lr) get prefixed columns.
+    clash = set(param_names) & set(metric_names)
+    shown_params = [f"param.{k}" if k in clash else k for k in param_names]
+    header = ["trial" + ("s" if grouped else "")] + shown_params + (["n"] if grouped else [])
     header.append("state")
     csv_header = list(header)
     for name in metric_names:
-        header += [name, f"best {name}"]
-        csv_header += [name, f"{name}_std", f"best {name}", f"best {name}_std"]
+        label = f"metric.{name}" if name in clash else name
+        header += [label, f"best {label}"]
+        csv_header += [label, f"{label}_std", f"best {label}", f"best {label}_std"]
     shown, plain = [], []
     for row in rows:
         first = row.trials[0]
@@ -831,19 +836,28 @@ def results_table(
     return header, shown, [csv_header] + plain
 
 
-def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
-    """One panel per parameter: the metric's final value of every trial that reported it
-    (failed trials left out), with the mean per value."""
+def plot_points(
+    trials: list[Trial], metric: str, goal: str
+) -> tuple[list[str], list[tuple[Trial, float]]]:
+    """(panels, points) of --plot: a panel per parameter that takes more than one value
+    (else one panel, ``trial``), and (trial, final value of metric) for every finished
+    trial that reported it: a running one's value is not final, a failed one's not a result."""
     names: list[str] = []
     for t in trials:
         names += [k for k in t.params if k not in names and k != "seed"]
+    names = [k for k in names if len({param_text(t.params.get(k, "")) for t in trials}) > 1]
     points = []
     for t in trials:
         final, _ = final_and_best(t.metrics.get(metric, []), metric, goal)
-        if final is not None and not t.failed:
+        if final is not None and t.state == "finished":
             points.append((t, final))
-    if not names:
-        names = ["trial"]
+    return names or ["trial"], points
+
+
+def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
+    """One panel per varying parameter (plot_points): the metric's final value of every
+    finished trial, with the mean per value."""
+    names, points = plot_points(trials, metric, goal)
     fig, axes = panels(len(names), 3, 4.2)
     for ax, name in zip(axes.flat, names):
         xs = [t.index if name == "trial" else t.params.get(name) for t, _ in points]

@@ -132,6 +132,50 @@ def test_plot_writes_a_png(scratch, tmp_path, capsys) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_a_parameter_and_a_metric_of_one_name_get_prefixed_columns(scratch, tmp_path, capsys):
+    for k in range(8):  # every trial also logs its learning rate as a metric "lr"
+        path = scratch / "proj" / "grid" / "trials" / str(k) / "checkpoints" / "metrics.csv"
+        with open(path, "a") as fh:
+            fh.write("1.0,47,0,lr,0.003\n")
+    out = tmp_path / "r.csv"
+    code, lines, err = run(
+        capsys, "results", "--project", "proj", "grid", "-m", "lr", "--csv", str(out)
+    )
+    assert code == 0, err
+    header = [c for c in lines[2].split("  ") if c]
+    assert [c.strip() for c in header][:3] == ["trials", "hidden", "param.lr"]
+    assert "metric.lr" in lines[2] and "best metric.lr" in lines[2] and " lr " not in lines[2]
+    assert rows(lines)[0][2] in ("0.01", "0.1") and rows(lines)[0][-1] == "0.003 ± 0"
+    with open(out, newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[2] == "param.lr" and header[-4:-2] == ["metric.lr", "metric.lr_std"]
+    # No clash: the plain names.
+    code, lines, err = run(capsys, "results", "--project", "proj", "grid", "-m", "test_acc")
+    assert lines[2].split()[:3] == ["trials", "hidden", "lr"]
+
+
+def _trial(index: int, state: str, lr: float, acc: float | None) -> object:
+    t = results.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
+    t.metrics = {"acc": [(10, acc)]} if acc is not None else {}
+    return t
+
+
+def test_plot_draws_finished_trials_only_and_no_panel_for_a_constant_parameter() -> None:
+    trials = [
+        _trial(0, "finished", 0.1, 0.9),
+        _trial(1, "running", 0.01, 0.5),
+        _trial(2, "failed (exit 3)", 0.001, 0.1),
+        _trial(3, "finished", 0.001, 0.8),
+        _trial(4, "pending", 0.03, None),
+    ]
+    names, points = results.plot_points(trials, "acc", "max")
+    assert names == ["lr"]  # epochs is 1 in every trial; seeds are never a panel
+    assert [(t.index, v) for t, v in points] == [(0, 0.9), (3, 0.8)]
+    # Every parameter constant: one panel, by trial.
+    names, _ = results.plot_points([_trial(0, "finished", 0.1, 0.9)], "acc", "max")
+    assert names == ["trial"]
+
+
 def test_curves_one_line_per_trial_in_each_metrics_panel(scratch, tmp_path, capsys, monkeypatch):
     drawn = {}
     real = results.plot_curves
