@@ -36,6 +36,7 @@ for a failure to write.
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import os
@@ -649,6 +650,8 @@ def own_metrics(
     left, a later run's ``--fresh`` moved this one's folder aside: the newest copy aside
     that would count (written since this submission, or this task finished) is read instead."""
     paths = metrics_csvs(sub.trial_dir(index), sub.array)
+    if paths and claimed_by_earlier_job(sub, index, os.path.dirname(paths[0])):
+        return {}
 
     def counts(path: str) -> bool:
         try:
@@ -667,6 +670,34 @@ def own_metrics(
             if series := read_metrics(aside, until):
                 return series
     return {}
+
+
+def task_slurm_ids(sub: Submission, index: int) -> set[int]:
+    """The SLURM job ids task ``index`` of this submission ran as (every job of the folder,
+    requeues and 'sbatch job.sbatch' again): batch.sh's ``runs/<job key>/slurm_job_id``."""
+    pattern = f"*_{index}" if sub.array else "*"
+    ids = set()
+    for path in glob.glob(os.path.join(glob.escape(sub.path), "runs", pattern, "slurm_job_id")):
+        text = (_read_text(path) or "").strip()
+        if text.isdigit():
+            ids.add(int(text))
+    return ids
+
+
+def claimed_by_earlier_job(sub: Submission, index: int, folder: str) -> bool:
+    """The harness's ``run.json`` in ``folder`` names a job older than every job this task
+    ran as: an earlier submission's run still holds the folder, and this task's run never
+    claimed it (it failed first, e.g. refusing another run's checkpoint); its rows are not
+    this submission's. A later job there is a run resuming after this one (own_metrics)."""
+    text = _read_text(os.path.join(folder, "run.json"))
+    mine = task_slurm_ids(sub, index)
+    if not text or not mine:
+        return False
+    try:
+        claimed = json.loads(text).get("slurm_job_id")
+    except (ValueError, AttributeError):
+        return False
+    return str(claimed).isdigit() and int(claimed) < min(mine)
 
 
 def ended_at(log_path: str | None, log: LogInfo | None, state: str) -> float | None:

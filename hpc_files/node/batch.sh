@@ -344,6 +344,8 @@ main() {
   local run marker
   run=$(run_dir)
   mkdir -p "$run"
+  # results.sh tells this task's rows from another job's by it (run.json's slurm_job_id).
+  printf '%s\n' "${SLURM_JOB_ID:-}" >"$run/slurm_job_id" || hpc_log "warning: cannot write $run/slurm_job_id"
   marker="$run/requeue_marker"
   rm -f -- "$marker"
   rm -rf -- "${run:?}/exit"

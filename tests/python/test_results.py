@@ -154,6 +154,27 @@ def test_a_parameter_and_a_metric_of_one_name_get_prefixed_columns(scratch, tmp_
     assert lines[2].split()[:3] == ["trials", "hidden", "lr"]
 
 
+def test_rows_come_from_the_submissions_own_jobs_not_an_earlier_run_holding_the_folder(scratch):
+    # Trial 0's folder is still held by an earlier submission's job 450 (its run.json): the
+    # newest submission's task ran as job 501 and failed before claiming it. Trial 1's run.json
+    # is its own job's; trial 2's a later job's, resuming after it (own_metrics decides).
+    exp = scratch / "proj" / "grid"
+    sub = exp / "20261123-120000-new2"
+    for k, (own, claimed) in enumerate([(501, 450), (502, 502), (503, 900)]):
+        (sub / "runs" / f"500_{k}").mkdir(parents=True)
+        (sub / "runs" / f"500_{k}" / "slurm_job_id").write_text(f"{own}\n")
+        run_json = exp / "trials" / str(k) / "checkpoints" / "run.json"
+        run_json.write_text(json.dumps({"slurm_job_id": str(claimed), "fingerprint": {}}))
+    trials = results.collect(results.load_submission(str(sub)), "proj")
+    assert trials[0].metrics == {}
+    assert trials[1].metrics["test_acc"][-1][1] == pytest.approx(0.82)
+    assert trials[2].metrics["test_acc"][-1][1] == pytest.approx(0.90)
+    # A folder without this task's job ids (a submission before batch.sh recorded them): as before.
+    (sub / "runs" / "500_0" / "slurm_job_id").unlink()
+    trials = results.collect(results.load_submission(str(sub)), "proj")
+    assert trials[0].metrics["test_acc"][-1][1] == pytest.approx(0.80)
+
+
 def _trial(index: int, state: str, lr: float, acc: float | None) -> object:
     t = results.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
     t.metrics = {"acc": [(10, acc)]} if acc is not None else {}

@@ -38,6 +38,9 @@ YAML
   submit -n 1 -g 0 -c 1 -W none -t 5 -e busy -- sleep 300
   local first=$job_id
   wait_job_state "$first" 60 RUNNING
+  # batch.sh records the task's SLURM job id (results.sh tells its rows by it).
+  wait_log "$first" '^hpc: job ' 60
+  assert_equal "$(cat "$(ls -d "$SCRATCH/$project/busy"/20*)/runs/$first/slurm_job_id")" "$first"
   run --separate-stderr "$SUBMITTER" --site local -n 1 -g 0 -c 1 -W none -t 5 -e busy -- sleep 300
   assert_failure 2
   assert_equal "$stderr" "job_submitter.sh: error: experiment 'busy' has queued or running job(s) $first; a second submission would share its trial folders and checkpoints: use -e NEW for a new experiment, --after-running to queue behind them, or stop them first: hpc_files/stop.sh busy"
@@ -73,4 +76,21 @@ YAML
   # No controller ran: round 2 was never asked, nor submitted.
   assert_not_exist "$round1/next_round"
   assert_equal "$(ls -d "$SCRATCH/$project/search"/20*)" "$round1"
+}
+
+@test "--fresh applies once per submission folder: 'sbatch job.sbatch' again runs without it and says so" {
+  run --separate-stderr "$SUBMITTER" --site local -n 1 -g 0 -c 1 -W none -t 5 -e fresh --no-submit -- bash -c 'echo "args: $*"' prog --fresh --lr 1
+  assert_success
+  local script=${output##*sbatch } first second
+  first=$(cd / && sbatch --parsable "${script//\'/}")
+  wait_job_done "$first" 120
+  assert_job_state "$first" COMPLETED
+  run job_log "$first"
+  assert_line 'args: --fresh --lr 1'
+  second=$(cd / && sbatch --parsable "${script//\'/}")
+  wait_job_done "$second" 120
+  assert_job_state "$second" COMPLETED
+  run job_log "$second"
+  assert_line 'args: --lr 1'
+  assert_line "hpc: without --fresh: job $first ran trial 0 of this submission first, started afresh; this run resumes"
 }
