@@ -44,6 +44,10 @@ main() {
     return 0
   fi
   project_paths
+  if [[ -n "${opt_retry_failed:-}" ]]; then
+    retry_failed
+    return 0
+  fi
   apply_defaults
   if [[ -n "${opt_prune_data_cache:-}" ]]; then
     validate_scratch

@@ -1,11 +1,13 @@
 # shellcheck shell=bash
 # An experiment as one thing: its jobs are those its submission folders
-# recorded (job_id, job_ids, bayes_controller_job_id, setup_job_id) and those
+# recorded (job_id; job_ids: the further jobs queued from a folder, such as
+# --retry-failed's; bayes_controller_job_id, setup_job_id) and those
 # named for it (<project>_<exp>: a 'sbatch job.sbatch' by hand), as squeue
 # lists them now. The submitter refuses a second submission while some are
 # queued or running (--after-running queues it behind them); stop.sh cancels
 # them and writes the stop record (<exp>/stopped), which a method-bayes
-# controller reads before it submits a round. Sourced; functions only.
+# controller reads before it submits a round; --retry-failed reruns the failed
+# trials of its last submission. Sourced; functions only.
 
 # The stop record's name in the experiment folder (bayes.py reads it too).
 readonly STOP_RECORD=stopped
@@ -159,4 +161,61 @@ stop_target_experiment() {
     return 0
   fi
   usage_error "no submission of project '$project_name' recorded job $id, and squeue names no experiment of it for that job"
+}
+
+# retry_failed: --retry-failed EXP. The failed trials (results.py failed: not
+# finished, pruned, queued or running) of EXP's newest submission run again
+# as one array job of the same job.sbatch: the same code snapshot and data
+# tarball, each in its own trials/K folder (resuming its checkpoints). The
+# requeue protocol's lines of the script go on sbatch's command line, as
+# submit_job puts them there.
+retry_failed() {
+  local name python listing retry_dir spec="" joined output retry_id
+  local -a trials args
+  for name in "${!OPT_GIVEN[@]}"; do
+    case "$name" in
+      retry_failed | dry_run | after_running) ;;
+      *) usage_error "--retry-failed reruns the last submission as it was written; it takes no option but --after-running and --dry-run, got --${name//_/-}" ;;
+    esac
+  done
+  require_name --retry-failed "$opt_retry_failed"
+  opt_exp_name=$opt_retry_failed
+  validate_scratch
+  plan_paths
+  plan_job_name="${project_name}_${opt_exp_name}"
+  plan_dependency=""
+  [[ -d "$plan_exp_dir" ]] || usage_error "--retry-failed: no experiment '$opt_exp_name' in $plan_scratch_dir"
+  python=$(login_python)
+  listing=$(HPC_PROG=$HPC_PROG "$python" "$HPC_FILES_DIR/lib/results.py" failed --project "$project_name" "$opt_exp_name") ||
+    exit $?
+  mapfile -t trials <<<"$listing"
+  retry_dir=${trials[0]}
+  trials=("${trials[@]:1}")
+  [[ ! -f "$retry_dir/bayes.json" ]] ||
+    usage_error "--retry-failed: $retry_dir is a round of a method-bayes search, whose controller told Optuna its failed trials; start a new search (-e NEW)"
+  if ((${#trials[@]} == 0)); then
+    info "no failed trial in the last submission of '$opt_exp_name' ($retry_dir); nothing to retry"
+    return 0
+  fi
+  joined=$(IFS=,; printf '%s' "${trials[*]}")
+  queue_after_running
+  args=(--parsable)
+  if grep -q '^#SBATCH --array=' "$retry_dir/job.sbatch"; then
+    spec=$(sed -n 's/^#SBATCH --array=[^%]*//p' "$retry_dir/job.sbatch")
+    args+=("--array=$joined$spec")
+  fi
+  [[ -z "$plan_dependency" ]] || args+=("--dependency=$plan_dependency")
+  mapfile -t -O "${#args[@]}" args < <(sed -n 's/^#SBATCH \(--\(open-mode\|signal\|requeue\|time\)\b.*\)$/\1/p' "$retry_dir/job.sbatch")
+  args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
+  if [[ -n "${opt_dry_run:-}" ]]; then
+    printf 'Would rerun trial(s) %s of %s: sbatch %s job.sbatch\n' "$joined" "$retry_dir" "$(shell_quote "${args[@]}")"
+    return 0
+  fi
+  output=$(sbatch_in_folder "$retry_dir" "${args[@]}" job.sbatch) || die "sbatch refused the retry: ${output//$'\n'/ }"
+  retry_id=${output%%;*}
+  retry_id=${retry_id##*$'\n'}
+  [[ "$retry_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
+  printf '%s\n' "$retry_id" >>"$retry_dir/job_ids" || warn "cannot record job $retry_id in $retry_dir/job_ids (stop.sh finds it by its name)"
+  printf 'Resubmitted trial(s) %s of %s as job %s (the same code snapshot and data; each in its own trial folder)\n' \
+    "$joined" "$retry_dir" "$retry_id"
 }

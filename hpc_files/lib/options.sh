@@ -56,6 +56,7 @@ declare -A OPTION_SETTING=(
   [--stage-out]=stage_out
   [--compress]=compress
   [--sbatch-arg]=sbatch_arg
+  [--retry-failed]=retry_failed
 )
 
 # Options without a value -> the setting they turn on.
@@ -147,6 +148,10 @@ Experiments:
                               is a terminal, otherwise required)
   --array-throttle K          at most K array tasks at once (default: the site's)
   --list-trials               print the trials as JSON lines and exit
+  --retry-failed EXP          rerun the failed trials (not finished, pruned, queued or
+                              running) of EXP's last submission, from its code snapshot
+                              and data tarball, each in its own trial folder; takes
+                              only --after-running and --dry-run beside it
 
 Data and environment:
   -d, --data PATH...          files or folders relative to \$SCRATCH/<project>, staged

@@ -5,7 +5,7 @@ Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` 
 ``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per call),
 never ``sacct`` (accounting is off on many small clusters)::
 
-    python3 hpc_files/lib/results.py status|results --project NAME [ARG...]
+    python3 hpc_files/lib/results.py status|results|failed --project NAME [ARG...]
 
 with the arguments (and ``-h``) of USAGE below. ``--curves`` draws training curves (one panel
 per metric, value against global step, one line per trial); with ``--run`` they are one run's
@@ -1277,6 +1277,27 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     return 0
 
 
+def cmd_failed(argv: Sequence[str]) -> int:
+    """``failed --project NAME EXP``, for job_submitter.sh --retry-failed: the newest
+    submission of EXP on the first line, then the trials to rerun, one a line: those that
+    ended failed (a failed exit, cancelled, timed out), not those that finished, were pruned
+    or are still queued or running."""
+    project = target = None
+    p = Parser(argv)
+    for name, inline in p:
+        if name == "--project":
+            project = p.value(name, inline)
+        else:
+            target = p.target(name, inline, target)
+    project, project_dir = _project_dir(project)
+    if target is None or re.fullmatch(r"\d+(_\d+)?", target):
+        raise UsageError("--retry-failed expects an experiment name")
+    sub = find_submission(project_dir, target)
+    failed = [t.index for t in collect(sub, project) if t.failed and "pruned" not in t.state]
+    sys.stdout.write("".join(f"{line}\n" for line in [sub.path, *failed]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
@@ -1291,7 +1312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args, prog)
         if command == "results":
             return cmd_results(args, prog)
-        raise UsageError(f"expected 'status' or 'results', got {command!r}")
+        if command == "failed":
+            return cmd_failed(args)
+        raise UsageError(f"expected 'status', 'results' or 'failed', got {command!r}")
     except UsageError as exc:
         sys.stderr.write(f"{prog}: error: {' '.join(str(exc).splitlines())}\n")
         return 2

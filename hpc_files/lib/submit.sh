@@ -265,9 +265,16 @@ leaked_names() {
 # output and errors on stdout, with this shell's environment less
 # leaked_names; MASTER_ADDR is the new job's first node (batch.sh).
 sbatch_from_submission() {
+  sbatch_in_folder "$submission_dir" "$@"
+}
+
+# sbatch_in_folder DIR ARG...: sbatch_from_submission's call, in folder DIR.
+sbatch_in_folder() {
+  local dir=$1
   local -a names
+  shift
   mapfile -t names < <(leaked_names)
-  (cd "$submission_dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
+  (cd "$dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,

@@ -72,3 +72,76 @@ an_earlier_submission() {
   [[ "$stderr" == *"was stopped (stop.sh); this submission starts it again"* ]] || fail "stderr: $stderr"
   assert_not_exist "$SCRATCH/$PROJECT/halted/stopped"
 }
+
+# ended_log EXP JOB TASK CODE: task TASK of array job JOB of EXP ended with exit CODE (its log).
+ended_log() {
+  mkdir -p "$SCRATCH/$PROJECT/hpc_outputs"
+  printf 'hpc: job %s_%s (trial %s) on node1, restart 0, started 2026-11-23 12:00:00\nhpc: training step ended with exit code %s at 2026-11-23 12:00:42\n' \
+    "$2" "$3" "$3" "$4" >"$SCRATCH/$PROJECT/hpc_outputs/${PROJECT}_$1_$2_$3.out"
+}
+
+@test "--retry-failed EXP reruns only the failed trials of its last submission, from the same folder, as one array" {
+  run --separate-stderr "$SUBMITTER" -e retry -C "$THREE_LINES" --venv "$FAKE_VENV" --array-throttle 2 </dev/null
+  assert_success
+  local sub
+  sub=$(submission_dirs retry)
+  ended_log retry 4242 0 0
+  ended_log retry 4242 1 3
+  ended_log retry 4242 2 1
+  : >"$STUB_SBATCH_LOG"
+  : >"$STUB_SBATCH_LOG.where"
+  run --separate-stderr "$SUBMITTER" --retry-failed retry </dev/null
+  assert_success
+  assert_output "Resubmitted trial(s) 1,2 of $sub as job 4242 (the same code snapshot and data; each in its own trial folder)"
+  run cat "$STUB_SBATCH_LOG"
+  assert_output -- "--parsable
+--array=1,2%2
+--time=00-01:00:00
+--open-mode=append
+--signal=B:USR1@90
+--requeue
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1
+job.sbatch
+--"
+  assert_equal "$(head -n 1 "$STUB_SBATCH_LOG.where")" "$sub"
+  assert_equal "$(cat "$sub/job_ids")" 4242
+  # Nothing else was written: one submission folder still.
+  assert_equal "$(submission_dirs retry)" "$sub"
+}
+
+@test "--retry-failed: nothing failed, nothing queued; --dry-run shows the sbatch; bad input is refused" {
+  run --separate-stderr "$SUBMITTER" -e retry -C "$THREE_LINES" --venv "$FAKE_VENV" </dev/null
+  assert_success
+  ended_log retry 4242 0 0
+  ended_log retry 4242 1 0
+  rm -f "$STUB_SBATCH_LOG"
+  run --separate-stderr "$SUBMITTER" --retry-failed retry </dev/null
+  assert_success
+  [[ "$stderr" == *"no failed trial in the last submission of 'retry'"* ]] || fail "stderr: $stderr"
+  assert_not_exist "$STUB_SBATCH_LOG"
+  ended_log retry 4242 2 9
+  run --separate-stderr "$SUBMITTER" --retry-failed=retry --dry-run </dev/null
+  assert_success
+  assert_output --regexp "^Would rerun trial\(s\) 2 of .*/retry/20[0-9-]+-[A-Za-z0-9]+: sbatch --parsable --array=2 "
+  assert_not_exist "$STUB_SBATCH_LOG"
+  refuse "--retry-failed reruns the last submission as it was written; it takes no option but --after-running and --dry-run, got --gpus" -- --retry-failed retry -g 2
+  refuse "--retry-failed: no experiment 'nothing' in" -- --retry-failed nothing
+  refuse "--retry-failed accepts letters, digits" -- --retry-failed '../x'
+}
+
+@test "--retry-failed refuses a method-bayes round, and an experiment with queued jobs without --after-running" {
+  run --separate-stderr "$SUBMITTER" -e retry -C "$THREE_LINES" --venv "$FAKE_VENV" </dev/null
+  assert_success
+  ended_log retry 4242 1 3
+  printf '4242|RUNNING|%s_retry\n' "$PROJECT" >"$STUB_SQUEUE_OUT"
+  rm -f "$STUB_SBATCH_LOG"
+  refuse "experiment 'retry' has queued or running job(s) 4242" -- --retry-failed retry
+  run --separate-stderr "$SUBMITTER" --retry-failed retry --after-running </dev/null
+  assert_success
+  assert_line --partial "Resubmitted trial(s) 1 of"
+  grep -qx -- '--dependency=afterany:4242' "$STUB_SBATCH_LOG" || fail "no dependency: $(cat "$STUB_SBATCH_LOG")"
+  : >"$STUB_SQUEUE_OUT"
+  echo '{}' >"$(submission_dirs retry)/bayes.json"
+  rm -f "$STUB_SBATCH_LOG"
+  refuse "is a round of a method-bayes search" -- --retry-failed retry
+}
