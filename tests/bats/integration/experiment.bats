@@ -94,3 +94,50 @@ YAML
   assert_line 'args: --lr 1'
   assert_line "hpc: without --fresh: job $first ran trial 0 of this submission first, started afresh; this run resumes"
 }
+
+@test "--retry-failed reruns exactly the failed trials, in their own folders, from the same submission" {
+  # Trials 1 and 3 fail until their file exists; 0 and 2 succeed.
+  local flags="$BATS_TEST_TMPDIR/flags" k
+  mkdir -p "$flags"
+  for k in 0 1 2 3; do
+    if ((k % 2)); then
+      printf 'bash -c %q\n' "echo trial $k run; test -e '$flags/$k' || exit 3" 
+    else
+      printf 'bash -c %q\n' "echo trial $k run"
+    fi
+  done >"$BATS_TEST_TMPDIR/configs.txt"
+  submit -n 1 -g 0 -c 1 -W none -t 5 -e retry -C "$BATS_TEST_TMPDIR/configs.txt"
+  local first=$job_id sub
+  sub=$(ls -d "$SCRATCH/$project/retry"/20*)
+  for k in 0 1 2 3; do
+    wait_job_done "${first}_$k" 120
+  done
+  assert_job_state "${first}_1" FAILED
+  assert_job_state "${first}_2" COMPLETED
+  touch "$flags/1" "$flags/3"
+  run --separate-stderr "$SUBMITTER" --retry-failed retry
+  assert_success
+  assert_output --regexp "^Resubmitted trial\(s\) 1,3 of $sub as job [0-9]+ "
+  local retry=${output#*as job }
+  retry=${retry%% *}
+  wait_job_done "${retry}_1" 120
+  wait_job_done "${retry}_3" 120
+  assert_job_state "${retry}_1" COMPLETED
+  assert_job_state "${retry}_3" COMPLETED
+  # Exactly tasks 1 and 3 ran again: the retry array holds no other task.
+  run bash -c "scontrol show job -o '$retry' | grep -o 'ArrayTaskId=[0-9]*' | sort"
+  assert_output "ArrayTaskId=1
+ArrayTaskId=3"
+  assert_equal "$(ls "$sub/runs" | grep -c "^${retry}_")" 2
+  # Each trial's log: trials 1 and 3 ran twice, 0 and 2 once; status.sh shows every task
+  # COMPLETED, the retried ones as the retry job's.
+  assert_equal "$(cat "$SCRATCH/$project/hpc_outputs/"*_retry_*_1.out | grep -c '^trial 1 run$')" 2
+  assert_equal "$(cat "$SCRATCH/$project/hpc_outputs/"*_retry_*_0.out | grep -c '^trial 0 run$')" 1
+  run "$REPO_ROOT/hpc_files/status.sh" retry
+  assert_success
+  assert_equal "$(grep -cE "^[0-3] +COMPLETED" <<<"$output")" 4
+  # Nothing failed now: a second retry queues nothing.
+  run --separate-stderr "$SUBMITTER" --retry-failed retry
+  assert_success
+  [[ "$stderr" == *"no failed trial"* ]] || fail "stderr: $stderr"
+}
