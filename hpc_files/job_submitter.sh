@@ -72,6 +72,7 @@ main() {
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
+  plan_array_split
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0

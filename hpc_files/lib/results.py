@@ -146,6 +146,14 @@ class Submission:
     job_id: str | None
     array: bool
     trials: list[dict]
+    # A sweep above MaxArraySize went as several array jobs: {job: its first trial}.
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def chunk_job(self, index: int) -> str | None:
+        """The array job that holds trial ``index`` as submitted (the folder's job_id
+        unless the sweep was split)."""
+        starts = [(first, job) for job, first in self.offsets.items() if first <= index]
+        return max(starts)[1] if starts else self.job_id
 
     @property
     def project_dir(self) -> str:
@@ -155,7 +163,7 @@ class Submission:
         job_id = job_id or self.job_id
         if not job_id:
             return None
-        key = f"{job_id}_{task}" if self.array else job_id
+        key = f"{job_id}_{task - self.offsets.get(job_id, 0)}" if self.array else job_id
         return os.path.join(self.project_dir, "hpc_outputs", f"{project}_{self.exp}_{key}.out")
 
     def trial_dir(self, task: int) -> str:
@@ -186,7 +194,18 @@ def load_submission(path: str) -> Submission:
     sbatch = _read_text(os.path.join(path, "job.sbatch")) or ""
     array = re.search(r"^#SBATCH --array=", sbatch, re.MULTILINE) is not None
     exp = os.path.basename(os.path.dirname(path))
-    return Submission(path, exp, job_id, array, trials)
+    return Submission(path, exp, job_id, array, trials, array_offsets(path))
+
+
+def array_offsets(path: str) -> dict[str, int]:
+    """{array job: its first trial} from the submission's ``array_jobs`` (written by the
+    submitter when a sweep above MaxArraySize went as several arrays); {} otherwise."""
+    offsets = {}
+    for line in (_read_text(os.path.join(path, "array_jobs")) or "").splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+            offsets[words[0]] = int(words[1])
+    return offsets
 
 
 def submissions(project_dir: str) -> list[str]:
@@ -239,8 +258,9 @@ def jobs_that_ran(path: str) -> list[tuple[int, int]]:
         names = os.listdir(os.path.join(path, "runs"))
     except OSError:
         return []
+    offsets = array_offsets(path)  # a later array's task K is trial first + K
     found = (re.fullmatch(r"(\d+)(?:_(\d+))?", name) for name in names)
-    return [(int(m.group(1)), int(m.group(2) or 0)) for m in found if m]
+    return [(int(m[1]), int(m[2] or 0) + offsets.get(m[1], 0)) for m in found if m]
 
 
 def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | None]]:
@@ -248,18 +268,24 @@ def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | N
     job is the folder's ``job_id`` (the newest job that started there), unless that job
     is not known to hold the task and an earlier one ran it: ``sbatch --array=K job.sbatch``
     runs task K again alone, and the other tasks stay their own job's."""
-    known = {sub.job_id: scontrol_tasks(sub.job_id)}
+    known: dict[str | None, dict[int, dict[str, str]]] = {}
+
+    def tasks_of(job: str | None) -> dict[int, dict[str, str]]:  # keyed by trial
+        if job not in known:
+            first = sub.offsets.get(job or "", 0)
+            known[job] = {k + first: v for k, v in scontrol_tasks(job).items()}
+        return known[job]
+
     newest: dict[int, int] = {}
     for job, task in jobs_that_ran(sub.path):
         newest[task] = max(job, newest.get(task, job))
     out = {}
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        job = sub.job_id
-        if index not in known[job] and index in newest and str(newest[index]) != job:
+        job = sub.chunk_job(index)
+        if index not in tasks_of(job) and index in newest and str(newest[index]) != job:
             job = str(newest[index])
-            known[job] = known[job] if job in known else scontrol_tasks(job)
-        out[index] = (job, known[job].get(index) if sub.array or index == 0 else None)
+        out[index] = (job, tasks_of(job).get(index) if sub.array or index == 0 else None)
     return out
 
 
@@ -1018,8 +1044,12 @@ def status_text(sub: Submission, project: str) -> str:
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
     where = "SLURM" if any(fields for _, fields in jobs.values()) else "logs"
-    earlier = sorted({job for job, _ in jobs.values() if job != sub.job_id}, key=int)
+    earlier = sorted(
+        {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.offsets), key=int
+    )
     also = f" (tasks it did not run: job {', '.join(earlier)})" if earlier else ""
+    if len(sub.offsets) > 1:  # a sweep above MaxArraySize, as several arrays
+        also = f" and {', '.join(j for j in sub.offsets if j != sub.job_id)} (arrays){also}"
     head = (
         f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"

@@ -149,6 +149,8 @@ check_venv() {
 record_job_id() {
   local id=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} file="$HPC_SUBMISSION_DIR/job_id" recorded
   [[ "$id" =~ ^[0-9]+$ ]] || return 0
+  # A later array of a sweep split at MaxArraySize is in array_jobs, not job_id.
+  [[ "${HPC_TRIAL_OFFSET:-0}" == 0 ]] || return 0
   recorded=$(cat "$file" 2>/dev/null) || recorded=0
   [[ "$recorded" =~ ^[0-9]+$ ]] || recorded=0
   ((id > recorded)) || return 0

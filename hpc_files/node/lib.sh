@@ -27,9 +27,13 @@ job_key() {
   fi
 }
 
-# trial_index: the array task id, or 0 for a plain job.
+# trial_index: the array task id, or 0 for a plain job; plus HPC_TRIAL_OFFSET,
+# the first trial of this array where a sweep above MaxArraySize went as
+# several (submit_job).
 trial_index() {
-  printf '%s' "${SLURM_ARRAY_TASK_ID:-0}"
+  local offset=${HPC_TRIAL_OFFSET:-0}
+  [[ "$offset" =~ ^[0-9]+$ ]] || offset=0
+  printf '%s' "$((${SLURM_ARRAY_TASK_ID:-0} + 10#$offset))"
 }
 
 run_dir() {

@@ -141,3 +141,67 @@ ArrayTaskId=3"
   assert_success
   [[ "$stderr" == *"no failed trial"* ]] || fail "stderr: $stderr"
 }
+
+# small_max_array: the cluster's MaxArraySize into max_array. Above 30 (the
+# default cluster: 1001), the submitter alone is told 11 by an scontrol in
+# front of the real one, so that the split runs a few dozen tasks; start
+# the cluster with HPC_CLUSTER_MAX_ARRAY_SIZE=11 to have SLURM hold the limit.
+small_max_array() {
+  max_array=$(scontrol show config | sed -n 's/^MaxArraySize *= *//p')
+  ((max_array <= 30)) && return 0
+  max_array=11
+  local bin="$BATS_TEST_TMPDIR/max-array-bin" real
+  real=$(command -v scontrol)
+  mkdir -p "$bin"
+  printf '#!/usr/bin/env bash\nif [[ "$*" == "show config" ]]; then %q show config | sed "s/^MaxArraySize .*/MaxArraySize            = 11/"; else exec %q "$@"; fi\n' \
+    "$real" "$real" >"$bin/scontrol"
+  chmod +x "$bin/scontrol"
+  SUBMITTER_PATH="$bin:$PATH"
+}
+
+@test "a sweep above MaxArraySize runs as several arrays: each trial its own line and folder; one experiment to status.sh, results.sh and stop.sh" {
+  local SUBMITTER_PATH=$PATH max_array n out arrays k
+  small_max_array
+  n=$((2 * max_array + 3))
+  # Each trial writes its index (the folder's) as metric 'trial', and says which line it ran.
+  out=$(PATH=$SUBMITTER_PATH "$SUBMITTER" --site local -n 1 -g 0 -c 1 -W none -t 5 -e split --seeds "$n" -- \
+    bash -c 'echo "ran $HPC_TRIAL_INDEX $1"; printf "time,step,epoch,name,value\n1,1,0,trial,%s\n" "$HPC_TRIAL_INDEX" >"$HPC_TRIAL_DIR/metrics.csv"' prog 2>&1) ||
+    fail "submission failed: $out"
+  local sub
+  sub=$(ls -d "$SCRATCH/$project/split"/20*)
+  mapfile -t arrays < <(cut -d' ' -f1 "$sub/array_jobs")
+  assert_equal "${#arrays[@]}" 3
+  assert_equal "$(cut -d' ' -f2 "$sub/array_jobs" | paste -sd' ')" "0 $max_array $((2 * max_array))"
+  assert_equal "$(grep -c "^  arrays: " <<<"$out")" 1
+  for k in "${arrays[@]}"; do
+    wait_job_done "$k" 300
+  done
+  # Trial K ran line K (--seed=K) in trials/K, whichever array ran it.
+  for ((k = 0; k < n; k++)); do
+    assert_file_contains "$SCRATCH/$project/split/trials/$k/metrics.csv" "^1,1,0,trial,$k\$"
+  done
+  run grep -h '^ran ' "$SCRATCH/$project/hpc_outputs/"*_split_*.out
+  assert_equal "$(sort <<<"$output" | uniq | wc -l)" "$n"
+  assert_equal "$(grep -c '^ran \([0-9]*\) --seed=\1$' <<<"$output")" "$n"
+  run "$REPO_ROOT/hpc_files/status.sh" split
+  assert_success
+  assert_line --index 1 --partial "job ${arrays[0]} and ${arrays[1]}, ${arrays[2]} (arrays), $n task(s)"
+  assert_equal "$(grep -cE '^[0-9]+ +COMPLETED' <<<"$output")" "$n"
+  run "$REPO_ROOT/hpc_files/results.sh" split --no-group --sort trial:min
+  assert_success
+  assert_line --index 1 "$n trial(s); sorted by trial (min)"
+  for ((k = 0; k < n; k++)); do
+    assert_line --index $((k + 3)) --regexp "^$k +$k +finished +$k +$k\$"
+  done
+  # stop.sh cancels every array of a split sweep.
+  out=$(PATH=$SUBMITTER_PATH "$SUBMITTER" --site local -n 1 -g 0 -c 1 -W none -t 5 -e split2 --seeds "$n" -- sleep 300 2>&1) ||
+    fail "submission failed: $out"
+  sub=$(ls -d "$SCRATCH/$project/split2"/20*)
+  mapfile -t arrays < <(cut -d' ' -f1 "$sub/array_jobs")
+  run "$REPO_ROOT/hpc_files/stop.sh" split2
+  assert_success
+  assert_output --partial "cancelled job(s) $(printf '%s\n' "${arrays[@]}" | sort -n | paste -sd,)"
+  for k in "${arrays[@]}"; do
+    wait_job_done "$k" 60
+  done
+}
