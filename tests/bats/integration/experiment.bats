@@ -169,7 +169,7 @@ small_max_array() {
     fail "submission failed: $out"
   local sub
   sub=$(ls -d "$SCRATCH/$project/split"/20*)
-  mapfile -t arrays < <(cut -d' ' -f1 "$sub/array_jobs")
+  mapfile -t arrays < <(awk '{ print $1 }' "$sub/array_jobs")
   assert_equal "${#arrays[@]}" 3
   assert_equal "$(cut -d' ' -f2 "$sub/array_jobs" | paste -sd' ')" "0 $max_array $((2 * max_array))"
   assert_equal "$(grep -c "^  arrays: " <<<"$out")" 1
@@ -197,7 +197,7 @@ small_max_array() {
   out=$(PATH=$SUBMITTER_PATH "$SUBMITTER" --site local -n 1 -g 0 -c 1 -W none -t 5 -e split2 --seeds "$n" -- sleep 300 2>&1) ||
     fail "submission failed: $out"
   sub=$(ls -d "$SCRATCH/$project/split2"/20*)
-  mapfile -t arrays < <(cut -d' ' -f1 "$sub/array_jobs")
+  mapfile -t arrays < <(awk '{ print $1 }' "$sub/array_jobs")
   run "$REPO_ROOT/hpc_files/stop.sh" split2
   assert_success
   assert_output --partial "cancelled job(s) $(printf '%s\n' "${arrays[@]}" | sort -n | paste -sd,)"
