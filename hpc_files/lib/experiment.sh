@@ -165,13 +165,15 @@ stop_target_experiment() {
 
 # retry_failed: --retry-failed EXP. The failed trials (results.py failed: not
 # finished, pruned, queued or running) of EXP's newest submission run again
-# as one array job of the same job.sbatch: the same code snapshot and data
+# as an array job of the same job.sbatch: the same code snapshot and data
 # tarball, each in its own trials/K folder (resuming its checkpoints). The
 # requeue protocol's lines of the script go on sbatch's command line, as
-# submit_job puts them there.
+# submit_job puts them there. A sweep split at MaxArraySize (array_jobs)
+# gets one such array per part that holds failed trials, with its offset.
 retry_failed() {
-  local name python listing retry_dir spec="" joined output retry_id
-  local -a trials args
+  local name python listing retry_dir throttle k first part joined output retry_id ids=""
+  local -a trials args firsts=(0)
+  local -A tasks=()
   for name in "${!OPT_GIVEN[@]}"; do
     case "$name" in
       retry_failed | dry_run | after_running) ;;
@@ -199,23 +201,41 @@ retry_failed() {
   fi
   joined=$(IFS=,; printf '%s' "${trials[*]}")
   queue_after_running
-  args=(--parsable)
-  if grep -q '^#SBATCH --array=' "$retry_dir/job.sbatch"; then
-    spec=$(sed -n 's/^#SBATCH --array=[^%]*//p' "$retry_dir/job.sbatch")
-    args+=("--array=$joined$spec")
-  fi
-  [[ -z "$plan_dependency" ]] || args+=("--dependency=$plan_dependency")
-  mapfile -t -O "${#args[@]}" args < <(sed -n 's/^#SBATCH \(--\(open-mode\|signal\|requeue\|time\)\b.*\)$/\1/p' "$retry_dir/job.sbatch")
-  args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-  if [[ -n "${opt_dry_run:-}" ]]; then
-    printf 'Would rerun trial(s) %s of %s: sbatch %s job.sbatch\n' "$joined" "$retry_dir" "$(shell_quote "${args[@]}")"
-    return 0
-  fi
-  output=$(sbatch_in_folder "$retry_dir" "${args[@]}" job.sbatch) || die "sbatch refused the retry: ${output//$'\n'/ }"
-  retry_id=${output%%;*}
-  retry_id=${retry_id##*$'\n'}
-  [[ "$retry_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
-  printf '%s\n' "$retry_id" >>"$retry_dir/job_ids" || warn "cannot record job $retry_id in $retry_dir/job_ids (stop.sh finds it by its name)"
-  printf 'Resubmitted trial(s) %s of %s as job %s (the same code snapshot and data; each in its own trial folder)\n' \
-    "$joined" "$retry_dir" "$retry_id"
+  [[ ! -f "$retry_dir/array_jobs" ]] || mapfile -t firsts < <(awk '{ print $2 }' "$retry_dir/array_jobs" | sort -n)
+  # Trial K runs as task K - F of the part from trial F (the last F <= K).
+  for k in "${trials[@]}"; do
+    for first in "${firsts[@]}"; do
+      ((first > k)) || part=$first
+    done
+    tasks[$part]+="${tasks[$part]:+,}$((k - part))"
+  done
+  throttle=$(sed -n 's/^#SBATCH --array=[^%]*//p' "$retry_dir/job.sbatch")
+  for first in "${firsts[@]}"; do
+    [[ -n "${tasks[$first]:-}" ]] || continue
+    args=(--parsable)
+    ! grep -q '^#SBATCH --array=' "$retry_dir/job.sbatch" || args+=("--array=${tasks[$first]}$throttle")
+    [[ -z "$plan_dependency" ]] || args+=("--dependency=$plan_dependency")
+    mapfile -t -O "${#args[@]}" args < <(sed -n 's/^#SBATCH \(--\(open-mode\|signal\|requeue\|time\)\b.*\)$/\1/p' "$retry_dir/job.sbatch")
+    if ((${#firsts[@]} > 1)); then
+      args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=$first")
+    else
+      args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
+    fi
+    if [[ -n "${opt_dry_run:-}" ]]; then
+      printf 'Would rerun trial(s) %s of %s: sbatch %s job.sbatch\n' "$joined" "$retry_dir" "$(shell_quote "${args[@]}")"
+      continue
+    fi
+    output=$(sbatch_in_folder "$retry_dir" "${args[@]}" job.sbatch) || die "sbatch refused the retry: ${output//$'\n'/ }"
+    retry_id=${output%%;*}
+    retry_id=${retry_id##*$'\n'}
+    [[ "$retry_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
+    printf '%s\n' "$retry_id" >>"$retry_dir/job_ids" || warn "cannot record job $retry_id in $retry_dir/job_ids"
+    # results.sh maps a split sweep's retried tasks to trials by it.
+    ((${#firsts[@]} == 1)) || printf '%s %s\n' "$retry_id" "$first" >>"$retry_dir/retry_jobs" ||
+      warn "cannot record job $retry_id in $retry_dir/retry_jobs"
+    ids+="${ids:+,}$retry_id"
+  done
+  [[ -z "$ids" ]] ||
+    printf 'Resubmitted trial(s) %s of %s as job %s (the same code snapshot and data; each in its own trial folder)\n' \
+      "$joined" "$retry_dir" "$ids"
 }

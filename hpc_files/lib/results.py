@@ -147,12 +147,14 @@ class Submission:
     array: bool
     trials: list[dict]
     # A sweep above MaxArraySize went as several array jobs: {job: its first trial}.
+    chunks: dict[str, int] = field(default_factory=dict)
+    # Those and the jobs --retry-failed queued for them: {job: the trial of its task 0}.
     offsets: dict[str, int] = field(default_factory=dict)
 
     def chunk_job(self, index: int) -> str | None:
         """The array job that holds trial ``index`` as submitted (the folder's job_id
         unless the sweep was split)."""
-        starts = [(first, job) for job, first in self.offsets.items() if first <= index]
+        starts = [(first, job) for job, first in self.chunks.items() if first <= index]
         return max(starts)[1] if starts else self.job_id
 
     @property
@@ -194,17 +196,20 @@ def load_submission(path: str) -> Submission:
     sbatch = _read_text(os.path.join(path, "job.sbatch")) or ""
     array = re.search(r"^#SBATCH --array=", sbatch, re.MULTILINE) is not None
     exp = os.path.basename(os.path.dirname(path))
-    return Submission(path, exp, job_id, array, trials, array_offsets(path))
+    chunks = array_offsets(path, ("array_jobs",))
+    return Submission(path, exp, job_id, array, trials, chunks, array_offsets(path))
 
 
-def array_offsets(path: str) -> dict[str, int]:
-    """{array job: its first trial} from the submission's ``array_jobs`` (written by the
-    submitter when a sweep above MaxArraySize went as several arrays); {} otherwise."""
+def array_offsets(path: str, names: tuple[str, ...] = ("array_jobs", "retry_jobs")):
+    """{array job: the trial its task 0 runs} from the submission's ``array_jobs`` (the
+    arrays of a sweep above MaxArraySize) and ``retry_jobs`` (--retry-failed's for them),
+    lines ``JOB FIRST`` written by the submitter; {} for one array."""
     offsets = {}
-    for line in (_read_text(os.path.join(path, "array_jobs")) or "").splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
-            offsets[words[0]] = int(words[1])
+    for name in names:
+        for line in (_read_text(os.path.join(path, name)) or "").splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+                offsets[words[0]] = int(words[1])
     return offsets
 
 
@@ -1045,11 +1050,11 @@ def status_text(sub: Submission, project: str) -> str:
         rows.append([str(index), state, str(restarts), elapsed, progress])
     where = "SLURM" if any(fields for _, fields in jobs.values()) else "logs"
     earlier = sorted(
-        {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.offsets), key=int
+        {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.chunks), key=int
     )
     also = f" (tasks it did not run: job {', '.join(earlier)})" if earlier else ""
-    if len(sub.offsets) > 1:  # a sweep above MaxArraySize, as several arrays
-        also = f" and {', '.join(j for j in sub.offsets if j != sub.job_id)} (arrays){also}"
+    if len(sub.chunks) > 1:  # a sweep above MaxArraySize, as several arrays
+        also = f" and {', '.join(j for j in sub.chunks if j != sub.job_id)} (arrays){also}"
     head = (
         f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"

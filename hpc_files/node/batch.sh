@@ -149,8 +149,9 @@ check_venv() {
 record_job_id() {
   local id=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} file="$HPC_SUBMISSION_DIR/job_id" recorded
   [[ "$id" =~ ^[0-9]+$ ]] || return 0
-  # A later array of a sweep split at MaxArraySize is in array_jobs, not job_id.
-  [[ "${HPC_TRIAL_OFFSET:-0}" == 0 ]] || return 0
+  # The arrays of a sweep split at MaxArraySize, and their retries, are in
+  # array_jobs and retry_jobs; job_id stays the first array's.
+  [[ "${HPC_TRIAL_OFFSET:-0}" == 0 && ! -f "$HPC_SUBMISSION_DIR/array_jobs" ]] || return 0
   recorded=$(cat "$file" 2>/dev/null) || recorded=0
   [[ "$recorded" =~ ^[0-9]+$ ]] || recorded=0
   ((id > recorded)) || return 0

@@ -145,3 +145,53 @@ job.sbatch
   rm -f "$STUB_SBATCH_LOG"
   refuse "is a round of a method-bayes search" -- --retry-failed retry
 }
+
+@test "--retry-failed of a sweep split at MaxArraySize: one array per part holding failed trials, each with its offset" {
+  local bin="$BATS_TEST_TMPDIR/split-bin"
+  mkdir -p "$bin"
+  printf '#!/usr/bin/env bash\nprintf "MaxArraySize            = 3\\n"\n' >"$bin/scontrol"
+  # sbatch answers 101, 102, ... so that the parts have their own ids.
+  cat >"$bin/sbatch" <<'STUB'
+#!/usr/bin/env bash
+for arg in "$@"; do printf '%s\n' "$arg" >>"$STUB_SBATCH_LOG"; done
+echo "--" >>"$STUB_SBATCH_LOG"
+n=$(($(cat "$STUB_SBATCH_LOG.n" 2>/dev/null || echo 100) + 1))
+echo "$n" >"$STUB_SBATCH_LOG.n"
+echo "$n"
+STUB
+  chmod +x "$bin/scontrol" "$bin/sbatch"
+  PATH="$bin:$PATH" run --separate-stderr "$SUBMITTER" -e split -C "$ONE_LINE" --seeds 7 --venv "$FAKE_VENV" </dev/null
+  assert_success
+  local sub
+  sub=$(submission_dirs split)
+  assert_equal "$(cat "$sub/array_jobs")" "101 0
+102 3
+103 6"
+  # Trials 1 (part 101, task 1), 4 (102, task 1) and 5 (102, task 2) failed; the rest finished.
+  ended_log split 101 0 0
+  ended_log split 101 1 3
+  ended_log split 101 2 0
+  ended_log split 102 0 0
+  ended_log split 102 1 1
+  ended_log split 102 2 1
+  ended_log split 103 0 0
+  : >"$STUB_SBATCH_LOG"
+  PATH="$bin:$PATH" run --separate-stderr "$SUBMITTER" --retry-failed split </dev/null
+  assert_success
+  assert_output "Resubmitted trial(s) 1,4,5 of $sub as job 104,105 (the same code snapshot and data; each in its own trial folder)"
+  run grep -E -- '^--(array|export)=' "$STUB_SBATCH_LOG"
+  assert_output -- "--array=1
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=0
+--array=1,2
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=3"
+  assert_equal "$(cat "$sub/retry_jobs")" "104 0
+105 3"
+  # results.sh maps the retried tasks back to their trials: 105_1 is trial 4.
+  ended_log split 104 1 0
+  ended_log split 105 1 0
+  ended_log split 105 2 0
+  mkdir -p "$sub/runs/104_1" "$sub/runs/105_1" "$sub/runs/105_2"
+  PATH="$bin:$PATH" run --separate-stderr "$REPO_ROOT/hpc_files/status.sh" split
+  assert_success
+  assert_equal "$(grep -cE '^[0-6] +finished' <<<"$output")" 7
+}
