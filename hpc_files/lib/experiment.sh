@@ -84,8 +84,9 @@ HELP
 
 # stop_main ARG...: stop.sh.
 stop_main() {
-  local target="" exp exp_dir listing pass cancelled=""
+  local target="" exp exp_dir listing pass id cancelled=""
   local -a ids
+  local -A seen=()
   while (($# > 0)); do
     case "$1" in
       -h | --help)
@@ -123,7 +124,11 @@ stop_main() {
     [[ -n "$listing" ]] || break
     mapfile -t ids <<<"$listing"
     scancel -- "${ids[@]}" || die "scancel ${ids[*]} failed"
-    cancelled+="${cancelled:+,}$(paste -sd, - <<<"$listing")"
+    # A job still ending at the next pass is cancelled again, named once.
+    for id in "${ids[@]}"; do
+      [[ -n "${seen[$id]:-}" ]] || cancelled+="${cancelled:+,}$id"
+      seen[$id]=1
+    done
     ((pass == 10)) || sleep 1
   done
   [[ -z "$listing" ]] || die "job(s) $(paste -sd, - <<<"$listing") of experiment '$exp' are still listed after 10 scancel passes"

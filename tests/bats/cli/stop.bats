@@ -71,3 +71,18 @@ refuse_stop() {
   refuse_stop "expected one experiment or job id, got 'search' and 'other'" search other
   refuse_stop "no submission of project '$PROJECT' recorded job 99" 99
 }
+
+@test "stop.sh: a job still listed after the first scancel is cancelled again and named once" {
+  cat >"$BATS_TEST_TMPDIR/stub-bin/scancel" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$STUB_SCANCEL_LOG"
+# The first cancel leaves job 11 running a moment longer.
+if [[ $(wc -l <"$STUB_SCANCEL_LOG") -eq 1 ]]; then echo "11|RUNNING|x" >"$STUB_SQUEUE_OUT"; else : >"$STUB_SQUEUE_OUT"; fi
+STUB
+  run --separate-stderr "$STOP" search
+  assert_success
+  assert_output "Stopped experiment search: cancelled job(s) 11,12,13,14; recorded in $SCRATCH/$PROJECT/search/stopped"
+  run cat "$STUB_SCANCEL_LOG"
+  assert_output -- "-- 11 12 13 14
+-- 11"
+}
