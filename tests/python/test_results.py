@@ -175,6 +175,46 @@ def test_rows_come_from_the_submissions_own_jobs_not_an_earlier_run_holding_the_
     assert trials[0].metrics["test_acc"][-1][1] == pytest.approx(0.80)
 
 
+def test_a_1500_trial_sweep_split_at_max_array_size_1001_lists_1500_rows(
+    tmp_path, capsys, monkeypatch
+):
+    # Two arrays (job_submitter.sh's array_jobs): 900 runs trials 0-1000 as tasks 0-1000,
+    # 901 runs trials 1001-1499 as tasks 0-498; each trial logs its own index as "k".
+    root = tmp_path / "scratch"
+    sub = root / "proj" / "big" / "20261127-120000-bigA"
+    logs = root / "proj" / "hpc_outputs"
+    sub.mkdir(parents=True)
+    logs.mkdir(parents=True)
+    (sub / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --array=0-1000\n")
+    (sub / "job_id").write_text("900\n")
+    (sub / "array_jobs").write_text("900 0\n901 1001\n")
+    with open(sub / "trials.jsonl", "w") as fh:
+        for k in range(1500):
+            fh.write(json.dumps({"trial": k, "params": {"seed": k}, "argv": ["x"]}) + "\n")
+    for k in range(1500):
+        job, task = ("900", k) if k < 1001 else ("901", k - 1001)
+        (logs / f"proj_big_{job}_{task}.out").write_text(
+            f"hpc: job {job}_{task} (trial {k}) on node1, restart 0, started 2026-11-27 12:00:00\n"
+            "hpc: training step ended with exit code 0 at 2026-11-27 12:00:09\n"
+        )
+        trial = root / "proj" / "big" / "trials" / str(k)
+        trial.mkdir(parents=True)
+        (trial / "metrics.csv").write_text(f"time,step,epoch,name,value\n1,1,0,k,{k}\n")
+    monkeypatch.setenv("SCRATCH", str(root))
+    # SLURM forgot them: states from the logs.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    code, lines, err = run(
+        capsys, "results", "--project", "proj", "big", "--no-group", "--sort", "k:min"
+    )
+    assert code == 0, err
+    assert lines[1] == "1500 trial(s); sorted by k (min)"
+    table = rows(lines)
+    assert len(table) == 1500
+    assert all(r[0] == r[1] == r[3] and r[2] == "finished" for r in table), table[:3]
+    code, lines, err = run(capsys, "status", "--project", "proj", "big")
+    assert lines[1] == "job 900 and 901 (arrays), 1500 task(s); states from logs"
+
+
 def _trial(index: int, state: str, lr: float, acc: float | None) -> object:
     t = results.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
     t.metrics = {"acc": [(10, acc)]} if acc is not None else {}
