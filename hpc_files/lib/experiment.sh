@@ -176,7 +176,7 @@ stop_target_experiment() {
 # submit_job puts them there. A sweep split at MaxArraySize (array_jobs)
 # gets one such array per part that holds failed trials, with its offset.
 retry_failed() {
-  local name python listing retry_dir throttle k first part joined output retry_id ids=""
+  local name python listing retry_dir throttle k first part joined output retry_id queued=""
   local -a trials args firsts=(0)
   local -A tasks=()
   for name in "${!OPT_GIVEN[@]}"; do
@@ -238,9 +238,9 @@ retry_failed() {
     # results.sh maps a split sweep's retried tasks to trials by it.
     ((${#firsts[@]} == 1)) || printf '%s %s\n' "$retry_id" "$first" >>"$retry_dir/retry_jobs" ||
       warn "cannot record job $retry_id in $retry_dir/retry_jobs"
-    ids+="${ids:+,}$retry_id"
+    queued+="${queued:+,}$retry_id"
   done
-  [[ -z "$ids" ]] ||
+  [[ -z "$queued" ]] ||
     printf 'Resubmitted trial(s) %s of %s as job %s (the same code snapshot and data; each in its own trial folder)\n' \
-      "$joined" "$retry_dir" "$ids"
+      "$joined" "$retry_dir" "$queued"
 }
