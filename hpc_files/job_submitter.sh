@@ -30,6 +30,8 @@ source "$HPC_FILES_DIR/lib/render.sh"
 source "$HPC_FILES_DIR/lib/submit.sh"
 # shellcheck source=lib/limits.sh
 source "$HPC_FILES_DIR/lib/limits.sh"
+# shellcheck source=lib/experiment.sh
+source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
@@ -44,6 +46,10 @@ main() {
     return 0
   fi
   project_paths
+  if [[ -n "${opt_retry_failed:-}" ]]; then
+    retry_failed
+    return 0
+  fi
   apply_defaults
   if [[ -n "${opt_prune_data_cache:-}" ]]; then
     validate_scratch
@@ -62,6 +68,7 @@ main() {
   validate_data_paths
   validate_experiment_folder
   validate_allocation
+  queue_after_running
   check_wandb_credentials
   prepare_trials
   refuse_bayes_unsubmitted
@@ -69,6 +76,7 @@ main() {
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
   validate_interactive_trials "$plan_trial_count"
+  plan_array_split
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0
@@ -84,6 +92,7 @@ main() {
     report_unsubmitted
     return 0
   fi
+  clear_stop_record
   [[ -z "${opt_interactive:-}" ]] || run_interactive
   bayes_start "$@"
   submit_setup_job

@@ -247,6 +247,23 @@ plan_array() {
   plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
 }
 
+# plan_array_split: an array above the cluster's MaxArraySize
+# (cluster_max_array, validate_array_size) goes as several array jobs of the
+# same script, at most that many tasks each (submit_job); the script's own
+# --array line is the first's. Sets plan_array_chunk (empty: one array).
+plan_array_split() {
+  plan_array_chunk=""
+  [[ -n "$plan_array_spec" && -n "${cluster_max_array:-}" ]] || return 0
+  ((plan_trial_count > cluster_max_array)) || return 0
+  [[ -z "${opt_no_submit:-}" ]] ||
+    usage_error "--no-submit: these $plan_trial_count trials go as several array jobs (the cluster's MaxArraySize is $cluster_max_array), which one 'sbatch job.sbatch' cannot queue; submit them"
+  [[ -z "${opt_wait:-}" ]] ||
+    usage_error "--wait follows one job; these $plan_trial_count trials go as several array jobs (the cluster's MaxArraySize is $cluster_max_array): follow them with status.sh"
+  plan_array_chunk=$cluster_max_array
+  plan_array_spec="0-$((plan_array_chunk - 1))"
+  [[ -z "$plan_array_throttle" ]] || plan_array_spec+="%$plan_array_throttle"
+}
+
 # plan_submission_folder DIR [PREVIEW]: the folder the job runs from, and
 # where its code is: the snapshot inside it, or the live project with
 # --no-snapshot. PREVIEW (1): --dry-run, DIR is only a name.

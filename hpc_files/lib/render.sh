@@ -40,6 +40,8 @@ render_header() {
     none) kind_text="none: one process, no distributed launcher" ;;
   esac
   [[ -z "$plan_array_spec" ]] || array_note=' (array task K runs line K+1 of commands.txt)'
+  [[ -z "${plan_array_chunk:-}" ]] ||
+    array_note=" (arrays of at most $plan_array_chunk tasks, the cluster's MaxArraySize: task K of the one from trial F, HPC_TRIAL_OFFSET, runs line F+K+1 of commands.txt)"
   printf '#!/bin/bash\n'
   if [[ -n "$plan_preview" ]]; then
     printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'

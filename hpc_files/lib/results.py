@@ -5,7 +5,7 @@ Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` 
 ``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per call),
 never ``sacct`` (accounting is off on many small clusters)::
 
-    python3 hpc_files/lib/results.py status|results --project NAME [ARG...]
+    python3 hpc_files/lib/results.py status|results|failed --project NAME [ARG...]
 
 with the arguments (and ``-h``) of USAGE below. ``--curves`` draws training curves (one panel
 per metric, value against global step, one line per trial); with ``--run`` they are one run's
@@ -36,6 +36,7 @@ for a failure to write.
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import os
@@ -114,7 +115,8 @@ run's run.json.
   --no-group         one row per trial (seeds not grouped)
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)
-  --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --plot FILE.png    draw the sort metric of the finished trials against each
+                     parameter that varies (matplotlib)
   --curves FILE.png  draw the training curves: one panel per metric (those of
                      --metrics), value against global step, one line per trial
   --run RUN_DIR|CSV  instead of EXP: one run outside SLURM (a laptop run), its
@@ -146,6 +148,16 @@ class Submission:
     job_id: str | None
     array: bool
     trials: list[dict]
+    # A sweep above MaxArraySize went as several array jobs: {job: its first trial}.
+    chunks: dict[str, int] = field(default_factory=dict)
+    # Those and the jobs --retry-failed queued for them: {job: the trial of its task 0}.
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def chunk_job(self, index: int) -> str | None:
+        """The array job that holds trial ``index`` as submitted (the folder's job_id
+        unless the sweep was split)."""
+        starts = [(first, job) for job, first in self.chunks.items() if first <= index]
+        return max(starts)[1] if starts else self.job_id
 
     @property
     def project_dir(self) -> str:
@@ -155,7 +167,7 @@ class Submission:
         job_id = job_id or self.job_id
         if not job_id:
             return None
-        key = f"{job_id}_{task}" if self.array else job_id
+        key = f"{job_id}_{task - self.offsets.get(job_id, 0)}" if self.array else job_id
         return os.path.join(self.project_dir, "hpc_outputs", f"{project}_{self.exp}_{key}.out")
 
     def trial_dir(self, task: int) -> str:
@@ -186,7 +198,21 @@ def load_submission(path: str) -> Submission:
     sbatch = _read_text(os.path.join(path, "job.sbatch")) or ""
     array = re.search(r"^#SBATCH --array=", sbatch, re.MULTILINE) is not None
     exp = os.path.basename(os.path.dirname(path))
-    return Submission(path, exp, job_id, array, trials)
+    chunks = array_offsets(path, ("array_jobs",))
+    return Submission(path, exp, job_id, array, trials, chunks, array_offsets(path))
+
+
+def array_offsets(path: str, names: tuple[str, ...] = ("array_jobs", "retry_jobs")):
+    """{array job: the trial its task 0 runs} from the submission's ``array_jobs`` (the
+    arrays of a sweep above MaxArraySize) and ``retry_jobs`` (--retry-failed's for them),
+    lines ``JOB FIRST`` written by the submitter; {} for one array."""
+    offsets = {}
+    for name in names:
+        for line in (_read_text(os.path.join(path, name)) or "").splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+                offsets[words[0]] = int(words[1])
+    return offsets
 
 
 def submissions(project_dir: str) -> list[str]:
@@ -239,8 +265,9 @@ def jobs_that_ran(path: str) -> list[tuple[int, int]]:
         names = os.listdir(os.path.join(path, "runs"))
     except OSError:
         return []
+    offsets = array_offsets(path)  # a later array's task K is trial first + K
     found = (re.fullmatch(r"(\d+)(?:_(\d+))?", name) for name in names)
-    return [(int(m.group(1)), int(m.group(2) or 0)) for m in found if m]
+    return [(int(m[1]), int(m[2] or 0) + offsets.get(m[1], 0)) for m in found if m]
 
 
 def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | None]]:
@@ -248,18 +275,24 @@ def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | N
     job is the folder's ``job_id`` (the newest job that started there), unless that job
     is not known to hold the task and an earlier one ran it: ``sbatch --array=K job.sbatch``
     runs task K again alone, and the other tasks stay their own job's."""
-    known = {sub.job_id: scontrol_tasks(sub.job_id)}
+    known: dict[str | None, dict[int, dict[str, str]]] = {}
+
+    def tasks_of(job: str | None) -> dict[int, dict[str, str]]:  # keyed by trial
+        if job not in known:
+            first = sub.offsets.get(job or "", 0)
+            known[job] = {k + first: v for k, v in scontrol_tasks(job).items()}
+        return known[job]
+
     newest: dict[int, int] = {}
     for job, task in jobs_that_ran(sub.path):
         newest[task] = max(job, newest.get(task, job))
     out = {}
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        job = sub.job_id
-        if index not in known[job] and index in newest and str(newest[index]) != job:
+        job = sub.chunk_job(index)
+        if index not in tasks_of(job) and index in newest and str(newest[index]) != job:
             job = str(newest[index])
-            known[job] = known[job] if job in known else scontrol_tasks(job)
-        out[index] = (job, known[job].get(index) if sub.array or index == 0 else None)
+        out[index] = (job, tasks_of(job).get(index) if sub.array or index == 0 else None)
     return out
 
 
@@ -672,6 +705,8 @@ def own_metrics(
     left, a later run's ``--fresh`` moved this one's folder aside: the newest copy aside
     that would count (written since this submission, or this task finished) is read instead."""
     paths = metrics_csvs(sub.trial_dir(index), sub.array)
+    if paths and claimed_by_earlier_job(sub, index, os.path.dirname(paths[0])):
+        return {}
 
     def counts(path: str) -> bool:
         try:
@@ -690,6 +725,34 @@ def own_metrics(
             if series := read_metrics(aside, until):
                 return series
     return {}
+
+
+def task_slurm_ids(sub: Submission, index: int) -> set[int]:
+    """The SLURM job ids task ``index`` of this submission ran as (every job of the folder,
+    requeues and 'sbatch job.sbatch' again): batch.sh's ``runs/<job key>/slurm_job_id``."""
+    pattern = f"*_{index}" if sub.array else "*"
+    ids = set()
+    for path in glob.glob(os.path.join(glob.escape(sub.path), "runs", pattern, "slurm_job_id")):
+        text = (_read_text(path) or "").strip()
+        if text.isdigit():
+            ids.add(int(text))
+    return ids
+
+
+def claimed_by_earlier_job(sub: Submission, index: int, folder: str) -> bool:
+    """The harness's ``run.json`` in ``folder`` names a job older than every job this task
+    ran as: an earlier submission's run still holds the folder, and this task's run never
+    claimed it (it failed first, e.g. refusing another run's checkpoint); its rows are not
+    this submission's. A later job there is a run resuming after this one (own_metrics)."""
+    text = _read_text(os.path.join(folder, "run.json"))
+    mine = task_slurm_ids(sub, index)
+    if not text or not mine:
+        return False
+    try:
+        claimed = json.loads(text).get("slurm_job_id")
+    except (ValueError, AttributeError):
+        return False
+    return str(claimed).isdigit() and int(claimed) < min(mine)
 
 
 def ended_at(log_path: str | None, log: LogInfo | None, state: str) -> float | None:
@@ -827,12 +890,16 @@ def results_table(
     for t in trials:
         param_names += [k for k in t.params if k not in param_names and not (group and k == "seed")]
     grouped = group and any(len(r.trials) > 1 for r in rows)
-    header = ["trial" + ("s" if grouped else "")] + param_names + (["n"] if grouped else [])
+    # A parameter and a metric of one name (--lr and a logged lr) get prefixed columns.
+    clash = set(param_names) & set(metric_names)
+    shown_params = [f"param.{k}" if k in clash else k for k in param_names]
+    header = ["trial" + ("s" if grouped else "")] + shown_params + (["n"] if grouped else [])
     header.append("state")
     csv_header = list(header)
     for name in metric_names:
-        header += [name, f"best {name}"]
-        csv_header += [name, f"{name}_std", f"best {name}", f"best {name}_std"]
+        label = f"metric.{name}" if name in clash else name
+        header += [label, f"best {label}"]
+        csv_header += [label, f"{label}_std", f"best {label}", f"best {label}_std"]
     shown, plain = [], []
     for row in rows:
         first = row.trials[0]
@@ -855,19 +922,28 @@ def results_table(
     return header, shown, [csv_header] + plain
 
 
-def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
-    """One panel per parameter: the metric's final value of every trial that reported it
-    (failed trials left out), with the mean per value."""
+def plot_points(
+    trials: list[Trial], metric: str, goal: str
+) -> tuple[list[str], list[tuple[Trial, float]]]:
+    """(panels, points) of --plot: a panel per parameter that takes more than one value
+    (else one panel, ``trial``), and (trial, final value of metric) for every finished
+    trial that reported it: a running one's value is not final, a failed one's not a result."""
     names: list[str] = []
     for t in trials:
         names += [k for k in t.params if k not in names and k != "seed"]
+    names = [k for k in names if len({param_text(t.params.get(k, "")) for t in trials}) > 1]
     points = []
     for t in trials:
         final, _ = final_and_best(t.metrics.get(metric, []), metric, goal)
-        if final is not None and not t.failed:
+        if final is not None and t.state == "finished":
             points.append((t, final))
-    if not names:
-        names = ["trial"]
+    return names or ["trial"], points
+
+
+def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
+    """One panel per varying parameter (plot_points): the metric's final value of every
+    finished trial, with the mean per value."""
+    names, points = plot_points(trials, metric, goal)
     fig, axes = panels(len(names), 3, 4.2)
     for ax, name in zip(axes.flat, names):
         xs = [t.index if name == "trial" else t.params.get(name) for t, _ in points]
@@ -1001,8 +1077,12 @@ def status_text(sub: Submission, project: str) -> str:
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
     where = "SLURM" if any(fields for _, fields in jobs.values()) else "logs"
-    earlier = sorted({job for job, _ in jobs.values() if job != sub.job_id}, key=int)
+    earlier = sorted(
+        {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.chunks), key=int
+    )
     also = f" (tasks it did not run: job {', '.join(earlier)})" if earlier else ""
+    if len(sub.chunks) > 1:  # a sweep above MaxArraySize, as several arrays
+        also = f" and {', '.join(j for j in sub.chunks if j != sub.job_id)} (arrays){also}"
     head = (
         f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"
@@ -1260,6 +1340,27 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     return 0
 
 
+def cmd_failed(argv: Sequence[str]) -> int:
+    """``failed --project NAME EXP``, for job_submitter.sh --retry-failed: the newest
+    submission of EXP on the first line, then the trials to rerun, one a line: those that
+    ended failed (a failed exit, cancelled, timed out), not those that finished, were pruned
+    or are still queued or running."""
+    project = target = None
+    p = Parser(argv)
+    for name, inline in p:
+        if name == "--project":
+            project = p.value(name, inline)
+        else:
+            target = p.target(name, inline, target)
+    project, project_dir = _project_dir(project)
+    if target is None or re.fullmatch(r"\d+(_\d+)?", target):
+        raise UsageError("--retry-failed expects an experiment name")
+    sub = find_submission(project_dir, target)
+    failed = [t.index for t in collect(sub, project) if t.failed and "pruned" not in t.state]
+    sys.stdout.write("".join(f"{line}\n" for line in [sub.path, *failed]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
@@ -1274,7 +1375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args, prog)
         if command == "results":
             return cmd_results(args, prog)
-        raise UsageError(f"expected 'status' or 'results', got {command!r}")
+        if command == "failed":
+            return cmd_failed(args)
+        raise UsageError(f"expected 'status', 'results' or 'failed', got {command!r}")
     except UsageError as exc:
         sys.stderr.write(f"{prog}: error: {' '.join(str(exc).splitlines())}\n")
         return 2

@@ -34,20 +34,25 @@ require_name() {
     usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
 }
 
-# validate_array_size TRIALS: refuse an array job SLURM would refuse at
-# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
-# (scontrol show config). Asked only for an array; when scontrol gives no
-# answer within 10 s (no cluster here: without a slurm.conf it waits about a
-# minute on DNS), nothing is refused and sbatch decides.
+# validate_array_size TRIALS: the cluster's MaxArraySize (scontrol show
+# config) into cluster_max_array, asked only for an array: array indices must
+# be below it. An array above it goes as several (plan_array_split), but for
+# method bayes, whose rounds number their tasks by global trial: refused.
+# When scontrol gives no answer within 10 s (no cluster here: without a
+# slurm.conf it waits about a minute on DNS), cluster_max_array stays empty
+# and sbatch decides.
 validate_array_size() {
   local trials=$1 config max
-  ((trials > 1)) || return 0
+  cluster_max_array=""
+  ((trials > 1)) || [[ -n "${bayes_first:-}" ]] || return 0
   config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
   max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
   [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
   to_decimal "$max" max
+  cluster_max_array=$max
+  [[ -n "${bayes_first:-}" ]] || return 0
   ((trials <= max)) ||
-    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+    usage_error "this method-bayes round has trials up to $((trials - 1)) (its array indices) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); lower --trials or --rounds"
 }
 
 # parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM

@@ -166,11 +166,26 @@ check_venv() {
 record_job_id() {
   local id=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} file="$HPC_SUBMISSION_DIR/job_id" recorded
   [[ "$id" =~ ^[0-9]+$ ]] || return 0
+  # The arrays of a sweep split at MaxArraySize, and their retries, are in
+  # array_jobs and retry_jobs; job_id stays the first array's.
+  [[ "${HPC_TRIAL_OFFSET:-0}" == 0 && ! -f "$HPC_SUBMISSION_DIR/array_jobs" ]] || return 0
   recorded=$(cat "$file" 2>/dev/null) || recorded=0
   [[ "$recorded" =~ ^[0-9]+$ ]] || recorded=0
   ((id > recorded)) || return 0
   { printf '%s\n' "$id" >"$file.$SLURM_JOB_ID" && mv -f "$file.$SLURM_JOB_ID" "$file"; } ||
     hpc_log "warning: cannot record job $id in $file (status.sh shows job $recorded)"
+}
+
+# claim_first_run: the first job to run this trial of the submission folder
+# writes its job key (a requeue keeps it); launch.sh drops the trial's
+# --fresh in any other job ('sbatch job.sbatch' again resumes, as the log
+# advises after --max-requeues). The first writer wins (noclobber).
+claim_first_run() {
+  local file
+  file=$(first_run_file)
+  [[ ! -e "$file" ]] || return 0
+  mkdir -p "${file%/*}" && (set -o noclobber && printf '%s\n' "$(job_key)" >"$file") 2>/dev/null ||
+    [[ -e "$file" ]] || hpc_log "warning: cannot write $file; a later sbatch of this folder starts --fresh again"
 }
 
 # export_rendezvous: MASTER_ADDR is this allocation's first node, always (one
@@ -354,6 +369,8 @@ main() {
   local run marker
   run=$(run_dir)
   mkdir -p "$run"
+  # results.sh tells this task's rows from another job's by it (run.json's slurm_job_id).
+  printf '%s\n' "${SLURM_JOB_ID:-}" >"$run/slurm_job_id" || hpc_log "warning: cannot write $run/slurm_job_id"
   marker="$run/requeue_marker"
   rm -f -- "$marker"
   rm -rf -- "${run:?}/exit"
@@ -380,6 +397,7 @@ main() {
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   check_job_contract
   record_job_id
+  claim_first_run
   load_wandb_credentials
   unpack_code || exit 1
   check_venv

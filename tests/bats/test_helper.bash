@@ -40,7 +40,14 @@ STUB
 [[ "$*" == "show config" ]] || exit 1
 echo "MaxArraySize            = 1001"
 STUB
-  chmod +x "$bin/sbatch" "$bin/scontrol"
+  # The submitter asks squeue for the experiment's queued jobs: none, unless
+  # a test writes squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT.
+  export STUB_SQUEUE_OUT="$BATS_TEST_TMPDIR/squeue.out"
+  cat >"$bin/squeue" <<'STUB'
+#!/usr/bin/env bash
+[[ ! -f "$STUB_SQUEUE_OUT" ]] || cat "$STUB_SQUEUE_OUT"
+STUB
+  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/squeue"
   export PATH="$bin:$PATH"
 }
 

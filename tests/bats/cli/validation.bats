@@ -762,13 +762,31 @@ setup() {
   refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1-24:00
 }
 
-@test "an array above the cluster's MaxArraySize is refused before sbatch, by --dry-run too" {
+@test "an array above the cluster's MaxArraySize goes as several arrays; --no-submit and --wait are refused" {
   local bin="$BATS_TEST_TMPDIR/scontrol-bin"
   mkdir -p "$bin"
   printf '#!/usr/bin/env bash\nprintf "MaxArraySize            = 3\\n"\n' >"$bin/scontrol"
   chmod +x "$bin/scontrol"
-  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
-  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
+  PATH="$bin:$PATH" refuse "--no-submit: these 7 trials go as several array jobs (the cluster's MaxArraySize is 3)" -- -C "$ONE_LINE" --seeds 7 --no-submit
+  PATH="$bin:$PATH" refuse "--wait follows one job; these 7 trials go as several array jobs (the cluster's MaxArraySize is 3)" -- -C "$ONE_LINE" --seeds 7 --wait
+  PATH="$bin:$PATH" dry -C "$ONE_LINE" --seeds 7 --array-throttle 2
+  assert_line '#SBATCH --array=0-2%2'
+  # Submitted: three arrays of 3, 3 and 1 tasks, task K of each running trial F+K.
+  stub_sbatch_recording
+  run --separate-stderr env PATH="$bin:$PATH" "$SUBMITTER" -e split -C "$ONE_LINE" --seeds 7 --array-throttle 2 </dev/null
+  assert_success
+  local sub
+  sub=$(submission_dirs split)
+  assert_equal "$(grep -c -- '^--array=0-2%2$' "$STUB_SBATCH_LOG")" 2
+  assert_equal "$(grep -c -- '^--array=0-0%2$' "$STUB_SBATCH_LOG")" 1
+  run grep -- '^--export=' "$STUB_SBATCH_LOG"
+  assert_output "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=0
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=3
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=6"
+  assert_equal "$(cat "$sub/array_jobs")" "4242 0
+4242 3
+4242 6"
+  assert_equal "$(wc -l <"$sub/job_ids")" 2
 }
 
 @test "--interactive: one trial, in the foreground, without what only a queued batch job has" {

@@ -75,12 +75,16 @@ setup() {
   assert_line "greeting=hello there unset=[]"
 }
 
-@test "an array above the cluster's MaxArraySize (1002 trials, limit 1001): refused before sbatch with both numbers; nothing queued or created" {
+@test "an array above the cluster's MaxArraySize (limit + 1 trials): planned as arrays of MaxArraySize tasks; --no-submit refused, nothing created" {
   local max
   max=$(scontrol show config | sed -n 's/^MaxArraySize *= *//p')
-  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) -- true
+  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) --dry-run -- true
+  assert_success
+  assert_line --regexp "^#SBATCH --array=0-$((max - 1))(%[0-9]+)?\$"
+  assert_line --partial "# Trials: $((max + 1)) (arrays of at most $max tasks, the cluster's MaxArraySize"
+  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) --no-submit -- true
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: this submission has $((max + 1)) trials (array indices 0-$max) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+  assert_equal "$stderr" "job_submitter.sh: error: --no-submit: these $((max + 1)) trials go as several array jobs (the cluster's MaxArraySize is $max), which one 'sbatch job.sbatch' cannot queue; submit them"
   run find "$SCRATCH" -mindepth 1
   assert_output ''
 }
