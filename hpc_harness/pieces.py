@@ -63,11 +63,12 @@ from hpc_harness.signals import (
     signals_blocked,
     write_requeue_marker,
 )
-from hpc_harness.strategy import average_gradients
+from hpc_harness.strategy import FixedOrderReduction, average_gradients
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
     "DistContext",
+    "FixedOrderReduction",
     "ResumableSampler",
     "StopAgreement",
     "announce_requeue",

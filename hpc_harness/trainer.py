@@ -537,6 +537,8 @@ class Trainer:
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
+        if warning := self.strategy.switch_warning(state.get("strategy"), self.cfg.grad_clip):
+            self._print(warning)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler"))
