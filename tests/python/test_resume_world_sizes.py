@@ -5,12 +5,14 @@ a tiny model, a few steps). Odd sizes pad the sampler; every epoch ends in a par
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
 import pytest
 import torch
-from conftest import gloo_context, spawn_gloo
+from conftest import bitwise_equal, gloo_context, spawn_gloo
+from test_pieces_recipe import TOTAL_STEPS, _run_recipe
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -136,3 +138,29 @@ def test_fixed_order_reduction_sums_alike_under_any_bucket_layout() -> None:
     a bucket for later groups) average like DDP, bitwise the same under both layouts."""
     for same, off_mean in spawn_gloo(_layouts, 3):
         assert same and off_mean < 1e-6
+
+
+def _recipe_cases(rank: int, world_size: int, root: str) -> dict[int, bool]:
+    """The pieces recipe (AdamW, dropout, average_gradients) with 4 steps an epoch (the last
+    sample of a rank padded) and 7 in all, stopped inside epoch 0 and at its end, resumed:
+    {stop: its final weights bitwise the uninterrupted run's} on this rank."""
+    samples, same = 9 * world_size - 1, {}
+    with pytest.MonkeyPatch.context() as mp:
+        run = functools.partial(_run_recipe, mp, rank=rank, world_size=world_size)
+        run = functools.partial(run, samples=samples, group=True)
+        code, straight = run(os.path.join(root, "straight"), 0, [])
+        assert code is None
+        for stop in (2, 4):
+            ck = os.path.join(root, f"stop{stop}")
+            assert run(ck, stop, [])[0] == 42
+            code, weights = run(ck, 0, [])
+            assert code is None
+            same[stop] = bitwise_equal(weights, straight)
+    return same
+
+
+@pytest.mark.parametrize("world_size", [3, 4, 8])
+def test_the_pieces_recipe_resumes_bitwise_above_two_ranks(tmp_path, world_size) -> None:
+    assert TOTAL_STEPS == 7
+    results = spawn_gloo(_recipe_cases, world_size, str(tmp_path))
+    assert results == [{2: True, 4: True}] * world_size
