@@ -647,6 +647,10 @@ class Trainer:
                 + "".join(f" {k}={v:.4f}" for k, v in self.metrics.items())
             )
             return status
+        except BaseException:  # W&B and metrics.csv: a failed run, not a finished one
+            if self.logger is not None:
+                self.logger.mark_failed(self.global_step, self.epoch)
+            raise
         finally:  # the logger first: a SIGTERM while W&B uploads is still only a flag
             try:
                 if self.logger is not None:

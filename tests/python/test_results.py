@@ -598,3 +598,18 @@ def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratc
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
     assert results.collect(sub, "proj")[0].metrics == {}
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "last_other", "ended"),
+    [(None, 5, False), (3, 3, True), (3, 2, True), (3, 7, False)],  # resumed past it: not
+)
+def test_a_runs_failed_row_makes_its_trial_failed_unless_later_steps_follow(
+    failed_at, last_other, ended
+) -> None:
+    # a wandb agent's job exits 0 whatever its runs did: the row is what tells the run failed
+    metrics = {"train_loss": [(1, 0.5), (last_other, 0.4)]}
+    if failed_at is not None:
+        metrics["failed"] = [(failed_at, 1.0)]
+    assert results.ended_in_exception(metrics) is ended
+    assert list(metrics) == ["train_loss"]  # no metric column named failed
