@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pieces
@@ -200,8 +200,24 @@ class Trainer:
         )
         batch_sampler = getattr(train_loader, "batch_sampler", None)
         self.batch_size = train_loader.batch_size or getattr(batch_sampler, "batch_size", 1)
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
-        self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
+        # an IterableDataset the user shards may end sooner on one rank than on the others:
+        # every step then asks whether every rank has a batch (a host sync per step, here only)
+        self._agree_each_step = self.world_size > 1 and isinstance(
+            train_loader.dataset, IterableDataset
+        )
+        self.steps_per_epoch = self._agreed_steps_per_epoch()
+        if self.steps_per_epoch is None and config.max_steps is None:
+            raise ValueError(
+                "the training DataLoader has no length (an IterableDataset without __len__): "
+                "set max_steps (an epoch is then one pass over it)"
+            )
+        if self.steps_per_epoch is None:
+            self.total_steps = config.max_steps
+        else:
+            self.total_steps = min(
+                config.epochs * self.steps_per_epoch, config.max_steps or math.inf
+            )
+        self._exhausted = False  # the epoch's batches ran out (the end of an unsized epoch)
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -216,6 +232,29 @@ class Trainer:
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
         self.fingerprint = ckpt.fingerprint(self.run_config())
+
+    def _agreed_steps_per_epoch(self) -> int | None:
+        """Optimizer steps in an epoch, the same on every rank: the fewest any rank's loader
+        has (data the user shards may differ in length; accelerate's even_batches), said in
+        one line when they differ; None when a rank's loader has no length. Collective."""
+        try:
+            batches = len(self.train_loader)
+        except TypeError:
+            batches = -1
+        mine = math.ceil(batches / self.cfg.accumulate) if batches >= 0 else -1
+        if (torch_dist := group()) is None:
+            return None if mine < 0 else mine
+        both = torch.tensor([mine, -mine], dtype=torch.int64, device=self.device)
+        torch_dist.all_reduce(both, op=torch_dist.ReduceOp.MIN)
+        fewest, most = both[0].item(), -both[1].item()
+        if fewest < 0:
+            return None
+        if fewest != most:
+            self._print(
+                f"hpc_harness: warning: the ranks' loaders have {fewest} to {most} steps an "
+                f"epoch: every rank trains the first {fewest} (the fewest), the rest are left out"
+            )
+        return fewest
 
     def run_config(self) -> dict[str, Any]:
         """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
@@ -308,7 +347,8 @@ class Trainer:
         else:
             batches = self._user_sampler_batches(epoch, done)
         self._restore_pending_rng()  # after the iterator exists: it may draw randomness
-        while chunk := list(itertools.islice(batches, cfg.accumulate)):
+        self._exhausted = False
+        while chunk := self._next_chunk(batches):
             self._run_batch(chunk)
             self.step_in_epoch += 1
             self.global_step += 1
@@ -323,7 +363,27 @@ class Trainer:
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
+        self._exhausted = True
         return "finished"
+
+    def _next_chunk(self, batches: Any) -> list[Any]:
+        """The next step's batches; none once the epoch's agreed steps are done or (an
+        IterableDataset, several ranks) once any rank has run out. Collective then."""
+        if self.steps_per_epoch is not None and self.step_in_epoch >= self.steps_per_epoch:
+            return []
+        chunk = list(itertools.islice(batches, self.cfg.accumulate))
+        if self._agree_each_step:
+            have = torch.tensor(len(chunk), device=self.device)
+            group().all_reduce(have, op=group().ReduceOp.MIN)
+            if not have.item():
+                return []
+        return chunk
+
+    def _epoch_done(self) -> bool:
+        """The epoch's batches are all trained (an unsized one's: its iterator ran out)."""
+        if self.steps_per_epoch is None:
+            return self._exhausted
+        return self.step_in_epoch >= self.steps_per_epoch
 
     def _restore_pending_rng(self) -> None:
         """The resumed checkpoint's RNG states, once, before the run draws from them."""
@@ -345,7 +405,7 @@ class Trainer:
         for sampler in (loader.sampler, loader.batch_sampler):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
-        if start >= len(loader):
+        if self.steps_per_epoch is not None and start >= len(loader):
             return iter(())
         if loader.persistent_workers and not self._workers_started:
             # a persistent loader draws its later epochs' orders at its iterator's reset, the
@@ -546,7 +606,7 @@ class Trainer:
         self.global_step = int(state["global_step"])
         saved_world = int(state.get("world_size") or self.world_size)
         if saved_world != self.world_size and self.step_in_epoch > 0:
-            if self.step_in_epoch >= state.get("steps_per_epoch", math.inf):  # it had ended
+            if self.step_in_epoch >= (state.get("steps_per_epoch") or math.inf):  # it had ended
                 self.step_in_epoch = self.steps_per_epoch
             else:
                 self._rescale_position(saved_world)
@@ -605,6 +665,10 @@ class Trainer:
                 raise ckpt.RunMismatch(
                     ckpt.past_end_error(cfg.ckpt_dir, self.global_step, "max_steps", cfg.max_steps)
                 )
+            if resumed and (self.epoch, self.step_in_epoch) > (cfg.epochs, 0):
+                raise ckpt.RunMismatch(
+                    ckpt.past_end_error(cfg.ckpt_dir, self.global_step, "epochs", cfg.epochs)
+                )
             if not cfg.resume:  # else load_checkpoint claimed the folder
                 pieces.on_rank0(lambda: ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint))
             if resumed and self.epoch >= cfg.epochs:
@@ -613,7 +677,7 @@ class Trainer:
                 resumed
                 and cfg.max_steps is not None
                 and self.global_step >= cfg.max_steps
-                and self.step_in_epoch < self.steps_per_epoch  # else its end is evaluated
+                and not self._epoch_done()  # else its end is evaluated
             ):
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
@@ -637,7 +701,7 @@ class Trainer:
                     status = "requeue"
                 if status == "requeue":
                     return self._requeue()
-                if self.step_in_epoch >= self.steps_per_epoch and not self._end_epoch():
+                if self._epoch_done() and not self._end_epoch():
                     return self._requeue()  # stopped in the evaluation: evaluated again after
             self._save_checkpoint()  # not again when nothing changed since the last one
             self._save_final()

@@ -302,3 +302,21 @@ def test_an_error_of_rank_0_alone_is_raised_on_every_rank(tmp_path, case: str) -
         ck.write_text("")  # a file where the folder should be
     errors = spawn_gloo(_rank0_fails, 2, str(ck), case)
     assert errors[0] != "returned" and errors == [errors[0]] * 2, errors
+
+
+def test_a_finished_run_extended_by_epochs_and_max_steps_ends_as_the_longer_run(tmp_path) -> None:
+    """epochs was part of the run's fingerprint: a finished run resumed with --epochs 2 was
+    refused (Lightning lets max_epochs grow). Extended, it ends bitwise as the longer run;
+    a checkpoint past the epochs asked for is a longer run's, refused in one line."""
+    longer = build(str(tmp_path / "longer"), epochs=3, max_steps=10)
+    assert longer.train() == "max_steps"
+    ck = str(tmp_path / "ck")
+    assert build(ck, epochs=1).train() == "finished"
+    assert build(ck, epochs=2).train() == "finished"
+    extended = build(ck, epochs=3, max_steps=10)
+    assert extended.train() == "max_steps" and extended.global_step == 10
+    expected = torch.load(tmp_path / "longer" / "last.pt", weights_only=True)["model"]
+    got = torch.load(os.path.join(ck, "last.pt"), weights_only=True)["model"]
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    with pytest.raises(ckpt.RunMismatch, match="past epochs 1: it belongs to a longer run"):
+        build(ck, epochs=1).train()
