@@ -232,6 +232,7 @@ class Trainer:
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
         self.fingerprint = ckpt.fingerprint(self.run_config())
+        self._warn_unsaved_state()
 
     def _agreed_steps_per_epoch(self) -> int | None:
         """Optimizer steps in an epoch, the same on every rank: the fewest any rank's loader
@@ -343,6 +344,8 @@ class Trainer:
             self.sampler.set_start(done * self.batch_size)
             # the workers' seeds (augmentations): the same at a resume, another on each rank
             self.train_loader.generator.manual_seed(self.sampler.worker_seed())
+            if self._pending_rng is not None:  # before iter(): workers copy the dataset
+                self._load_states(self._pending_rng)
             batches = iter(self.train_loader)  # workers born shielded (data.shield_workers)
         else:
             batches = self._user_sampler_batches(epoch, done)
@@ -427,8 +430,10 @@ class Trainer:
         return batches
 
     def _order_state(self) -> dict[str, Any]:
-        """What the own loader's order is drawn from: ckpt.capture_rng() and ``generators``."""
-        return {**ckpt.capture_rng(), "generators": self._generator_states()}
+        """What the own loader's order is drawn from: ckpt.capture_rng(), ``generators`` and
+        the ``state_dict()`` of a sampler or dataset that has one (torchdata's protocol)."""
+        states = [obj.state_dict() for obj in self._stateful()]
+        return {**ckpt.capture_rng(), "generators": self._generator_states(), "states": states}
 
     def _generator_states(self) -> list[torch.Tensor]:
         return [g.get_state() for g in self._generators()]
@@ -437,6 +442,50 @@ class Trainer:
         ckpt.restore_rng(state)
         for generator, saved in zip(self._generators(), state["generators"]):
             generator.set_state(saved)
+        self._load_states(state)
+
+    def _load_states(self, state: dict[str, Any]) -> None:
+        for obj, saved in zip(self._stateful(), state.get("states") or ()):
+            obj.load_state_dict(saved)
+
+    def _stateful(self) -> list[Any]:
+        """The loader's sampler, batch sampler and dataset that save their own state
+        (``state_dict()`` and ``load_state_dict()``), each once; not the harness's sampler."""
+        loader = self.train_loader
+        owners = {id(o): o for o in (loader.sampler, loader.batch_sampler, loader.dataset)}
+        return [
+            o
+            for o in owners.values()
+            if o is not self.sampler
+            and callable(getattr(o, "state_dict", None))
+            and callable(getattr(o, "load_state_dict", None))
+        ]
+
+    def _warn_unsaved_state(self) -> None:
+        """One line at the start for a sampler or dataset holding random state of its own that
+        no checkpoint holds (a numpy Generator, a random.Random, a torch.Generator the harness
+        does not know by the name ``generator``): a resume would draw another order."""
+        import random
+
+        import numpy as np
+
+        kinds = (np.random.Generator, np.random.RandomState, random.Random, torch.Generator)
+        loader, stateful = self.train_loader, self._stateful()
+        for owner in {
+            id(o): o for o in (loader.sampler, loader.batch_sampler, loader.dataset)
+        }.values():
+            if owner is self.sampler or any(owner is o for o in stateful):
+                continue
+            for name, value in vars(owner).items() if hasattr(owner, "__dict__") else ():
+                if isinstance(value, kinds) and not (
+                    name == "generator" and isinstance(value, torch.Generator)
+                ):
+                    self._print(
+                        f"hpc_harness: warning: {type(owner).__name__}.{name} is a "
+                        f"{type(value).__name__} no checkpoint saves: a resumed run will not "
+                        "draw what this one would; give it state_dict() and load_state_dict()"
+                    )
+                    return
 
     def _generators(self) -> list[torch.Generator]:
         """The own generators of the loader, its sampler and batch sampler (a seeded shuffle)."""
@@ -572,6 +621,9 @@ class Trainer:
         extra = None
         if self._epoch_start is not None:  # the own loader's: see _user_sampler_batches
             extra = {"epoch_start": self._epoch_start, "generators": self._generator_states()}
+        if stateful := self._stateful():  # as they are now: a resume at an epoch's start, or
+            # (the harness's sampler) a dataset's state where the checkpoint is
+            extra = {**(extra or {}), "states": [obj.state_dict() for obj in stateful]}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
             state if (self.is_main or sharded) else None,
