@@ -86,7 +86,7 @@ def _run_recipe(
         monkeypatch.setattr(pieces, "setup", lambda: ctx)
         monkeypatch.setattr(pieces, "cleanup", lambda: None)
     elif world_size > 1:
-        ctx = SimpleNamespace(rank=rank, world_size=world_size)
+        ctx = SimpleNamespace(rank=rank, world_size=world_size)  # no group: no collective
         monkeypatch.setattr(pieces, "setup", lambda: ctx)
         monkeypatch.setattr(pieces, "average_gradients", lambda model, world_size: None)
     namespace.update(

@@ -143,9 +143,22 @@ def test_fixed_order_reduction_sums_alike_under_any_bucket_layout() -> None:
 def _recipe_cases(rank: int, world_size: int, root: str) -> dict[int, bool]:
     """The pieces recipe (AdamW, dropout, average_gradients) with 4 steps an epoch (the last
     sample of a rank padded) and 7 in all, stopped inside epoch 0 and at its end, resumed:
-    {stop: its final weights bitwise the uninterrupted run's} on this rank."""
+    {stop: its final weights bitwise the uninterrupted run's} on this rank, and the shapes of
+    the floating tensors it pickled to other ranks."""
     samples, same = 9 * world_size - 1, {}
+    # floating tensors pickled by broadcast_object_list (torch's broadcast_from_rank0 sends
+    # the skeleton of the state so, with AdamW's step counts in it: scalars, left out)
+    pickled: list[torch.Tensor] = []
+    send = torch.distributed.broadcast_object_list
+
+    def recorded(objects, *args, **kwargs):
+        leaves = torch.utils._pytree.tree_leaves(objects)
+        floats = (t for t in leaves if torch.is_tensor(t) and t.is_floating_point())
+        pickled.extend(t for t in floats if t.dim())
+        return send(objects, *args, **kwargs)
+
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.distributed, "broadcast_object_list", recorded)
         run = functools.partial(_run_recipe, mp, rank=rank, world_size=world_size)
         run = functools.partial(run, samples=samples, group=True)
         code, straight = run(os.path.join(root, "straight"), 0, [])
@@ -156,6 +169,8 @@ def _recipe_cases(rank: int, world_size: int, root: str) -> dict[int, bool]:
             code, weights = run(ck, 0, [])
             assert code is None
             same[stop] = bitwise_equal(weights, straight)
+    # the README's recipe loaded with the model and AdamW's moments pickled to every rank
+    same["pickled"] = [tuple(t.shape) for t in pickled]
     return same
 
 
@@ -163,4 +178,4 @@ def _recipe_cases(rank: int, world_size: int, root: str) -> dict[int, bool]:
 def test_the_pieces_recipe_resumes_bitwise_above_two_ranks(tmp_path, world_size) -> None:
     assert TOTAL_STEPS == 7
     results = spawn_gloo(_recipe_cases, world_size, str(tmp_path))
-    assert results == [{2: True, 4: True}] * world_size
+    assert results == [{2: True, 4: True, "pickled": []}] * world_size
