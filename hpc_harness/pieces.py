@@ -8,9 +8,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
     sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
     loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
-    state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
-    if state:                                             # the optimizer too (AdamW's moments)
-        model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
+    state = hp.load_checkpoint(ckpt_dir, rank0_only=("model", "optimizer"))  # rank 0 reads
+    if state:                                             # its tensors broadcast to every rank
+        hp.load_state(model, opt, state)                  # the optimizer too (AdamW's moments)
     step = state["global_step"] if state else 0
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
     while step < total_steps:
@@ -23,7 +23,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
             opt.step()
             step += 1
             if stop.should_stop():                        # the same step on every rank
-                keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+                keep = hp.state_dicts(model, opt)         # by name, whole, on rank 0
                 path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
@@ -53,7 +53,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any, NoReturn
+
+import torch
 
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pruning
@@ -66,11 +69,12 @@ from hpc_harness.signals import (
     signals_blocked,
     write_requeue_marker,
 )
-from hpc_harness.strategy import average_gradients
+from hpc_harness.strategy import FixedOrderReduction, Strategy, average_gradients
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
     "DistContext",
+    "FixedOrderReduction",
     "ResumableSampler",
     "StopAgreement",
     "announce_requeue",
@@ -80,6 +84,7 @@ __all__ = [
     "from_rank0",
     "gather_rng",
     "load_checkpoint",
+    "load_state",
     "on_rank0",
     "requeue_exit",
     "save_checkpoint",
@@ -88,6 +93,7 @@ __all__ = [
     "should_stop_trial",
     "signals_blocked",
     "start_fresh",
+    "state_dicts",
 ]
 
 
@@ -221,6 +227,29 @@ def load_checkpoint(
     if rank == 0:
         say(f"hpc_harness: resumed from {path} (global step {state['global_step']})")
     return {**state, "path": path, "rng": mine}
+
+
+def _saving_half() -> Strategy:
+    """A Strategy for its save and load alone: the user's loop wrapped the model itself."""
+    world = _group().get_world_size() if _group() else 1
+    where = SimpleNamespace(world_size=world, local_world_size=1, device=torch.device("cpu"))
+    return Strategy("ddp", where)
+
+
+def state_dicts(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``{"model", "optimizer"}`` for :func:`save_checkpoint`: keyed by parameter name, whole
+    tensors on rank 0's CPU (empty on the others), under DDP, FSDP or none
+    (Strategy.state). Collective."""
+    model_state, optim_state = _saving_half().state(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def load_state(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    """Rank 0's ``state["model"]`` and ``state["optimizer"]`` (:func:`state_dicts`; from
+    ``load_checkpoint(..., rank0_only=("model", "optimizer"))``) into every rank: the tensors
+    are broadcast from rank 0 (torch's ``broadcast_from_rank0``), not pickled whole into every
+    rank's memory. Collective."""
+    _saving_half().load(model, optimizer, state)
 
 
 def start_fresh(ckpt_dir: str, run_dir: str | None = None) -> None:

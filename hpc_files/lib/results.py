@@ -668,8 +668,12 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             since = None if other_round else submitted
             until = ended_at(log_path, log, state)
             trial.metrics = own_metrics(sub, index, since, state == "finished", until)
-        if state == "finished" and (
-            step := pruned_at(sub, index, None if other_round else submitted)
+        if ended_in_exception(trial.metrics) and not trial.failed:  # a sweep's run: its job
+            trial.state, trial.failed = "failed (exception)", True  # (the agent) exits 0
+        if (
+            state == "finished"
+            and not trial.failed
+            and (step := pruned_at(sub, index, None if other_round else submitted))
         ):
             trial.state = f"PRUNED at step {step}"
         trials.append(trial)
@@ -684,6 +688,14 @@ def pruned_at(sub: Submission, index: int, since: float | None) -> str | None:
     if not text or (since is not None and os.stat(path).st_mtime < since):
         return None
     return text.split()[0]
+
+
+def ended_in_exception(metrics: dict[str, list[tuple[int, float]]]) -> bool:
+    """The harness's ``failed`` row is its last (a resume that went on after it logs later
+    steps); the row is taken out of ``metrics``, it is no metric."""
+    failed = metrics.pop("failed", [])
+    later = max((step for points in metrics.values() for step, _ in points), default=-1)
+    return bool(failed) and failed[-1][0] >= later
 
 
 def submitted_at(sub: Submission) -> float | None:

@@ -750,3 +750,18 @@ def test_a_pruned_trial_shows_pruned_with_its_step(scratch, capsys) -> None:
     code, lines, _ = run(capsys, "status", "--project", "proj")
     states = {r[0]: r[1] for r in rows(lines)}
     assert (states["6"], states["7"]) == ("PRUNED at step 3", "finished")
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "last_other", "ended"),
+    [(None, 5, False), (3, 3, True), (3, 2, True), (3, 7, False)],  # resumed past it: not
+)
+def test_a_runs_failed_row_makes_its_trial_failed_unless_later_steps_follow(
+    failed_at, last_other, ended
+) -> None:
+    # a wandb agent's job exits 0 whatever its runs did: the row is what tells the run failed
+    metrics = {"train_loss": [(1, 0.5), (last_other, 0.4)]}
+    if failed_at is not None:
+        metrics["failed"] = [(failed_at, 1.0)]
+    assert results.ended_in_exception(metrics) is ended
+    assert list(metrics) == ["train_loss"]  # no metric column named failed
