@@ -96,6 +96,8 @@ echo hi'
 @test "yes/no/auto, runtimes, names, modules, paths and sbatch options are checked" {
   refused 'provides_tmpdir = maybe' 'yes, no or auto'
   refused 'container_runtime = docker' 'singularity or apptainer'
+  refused 'wandb_sync = $(touch "$PWNED")' 'login or none'
+  refused 'wandb_sync = yes' 'login or none'
   refused 'account = a b' "names of letters, digits, '.', '_' and '-' (one account)"
   # The default of --account, which takes one account.
   refused 'account = a,b' "names of letters, digits, '.', '_' and '-' (one account)"

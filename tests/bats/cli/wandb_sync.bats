@@ -1,0 +1,172 @@
+#!/usr/bin/env bats
+# hpc_files/wandb_sync.sh on a fabricated experiment (no cluster): squeue and
+# wandb are stand-ins on PATH (squeue says the job runs until the test says it
+# ended; wandb records each call with the folder it ran in). The trigger files
+# are written by wandb-osh's own hook, the syncer is wandb-osh's own loop.
+
+load '../test_helper'
+
+WANDB_SYNC="$REPO_ROOT/hpc_files/wandb_sync.sh"
+
+setup() {
+  make_scratch
+  [[ -x "$REPO_ROOT/.venv/bin/python" ]] || fail "no .venv (make deps)"
+  "$REPO_ROOT/.venv/bin/python" -c 'import wandb_osh' || fail "no wandb-osh in .venv (make deps)"
+  unset HPC_PYTHON
+  project=${REPO_ROOT##*/}
+  exp_dir="$SCRATCH/$project/live"
+  submission="$exp_dir/20261127-120000-abcd"
+  mkdir -p "$submission"
+  : >"$submission/job.sbatch"
+  echo 101 >"$submission/job_id"
+  echo 100 >"$submission/setup_job_id"
+  run_folder="$exp_dir/checkpoints/wandb/offline-run-20261127_120000-r1"
+  mkdir -p "$run_folder"
+  : >"$run_folder/run-r1.wandb"
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  mkdir -p "$bin"
+  export SQUEUE_LOG="$BATS_TEST_TMPDIR/squeue.log" JOBS_DONE="$BATS_TEST_TMPDIR/jobs.done"
+  export WANDB_CALLS="$BATS_TEST_TMPDIR/wandb.calls"
+  cat >"$bin/squeue" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$SQUEUE_LOG"
+if [[ -e "$JOBS_DONE" ]]; then
+  echo "slurm_load_jobs error: Invalid job id specified" >&2
+  exit 1
+fi
+echo "101 RUNNING"
+STUB
+  cat >"$bin/wandb" <<'STUB'
+#!/usr/bin/env bash
+printf '%s %s\n' "$PWD" "$*" >>"$WANDB_CALLS"
+STUB
+  chmod +x "$bin/squeue" "$bin/wandb"
+  export PATH="$bin:$PATH"
+}
+
+teardown() {
+  [[ -z "${sync_pid:-}" ]] || kill "$sync_pid" 2>/dev/null || true
+}
+
+# trigger FOLDER: what the job's harness does after a log: a record more in
+# the run's file, then wandb-osh's hook.
+trigger() {
+  echo record >>"$1/run-r1.wandb"
+  "$REPO_ROOT/.venv/bin/python" -c 'import sys; from wandb_osh.hooks import TriggerWandbSyncHook
+TriggerWandbSyncHook(sys.argv[1])(sys.argv[2])' "$exp_dir/wandb_osh" "$1" 2>/dev/null
+}
+
+# wait_until SECONDS COMMAND...: poll COMMAND until it succeeds; fail after SECONDS.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || fail "not within the deadline: $*; syncer log: $(cat "$BATS_TEST_TMPDIR/sync.log" 2>&1)"
+    sleep 0.2
+  done
+}
+
+synced_count() {
+  grep -cxF -- "$run_folder sync ." "$WANDB_CALLS" 2>/dev/null || true
+}
+
+no_trigger_left() {
+  ! compgen -G "$exp_dir/wandb_osh/*.command" >/dev/null
+}
+
+sync_ended() {
+  ! kill -0 "$sync_pid" 2>/dev/null
+}
+
+@test "-h and --help print the usage with the tmux and screen lines, and exit 0, without SCRATCH" {
+  local spelling
+  for spelling in -h --help; do
+    run --separate-stderr env -u SCRATCH "$WANDB_SYNC" --poll bad "$spelling"
+    assert_success
+    assert_line --index 0 'Usage: wandb_sync.sh [options] [EXP]'
+    assert_line "  tmux new -d -s sync 'bash hpc_files/wandb_sync.sh EXP'     (tmux attach -t sync)"
+    assert_line "  screen -dmS sync bash hpc_files/wandb_sync.sh EXP          (screen -r sync)"
+    assert_output --partial "(default: $project, the"
+    assert_equal "$stderr" ""
+  done
+}
+
+@test "--help lists every option the parser accepts" {
+  local opts opt
+  opts=$(grep -oE 'add_argument\("--?[a-z][a-z-]*"' "$REPO_ROOT/hpc_files/lib/wandb_sync.py" | grep -oE '"-.*"' | tr -d '"')
+  [[ -n "$opts" ]] || fail "no options found in wandb_sync.py"
+  run "$WANDB_SYNC" --help
+  for opt in $opts -h --help; do
+    assert_output --partial "  $opt"
+  done
+}
+
+@test "bad input: one line, exit 2; no wandb-osh for the python: one line, exit 1" {
+  run --separate-stderr "$WANDB_SYNC" live --poll 0
+  assert_failure 2
+  assert_equal "$stderr" "wandb_sync.sh: error: --poll expects seconds (a number above 0, at most 86400), got '0'"
+  run --separate-stderr "$WANDB_SYNC" live --wait 'x$(touch pwned)'
+  assert_failure 2
+  assert_equal "$stderr" "wandb_sync.sh: error: --wait expects seconds (a number above 0, at most 86400), got 'x\$(touch pwned)'"
+  run --separate-stderr "$WANDB_SYNC" live --bogus
+  assert_failure 2
+  assert_equal "$stderr" "wandb_sync.sh: error: unrecognized arguments: --bogus (see --help)"
+  run --separate-stderr "$WANDB_SYNC" nope
+  assert_failure 2
+  assert_equal "$stderr" "wandb_sync.sh: error: no experiment 'nope' under $SCRATCH/$project (experiments: live)"
+  run --separate-stderr env -u SCRATCH "$WANDB_SYNC" live
+  assert_failure 2
+  assert_equal "$stderr" "wandb_sync.sh: error: SCRATCH is not set (the folder job_submitter.sh writes under)"
+  run --separate-stderr env HPC_PYTHON=/usr/bin/python3 "$WANDB_SYNC" live
+  assert_failure 1
+  assert_equal "${#stderr}" "$(head -n 1 <<<"$stderr" | wc -c | awk '{print $1 - 1}')"
+  assert_regex "$stderr" "^wandb_sync.sh: error: wandb-osh is not installed for /usr/bin/python3 "
+  assert_equal "$(cat "$SQUEUE_LOG" 2>/dev/null)" ""
+  assert_file_not_exists pwned
+}
+
+@test "while the job runs, each trigger becomes a 'wandb sync .' in the run folder; when no job is left, one last sync, then exit 0" {
+  "$WANDB_SYNC" live --poll 0.2 --wait 0.2 >"$BATS_TEST_TMPDIR/sync.log" 2>&1 3>&- &
+  sync_pid=$!
+  trigger "$run_folder"
+  wait_until 60 test "$(synced_count)" -ge 1
+  wait_until 30 no_trigger_left
+  # A second log of the running job: synced again.
+  trigger "$run_folder"
+  wait_until 60 test "$(synced_count)" -ge 2
+  wait_until 30 no_trigger_left
+  run sync_ended
+  assert_failure
+  local live
+  live=$(synced_count)
+  touch "$JOBS_DONE"
+  wait_until 60 sync_ended
+  wait "$sync_pid" || fail "wandb_sync.sh exited $?: $(cat "$BATS_TEST_TMPDIR/sync.log")"
+  sync_pid=""
+  # The final pass synced the run once more.
+  assert_equal "$(synced_count)" $((live + 1))
+  run cat "$BATS_TEST_TMPDIR/sync.log"
+  assert_line "wandb_sync.sh: no job of live is queued or running (jobs: 100 101)"
+  assert_line "wandb_sync.sh: last sync of $run_folder"
+  assert_line "wandb_sync.sh: done"
+  # squeue was asked about the experiment's jobs: the training and the setup job.
+  run sort -u "$SQUEUE_LOG"
+  assert_output "--noheader --format=%i %T --jobs=100,101"
+}
+
+@test "with no job queued or running: one sync of the runs whose triggers nobody took, not of older runs; exit 0" {
+  touch "$JOBS_DONE"
+  local elsewhere="$BATS_TEST_TMPDIR/own run/offline-run-x"
+  mkdir -p "$elsewhere"
+  # A program outside the experiment's folder left a trigger that nobody took.
+  trigger "$elsewhere"
+  touch -d '1 hour ago' "$run_folder/run-r1.wandb" "$elsewhere/run-r1.wandb"
+  run --separate-stderr "$WANDB_SYNC" live --poll 0.2
+  assert_success
+  assert_line "wandb_sync.sh: last sync of $elsewhere"
+  refute_line --partial "$run_folder"
+  run cat "$WANDB_CALLS"
+  assert_output "$elsewhere sync ."
+  run no_trigger_left
+  assert_success
+}
