@@ -58,6 +58,9 @@ CSV_NAME = "metrics.csv"
 CSV_FIELDS = ("time", "step", "epoch", "name", "value")
 WANDB_ID_FILE = "wandb_run_id"
 SYNC_DIR_ENV = "HPC_WANDB_SYNC_DIR"  # --wandb-sync login: wandb-osh's communication folder
+# Seconds between writes of a running run's records to its .wandb file (a wandb without the
+# setting ignores the variable).
+FLUSH_INTERVAL_ENV = "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL"
 
 
 def _has_rows(csv_path: str) -> bool:
@@ -210,6 +213,10 @@ class MetricsLogger:
             f.write(run_id + "\n")
         if reason != "requested":
             print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
+        if mode == "offline" and os.environ.get(SYNC_DIR_ENV):
+            # wandb writes a running run's records to its .wandb file every 15 s by default
+            # (x_transaction_log_flush_interval); the login node syncs what is written.
+            os.environ.setdefault(FLUSH_INTERVAL_ENV, "2")
         self.wandb_run = wandb.init(
             project=project or os.environ.get("project_name") or "hpc_harness",
             name=os.environ.get("exp_name"),
@@ -254,14 +261,24 @@ class MetricsLogger:
         except OSError as exc:
             print(f"hpc_harness: warning: could not leave a wandb-osh trigger: {exc}", flush=True)
 
-    def log(self, step: int, epoch: int, values: dict[str, float]) -> None:
+    def log(
+        self, step: int, epoch: int, values: dict[str, float], *, last_at_step: bool = False
+    ) -> None:
+        """One row of values at ``step``; ``last_at_step``: nothing more is logged at it (the
+        Trainer's end-of-epoch evaluation), so with ``--wandb-sync login`` W&B writes the row
+        now: it otherwise holds a step's row open until a later step begins, and the login node
+        would see an epoch's results only with the next epoch's first log."""
         if not self.enabled:
             return
         now = f"{time.time():.3f}"
         self._csv.writerows((now, step, epoch, k, f"{v:.6g}") for k, v in values.items())
         self._file.flush()
         if self.wandb_run is not None:
-            self.wandb_run.log({**values, "epoch": epoch}, step=step)
+            row = {**values, "epoch": epoch}
+            if last_at_step and self.sync_hook is not None:
+                self.wandb_run.log(row, step=step, commit=True)
+            else:
+                self.wandb_run.log(row, step=step)
             self._trigger_sync()
 
     def mark_preempting(self, exit_code: int) -> None:

@@ -169,6 +169,9 @@ render_wandb_sync() {
   printf '# wandb-osh trigger here, which hpc_files/wandb_sync.sh syncs from the login node.\n'
   export_line WANDB_MODE offline
   export_line HPC_WANDB_SYNC_DIR "$plan_wandb_sync_dir"
+  printf '# wandb writes a running run to its files every 15 s by default; the syncer\n'
+  printf '# uploads what is written.\n'
+  export_line WANDB__TRANSACTION_LOG_FLUSH_INTERVAL 2
 }
 
 render_launch() {

@@ -19,8 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 PROG = "wandb_sync.sh"
 JOB_ID_FILES = ("job_id", "setup_job_id", "bayes_controller_job_id")
@@ -89,7 +90,8 @@ def _seconds(option: str):
         except ValueError:
             value = -1.0
         if not 0 < value <= 86400:
-            raise UsageError(f"{option} expects seconds (a number above 0, at most 86400), got {text!r}")
+            accepted = "seconds (a number above 0, at most 86400)"
+            raise UsageError(f"{option} expects {accepted}, got {text!r}")
         return value
 
     return parse

@@ -27,10 +27,12 @@ class FakeRun:
         self.dir = os.path.join(settings["dir"], "wandb", f"offline-run-{self.id}", "files")
         os.makedirs(self.dir)
         self.logged: list[tuple[dict, int | None]] = []
+        self.commits: list[bool | None] = []
         self.finished: list[int | None] = []
 
-    def log(self, values: dict, step: int | None = None) -> None:
+    def log(self, values: dict, step: int | None = None, commit: bool | None = None) -> None:
         self.logged.append((values, step))
+        self.commits.append(commit)
 
     def finish(self, exit_code: int | None = None) -> None:
         self.finished.append(exit_code)
@@ -46,6 +48,9 @@ def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
     for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_MODE", "HPC_WANDB"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # Recorded as absent, so that what the logger sets is undone after the test.
+    monkeypatch.setenv(metrics.FLUSH_INTERVAL_ENV, "")
+    monkeypatch.delenv(metrics.FLUSH_INTERVAL_ENV)
     return runs
 
 
@@ -97,13 +102,32 @@ def test_every_log_and_the_close_leave_a_trigger_naming_the_run_folder(
 
 
 def test_an_untaken_trigger_is_warned_about_once_not_at_every_log(
-    tmp_path, wandb_runs, sync_dir, capfd
+    tmp_path, wandb_runs, sync_dir, caplog
 ) -> None:
     logger = metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="auto")
     for step in range(5):
         logger.log(step, 0, {"loss": 1.0})
     logger.close()
-    assert capfd.readouterr().err.count("Syncing not active or too slow") == 1
+    warned = [r for r in caplog.records if "Syncing not active or too slow" in r.getMessage()]
+    assert len(warned) == 1
+
+
+def test_the_last_row_of_a_step_is_committed_at_once_only_when_synced(
+    tmp_path, wandb_runs, sync_dir, monkeypatch
+) -> None:
+    """wandb holds a step's row open until a later step: the epoch's evaluation (the Trainer's
+    last_at_step) is written at once, so the login node sees it this epoch, not the next."""
+    logger = metrics.MetricsLogger(str(tmp_path / "synced"), wandb_mode="auto")
+    logger.log(5, 0, {"loss": 1.0})
+    logger.log(5, 0, {"test_acc": 0.5}, last_at_step=True)
+    logger.close()
+    assert wandb_runs[0].commits == [None, True]
+    assert os.environ[metrics.FLUSH_INTERVAL_ENV] == "2"
+    monkeypatch.delenv(metrics.SYNC_DIR_ENV)
+    logger = metrics.MetricsLogger(str(tmp_path / "plain"), wandb_mode="offline")
+    logger.log(5, 0, {"test_acc": 0.5}, last_at_step=True)
+    logger.close()
+    assert wandb_runs[1].commits == [None]
 
 
 def test_without_the_folder_no_trigger_and_without_wandb_osh_a_warning(
@@ -148,10 +172,13 @@ def test_with_the_real_wandb_each_trigger_names_the_folder_whose_records_hold_th
     for name in ("WANDB_API_KEY", "WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv(metrics.FLUSH_INTERVAL_ENV, "")
+    monkeypatch.delenv(metrics.FLUSH_INTERVAL_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     logger = metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="auto")
     for step in range(3):
-        logger.log(step, 0, {"loss": float(step)})
+        logger.log(step, step, {"loss": float(step)})
+        logger.log(step, step, {"test_acc": 0.5}, last_at_step=True)
         (target,) = _triggers(sync_dir)
         (records,) = Path(target).glob("run-*.wandb")
         deadline = time.monotonic() + 60

@@ -431,14 +431,15 @@ quoted() {
 # wandb_sync_lines ARG...: the --dry-run script's --wandb-sync lines.
 wandb_sync_lines() {
   "$SUBMITTER" --dry-run -e live -C "$ONE_LINE" --venv "$FAKE_VENV" "$@" </dev/null |
-    grep -E '^export (WANDB_MODE|HPC_WANDB_SYNC_DIR)='
+    grep -E '^export (WANDB_MODE|HPC_WANDB_SYNC_DIR|WANDB__TRANSACTION_LOG_FLUSH_INTERVAL)='
 }
 
 @test "--wandb-sync login: the job runs W&B offline and gets the experiment's trigger folder; the site's wandb_sync is the default, the command line wins" {
   run wandb_sync_lines --wandb-sync login
   assert_success
   assert_output "export WANDB_MODE=offline
-export HPC_WANDB_SYNC_DIR='$SCRATCH/$PROJECT/live/wandb_osh'"
+export HPC_WANDB_SYNC_DIR='$SCRATCH/$PROJECT/live/wandb_osh'
+export WANDB__TRANSACTION_LOG_FLUSH_INTERVAL=2"
   run wandb_sync_lines
   assert_output ''
   local site="$BATS_TEST_TMPDIR/a site/live.conf"
