@@ -47,6 +47,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -246,7 +247,12 @@ class MetricsLogger:
             )
             return
         self.sync_filter = _OnceFilter()
-        logging.getLogger("wandb_osh").addFilter(self.sync_filter)
+        osh_log = logging.getLogger("wandb_osh")
+        osh_log.addFilter(self.sync_filter)
+        if not sys.stderr.isatty():  # its colour codes in a job's log file are noise
+            for handler in osh_log.handlers:
+                if hasattr(handler.formatter, "no_color"):
+                    handler.formatter.no_color = True
         self.sync_hook = TriggerWandbSyncHook(where)
         # The folder that holds the run's .wandb file: wandb-osh's own default, made explicit.
         self.sync_target = os.path.dirname(os.path.abspath(self.wandb_run.dir))
