@@ -175,17 +175,28 @@ def say(message: str) -> None:
     sys.stdout.flush()
 
 
+def _default_sigint() -> None:
+    """In the syncer's process before it starts: a process started in the background ('&')
+    ignores SIGINT, and a python started so never raises KeyboardInterrupt: stop() needs it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop(process: subprocess.Popen) -> None:
     """SIGINT: wandb-osh's 'wandb sync' child is killed with it (subprocess.run does so on
-    KeyboardInterrupt); KILL after 30 s."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGINT)
+    KeyboardInterrupt); KILL after 10 s. A second TERM or Ctrl-C meanwhile would leave the
+    syncer running without this process: they are ignored until it has ended."""
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = [signal.signal(signum, signal.SIG_IGN) for signum in signums]
     try:
-        process.wait(timeout=30)
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    finally:
+        for signum, handler in zip(signums, before):
+            signal.signal(signum, handler)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         [sys.executable, "-m", "wandb_osh.cli", "--command-dir", str(command_dir),
          "--wait", str(args.wait), "--timeout", str(int(args.timeout))],
         env=syncer_environment(),
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     say(f"syncing experiment {exp_dir.name} from {command_dir} (wandb-osh pid {syncer.pid})")
     try:

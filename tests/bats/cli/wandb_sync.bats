@@ -46,6 +46,7 @@ STUB
 
 teardown() {
   [[ -z "${sync_pid:-}" ]] || kill "$sync_pid" 2>/dev/null || true
+  [[ -z "${child:-}" ]] || kill "$child" 2>/dev/null || true
 }
 
 # trigger FOLDER: what the job's harness does after a log: a record more in
@@ -170,4 +171,22 @@ sync_ended() {
   assert_output "$elsewhere sync ."
   run no_trigger_left
   assert_success
+}
+
+# A process started with '&' ignores SIGINT (so did wandb-osh, which then
+# outlived a wandb_sync.sh stopped twice); a second TERM comes while it stops.
+@test "TERM, twice, to wandb_sync.sh (tmux kill-session) while the job runs also ends its wandb-osh syncer, both started in the background" {
+  "$WANDB_SYNC" live --poll 0.2 >"$BATS_TEST_TMPDIR/sync.log" 2>&1 3>&- &
+  sync_pid=$!
+  wait_until 60 grep -q 'starting to watch' "$BATS_TEST_TMPDIR/sync.log"
+  child=$(pgrep -P "$sync_pid" -f wandb_osh.cli)
+  [[ -n "$child" ]] || fail "no wandb-osh child of $sync_pid: $(ps -o pid,ppid,args -e | grep -F wandb_osh)"
+  kill -TERM "$sync_pid"
+  sleep 0.5 # not a wait for an outcome: the second signal comes while the first is handled
+  kill -TERM "$sync_pid" 2>/dev/null || true
+  wait_until 60 sync_ended
+  wait_until 30 eval '! kill -0 "$child" 2>/dev/null'
+  sync_pid=""
+  run cat "$BATS_TEST_TMPDIR/sync.log"
+  assert_line --partial 'wandb_sync.sh: interrupted; the jobs go on (run it again to sync)'
 }
