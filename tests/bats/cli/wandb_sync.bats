@@ -36,9 +36,12 @@ if [[ -e "$JOBS_DONE" ]]; then
 fi
 echo "101 RUNNING"
 STUB
+  # Which process called it: wandb-osh's loop (live) or wandb_sync.py's last pass.
   cat >"$bin/wandb" <<'STUB'
 #!/usr/bin/env bash
-printf '%s %s\n' "$PWD" "$*" >>"$WANDB_CALLS"
+who=final
+[[ "$(ps -o args= -p "$PPID")" != *wandb_osh.cli* ]] || who=loop
+printf '%s %s %s\n' "$who" "$PWD" "$*" >>"$WANDB_CALLS"
 STUB
   chmod +x "$bin/squeue" "$bin/wandb"
   export PATH="$bin:$PATH"
@@ -67,8 +70,9 @@ wait_until() {
   done
 }
 
+# synced_count loop|final: the 'wandb sync .' calls in the run folder from WHO.
 synced_count() {
-  grep -cxF -- "$run_folder sync ." "$WANDB_CALLS" 2>/dev/null || true
+  grep -cxF -- "$1 $run_folder sync ." "$WANDB_CALLS" 2>/dev/null || true
 }
 
 no_trigger_left() {
@@ -131,22 +135,21 @@ sync_ended() {
   "$WANDB_SYNC" live --poll 0.2 --wait 0.2 >"$BATS_TEST_TMPDIR/sync.log" 2>&1 3>&- &
   sync_pid=$!
   trigger "$run_folder"
-  wait_until 60 test "$(synced_count)" -ge 1
+  wait_until 60 test "$(synced_count loop)" -ge 1
   wait_until 30 no_trigger_left
   # A second log of the running job: synced again.
   trigger "$run_folder"
-  wait_until 60 test "$(synced_count)" -ge 2
+  wait_until 60 test "$(synced_count loop)" -ge 2
   wait_until 30 no_trigger_left
   run sync_ended
   assert_failure
-  local live
-  live=$(synced_count)
+  assert_equal "$(synced_count final)" 0
   touch "$JOBS_DONE"
   wait_until 60 sync_ended
   wait "$sync_pid" || fail "wandb_sync.sh exited $?: $(cat "$BATS_TEST_TMPDIR/sync.log")"
   sync_pid=""
-  # The final pass synced the run once more.
-  assert_equal "$(synced_count)" $((live + 1))
+  # The last pass synced the run once more.
+  assert_equal "$(synced_count final)" 1
   run cat "$BATS_TEST_TMPDIR/sync.log"
   assert_line "wandb_sync.sh: no job of live is queued or running (jobs: 100 101)"
   assert_line "wandb_sync.sh: last sync of $run_folder"
@@ -168,7 +171,7 @@ sync_ended() {
   assert_line "wandb_sync.sh: last sync of $elsewhere"
   refute_line --partial "$run_folder"
   run cat "$WANDB_CALLS"
-  assert_output "$elsewhere sync ."
+  assert_output "final $elsewhere sync ."
   run no_trigger_left
   assert_success
 }
