@@ -192,4 +192,7 @@ sync_ended() {
   sync_pid=""
   run cat "$BATS_TEST_TMPDIR/sync.log"
   assert_line --partial 'wandb_sync.sh: interrupted; the jobs go on (run it again to sync)'
+  # It stopped on SIGINT, quietly, not killed after a while.
+  refute_output --partial 'killed it'
+  refute_output --partial Traceback
 }
