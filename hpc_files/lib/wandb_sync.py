@@ -2,7 +2,7 @@
 
 Run by ``hpc_files/wandb_sync.sh [EXP]`` (its --help is USAGE below). The jobs, offline,
 leave wandb-osh trigger files in ``$SCRATCH/<project>/<exp>/wandb_osh``; this runs the
-package's own syncer on that folder (``python -m wandb_osh.cli --command-dir DIR``, which
+package's own syncer on that folder (``wandb_osh.cli.main``: ``wandb-osh --command-dir DIR``, which
 runs ``wandb sync .`` in each run folder a trigger names) while any job of the experiment is
 queued or running, then stops it and syncs every run once more, so the last records (the
 summary and exit code, written as a run finishes) reach W&B whatever the syncer was doing
@@ -24,6 +24,15 @@ from pathlib import Path
 from typing import NoReturn
 
 PROG = "wandb_sync.sh"
+# wandb-osh's own command line (wandb-osh --command-dir ...), quiet when stop() ends it with
+# SIGINT: the KeyboardInterrupt traceback of every normal end would read as a failure.
+OSH_CLI = """import sys
+from wandb_osh.cli import main
+try:
+    main(sys.argv[1:])
+except KeyboardInterrupt:
+    pass
+"""
 JOB_ID_FILES = ("job_id", "setup_job_id", "bayes_controller_job_id")
 SYNC_FOLDER = "wandb_osh"  # the experiment's trigger folder (plan_wandb_sync_dir)
 
@@ -181,19 +190,22 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> bool:
     """SIGINT: wandb-osh's 'wandb sync' child is killed with it (subprocess.run does so on
     KeyboardInterrupt); KILL after 10 s. A second TERM or Ctrl-C meanwhile would leave the
-    syncer running without this process: they are ignored until it has ended."""
+    syncer running without this process: they are ignored until it has ended. False when
+    it had to be killed."""
     signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     before = [signal.signal(signum, signal.SIG_IGN) for signum in signums]
     try:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
             process.wait(timeout=10)
+        return True
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+        return False
     finally:
         for signum, handler in zip(signums, before):
             signal.signal(signum, handler)
@@ -218,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     command_dir.mkdir(parents=True, exist_ok=True)
     since = time.time() - 1  # file times may lag the clock by a little on a shared filesystem
     syncer = subprocess.Popen(
-        [sys.executable, "-m", "wandb_osh.cli", "--command-dir", str(command_dir),
+        [sys.executable, "-c", OSH_CLI, "--command-dir", str(command_dir),
          "--wait", str(args.wait), "--timeout", str(int(args.timeout))],
         env=syncer_environment(),
         preexec_fn=_default_sigint,
@@ -236,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
                 say("squeue failed; asking again later")
             time.sleep(args.poll)
     finally:
-        stop(syncer)
+        if not stop(syncer):
+            say("warning: wandb-osh did not stop on SIGINT within 10 s; killed it")
     say(f"no job of {exp_dir.name} is queued or running (jobs: {' '.join(ids) or 'none'})")
     final = WandbSyncer(command_dir, wandb_options=[], timeout=args.timeout)
     for target in final_targets(exp_dir, command_dir, since):
