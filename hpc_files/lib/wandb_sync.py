@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import NoReturn
 
 PROG = "wandb_sync.sh"
-# wandb-osh's own command line (wandb-osh --command-dir ...), quiet when stop() ends it with
-# SIGINT: the KeyboardInterrupt traceback of every normal end would read as a failure.
+# wandb-osh 1.2.2 as it is, and what this file adds around it:
+# - its loop never ends: it runs in a child, stopped with SIGINT when the jobs have ended;
+# - it unlinks the triggers of a round after syncing them, also one a job rewrote meanwhile:
+#   the last pass syncs every run written to since the start, and the triggers left;
+# - after a round that took T s it sleeps T - --wait s (not --wait - T): a round of syncs
+#   that takes 5 s comes about every 10 s;
+# - under pytest (PYTEST_CURRENT_TEST) it neither runs wandb nor loops: the variable is
+#   dropped, as the tests here run it for real.
+# Its own command line (wandb-osh --command-dir ...), quiet when stop() ends it with SIGINT:
+# the KeyboardInterrupt traceback of every normal end would read as a failure.
 OSH_CLI = """import sys
 from wandb_osh.cli import main
 try:
