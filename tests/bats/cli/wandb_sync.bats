@@ -36,12 +36,11 @@ if [[ -e "$JOBS_DONE" ]]; then
 fi
 echo "101 RUNNING"
 STUB
-  # Which process called it: wandb-osh's loop (live) or wandb_sync.py's last pass.
+  # With the process that called it: wandb-osh's loop (live) or wandb_sync.py
+  # itself (its last pass); synced_count tells them apart.
   cat >"$bin/wandb" <<'STUB'
 #!/usr/bin/env bash
-who=final
-[[ "$(ps -o args= -p "$PPID")" != *wandb_osh.cli* ]] || who=loop
-printf '%s %s %s\n' "$who" "$PWD" "$*" >>"$WANDB_CALLS"
+printf '%s %s %s\n' "$PPID" "$PWD" "$*" >>"$WANDB_CALLS"
 STUB
   chmod +x "$bin/squeue" "$bin/wandb"
   export PATH="$bin:$PATH"
@@ -65,14 +64,23 @@ wait_until() {
   local deadline=$((SECONDS + $1))
   shift
   until "$@"; do
-    ((SECONDS < deadline)) || fail "not within the deadline: $*; syncer log: $(cat "$BATS_TEST_TMPDIR/sync.log" 2>&1)"
+    ((SECONDS < deadline)) || fail "not within the deadline: $*; syncer (pid ${sync_pid:-}) log: $(cat "$BATS_TEST_TMPDIR/sync.log" 2>&1); wandb calls: $(cat "$WANDB_CALLS" 2>&1)"
     sleep 0.2
   done
 }
 
-# synced_count loop|final: the 'wandb sync .' calls in the run folder from WHO.
+# synced_count loop|final: the 'wandb sync .' calls in the run folder from
+# wandb-osh's loop (a child of wandb_sync.py, sync_pid) or from wandb_sync.py.
 synced_count() {
-  grep -cxF -- "$1 $run_folder sync ." "$WANDB_CALLS" 2>/dev/null || true
+  local ppid rest count=0
+  [[ -f "$WANDB_CALLS" ]] || { echo 0; return 0; }
+  while read -r ppid rest; do
+    [[ "$rest" == "$run_folder sync ." ]] || continue
+    if [[ "$1" == final && "$ppid" == "$sync_pid" ]] || [[ "$1" == loop && "$ppid" != "$sync_pid" ]]; then
+      count=$((count + 1))
+    fi
+  done <"$WANDB_CALLS"
+  echo "$count"
 }
 
 no_trigger_left() {
@@ -147,9 +155,9 @@ sync_ended() {
   touch "$JOBS_DONE"
   wait_until 60 sync_ended
   wait "$sync_pid" || fail "wandb_sync.sh exited $?: $(cat "$BATS_TEST_TMPDIR/sync.log")"
-  sync_pid=""
   # The last pass synced the run once more.
   assert_equal "$(synced_count final)" 1
+  sync_pid=""
   run cat "$BATS_TEST_TMPDIR/sync.log"
   assert_line "wandb_sync.sh: no job of live is queued or running (jobs: 100 101)"
   assert_line "wandb_sync.sh: last sync of $run_folder"
@@ -170,8 +178,8 @@ sync_ended() {
   assert_success
   assert_line "wandb_sync.sh: last sync of $elsewhere"
   refute_line --partial "$run_folder"
-  run cat "$WANDB_CALLS"
-  assert_output "final $elsewhere sync ."
+  run cut -d' ' -f2- "$WANDB_CALLS"
+  assert_output "$elsewhere sync ."
   run no_trigger_left
   assert_success
 }
