@@ -23,6 +23,15 @@ requeued job continues the same wandb run. In a sweep (``wandb agent`` set ``WAN
 and ``WANDB_RUN_ID``) the run id is the agent's: a preempted run that W&B hands out again
 resumes under its own id.
 
+Live sync from offline nodes (``--wandb-sync login`` of the submitter): the job's
+``HPC_WANDB_SYNC_DIR`` names a folder on the shared filesystem; the run is then offline
+(``auto`` and ``online`` become offline) and after each ``log()`` and at ``close()`` the
+wandb-osh hook (``wandb_osh.hooks.TriggerWandbSyncHook``) leaves a trigger file there, which
+``hpc_files/wandb_sync.sh`` on the login node turns into ``wandb sync``. A program outside the
+harness does the same after its own ``wandb.log``::
+
+    TriggerWandbSyncHook(os.environ["HPC_WANDB_SYNC_DIR"])()  # from wandb_osh.hooks
+
 Preemption: before the harness exits 42 for a requeue, ``mark_preempting()`` tells W&B the run
 is being preempted (``wandb.Run.mark_preempting``) and the run is then finished with exit code
 42, so W&B marks it *preempted* (not finished, not crashed); a sweep hands a preempted run, with
@@ -35,9 +44,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.util
+import logging
 import os
 import secrets
 import socket
+import sys
 import time
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -49,6 +60,10 @@ CSV_NAME = "metrics.csv"
 CSV_FIELDS = ("time", "step", "epoch", "name", "value")
 WANDB_ID_FILE = "wandb_run_id"
 FAILED = "failed"  # the CSV row of a run that ended in an exception
+SYNC_DIR_ENV = "HPC_WANDB_SYNC_DIR"  # --wandb-sync login: wandb-osh's communication folder
+# Seconds between writes of a running run's records to its .wandb file (a wandb without the
+# setting ignores the variable).
+FLUSH_INTERVAL_ENV = "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL"
 
 
 def _has_rows(csv_path: str) -> bool:
@@ -109,6 +124,8 @@ def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
         return "disabled", "requested"
     if importlib.util.find_spec("wandb") is None:
         return "disabled", "wandb is not installed"
+    if os.environ.get(SYNC_DIR_ENV):
+        return "offline", "--wandb-sync login: hpc_files/wandb_sync.sh uploads it"
     kept_off = os.environ.get("WANDB_MODE", "")  # wandb's own opt-out; init(mode=) beats it
     if requested == "auto" and kept_off in ("disabled", "offline", "dryrun"):
         return ("disabled" if kept_off == "disabled" else "offline"), f"auto: WANDB_MODE={kept_off}"
@@ -145,6 +162,8 @@ class MetricsLogger:
         self.csv_path = os.path.join(run_dir, CSV_NAME)
         self.id_file = os.path.join(run_dir, WANDB_ID_FILE)  # the W&B run id, kept for requeues
         self.wandb_run: Any = None
+        self.sync_hook: Any = None  # wandb-osh's trigger, with --wandb-sync login
+        self.sync_target = ""  # the folder the trigger names: the run's offline-run-* folder
         self.wandb_exit_code = 0
         if not enabled:
             return
@@ -197,6 +216,10 @@ class MetricsLogger:
             f.write(run_id + "\n")
         if reason != "requested":
             print(f"hpc_harness: wandb {mode} ({reason})", flush=True)
+        if mode == "offline" and os.environ.get(SYNC_DIR_ENV):
+            # wandb writes a running run's records to its .wandb file every 15 s by default
+            # (x_transaction_log_flush_interval); the login node syncs what is written.
+            os.environ.setdefault(FLUSH_INTERVAL_ENV, "2")
         self.wandb_run = wandb.init(
             project=project or os.environ.get("project_name") or "hpc_harness",
             name=os.environ.get("exp_name"),
@@ -209,15 +232,62 @@ class MetricsLogger:
         print(f"hpc_harness: wandb run id {run_id} mode {mode}", flush=True)
         if mode == "offline":
             print(f"hpc_harness: to upload later: wandb sync {self.wandb_run.dir}/..", flush=True)
+            self._start_sync_hook()
 
-    def log(self, step: int, epoch: int, values: dict[str, float]) -> None:
+    def _start_sync_hook(self) -> None:
+        """With ``HPC_WANDB_SYNC_DIR``: wandb-osh's hook, which ``_trigger_sync`` calls."""
+        where = os.environ.get(SYNC_DIR_ENV)
+        if not where:
+            return
+        try:
+            from wandb_osh.hooks import TriggerWandbSyncHook
+        except ImportError:
+            print(
+                f"hpc_harness: warning: {SYNC_DIR_ENV} is set but wandb-osh is not installed "
+                "(pip install wandb-osh); the run is synced only by a later wandb sync",
+                flush=True,
+            )
+            return
+        self.sync_filter = _OnceFilter()
+        osh_log = logging.getLogger("wandb_osh")
+        osh_log.addFilter(self.sync_filter)
+        if not sys.stderr.isatty():  # its colour codes in a job's log file are noise
+            for handler in osh_log.handlers:
+                if hasattr(handler.formatter, "no_color"):
+                    handler.formatter.no_color = True
+        self.sync_hook = TriggerWandbSyncHook(where)
+        # The folder that holds the run's .wandb file: wandb-osh's own default, made explicit.
+        self.sync_target = os.path.dirname(os.path.abspath(self.wandb_run.dir))
+        print(f"hpc_harness: wandb-osh triggers in {where}", flush=True)
+
+    def _trigger_sync(self) -> None:
+        """Ask the login node's syncer to upload the run; never stops the training."""
+        if self.sync_hook is None:
+            return
+        try:
+            self.sync_hook(self.sync_target)
+        except OSError as exc:
+            print(f"hpc_harness: warning: could not leave a wandb-osh trigger: {exc}", flush=True)
+
+    def log(
+        self, step: int, epoch: int, values: dict[str, float], *, last_at_step: bool = False
+    ) -> None:
+        """One row of values at ``step``; ``last_at_step``: nothing more is logged at it (the
+        Trainer's end-of-epoch evaluation), so with ``--wandb-sync login`` W&B writes the row
+        now: it otherwise holds a step's row open until a later step begins, and the login node
+        would see an epoch's results only with the next epoch's first log."""
         if not self.enabled:
             return
         now = f"{time.time():.3f}"
         self._csv.writerows((now, step, epoch, k, f"{v:.6g}") for k, v in values.items())
         self._file.flush()
         if self.wandb_run is not None:
-            self.wandb_run.log({**values, "epoch": epoch}, step=step)
+            row = {**values, "epoch": epoch}
+            if last_at_step and self.sync_hook is not None:
+                self.wandb_run.log(row, step=step, commit=True)
+            else:
+                self.wandb_run.log(row, step=step)
+            self._trigger_sync()
 
     def mark_preempting(self, exit_code: int) -> None:
         """Tell W&B the run is being preempted; ``close()`` then finishes it with ``exit_code``."""
@@ -252,3 +322,23 @@ class MetricsLogger:
             if not self.wandb_exit_code:
                 raise
             print(f"hpc_harness: warning: could not finish the wandb run: {exc}", flush=True)
+        # The finished run's last records (summary, exit code) are on disk only now.
+        self._trigger_sync()
+        if self.sync_hook is not None:
+            logging.getLogger("wandb_osh").removeFilter(self.sync_filter)
+
+
+class _OnceFilter(logging.Filter):
+    """wandb-osh warns at every trigger while no syncer has taken the last one: say it once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warned = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "still exists" not in record.getMessage():
+            return True
+        if self.warned:
+            return False
+        self.warned = True
+        return True

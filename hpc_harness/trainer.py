@@ -788,7 +788,7 @@ class Trainer:
         if self.metrics:
             values = " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
             self._print(f"hpc_harness: epoch {self.epoch} {values}")
-            self.logger.log(self.global_step, self.epoch, self.metrics)
+            self.logger.log(self.global_step, self.epoch, self.metrics, last_at_step=True)
         if self._plateau:
             self.scheduler.step(self.metrics[self.cfg.monitor])
         self.epoch += 1

@@ -20,6 +20,7 @@ readonly DEFAULT_SITE=generic
 readonly DEFAULT_COMPRESS=none
 readonly DEFAULT_SIGNAL=USR1
 readonly DEFAULT_TASKS_PER_NODE=1
+readonly DEFAULT_WANDB_SYNC=none
 
 # Every spelling of an option that takes a value -> the setting it sets.
 declare -A OPTION_SETTING=(
@@ -32,6 +33,7 @@ declare -A OPTION_SETTING=(
   [-G]=gpu_type [--gpu-type]=gpu_type
   [-e]=exp_name [--exp-name]=exp_name
   [-w]=wandb_sweep [--wandb-sweepid]=wandb_sweep
+  [--wandb-sync]=wandb_sync
   [-n]=nodes [-N]=nodes [--num-nodes]=nodes [--num_nodes]=nodes [--nodes]=nodes
   [-s]=container [--singularity-container]=container
   [-C]=configs [--configs]=configs
@@ -173,6 +175,11 @@ Data and environment:
                               here, on the login node, before the job is queued
   -s, --singularity-container IMAGE
                               run inside this Singularity/Apptainer image
+  --wandb-sync login|none     login: the job's W&B runs offline and, after each log,
+                              leaves a trigger in \$scratch_dir/<exp>/wandb_osh (the
+                              job's HPC_WANDB_SYNC_DIR); 'bash hpc_files/wandb_sync.sh
+                              EXP' on the login node uploads the runs live (wandb-osh)
+                              (default: the site's wandb_sync, else $DEFAULT_WANDB_SYNC)
   --pass-local-rank, --pass-local-rank=underscore|hyphen
                               append --local-rank=N to the program's arguments
                               (underscore: --local_rank=N, as programs written for

@@ -166,6 +166,11 @@ plan_site_settings() {
   plan_site_commands=(${site_command[@]+"${site_command[@]}"})
   plan_stage_out=${opt_stage_out:-}
   plan_pass_local_rank=${opt_pass_local_rank:-}
+  # --wandb-sync login: the wandb-osh trigger folder, on the shared filesystem
+  # where the job writes and the login node's syncer reads.
+  plan_wandb_sync=${opt_wandb_sync:-${site_wandb_sync:-$DEFAULT_WANDB_SYNC}}
+  plan_wandb_sync_dir=""
+  [[ "$plan_wandb_sync" != login ]] || plan_wandb_sync_dir="$plan_exp_dir/wandb_osh"
   plan_sweep_count=${opt_sweep_count:+$((10#$opt_sweep_count))}
 }
 

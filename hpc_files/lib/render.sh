@@ -159,6 +159,7 @@ render_environment() {
     done
     export_line HPC_PASS_ENV "$plan_pass_env"
   fi
+  render_wandb_sync
   if [[ -n "$plan_modules" ]]; then
     printf '\n# Environment modules (Lmod or Environment Modules).\n'
     printf 'module load %s || { echo "hpc: error: module load %s failed" >&2; exit 1; }\n' "$plan_modules" "$plan_modules"
@@ -167,6 +168,20 @@ render_environment() {
     printf "\n# Site '%s': commands.\n" "$plan_site_name"
     printf '%s\n' "${plan_site_commands[@]}"
   fi
+}
+
+# render_wandb_sync: --wandb-sync login, after the site's env so that it wins:
+# W&B offline (the nodes cannot reach it) and the trigger folder the harness
+# (or the program's own wandb_osh hook) writes to after each log.
+render_wandb_sync() {
+  [[ -n "$plan_wandb_sync_dir" ]] || return 0
+  printf '\n# --wandb-sync login: W&B runs offline; after each log the program leaves a\n'
+  printf '# wandb-osh trigger here, which hpc_files/wandb_sync.sh syncs from the login node.\n'
+  export_line WANDB_MODE offline
+  export_line HPC_WANDB_SYNC_DIR "$plan_wandb_sync_dir"
+  printf '# wandb writes a running run to its files every 15 s by default; the syncer\n'
+  printf '# uploads what is written.\n'
+  export_line WANDB__TRANSACTION_LOG_FLUSH_INTERVAL 2
 }
 
 render_launch() {

@@ -24,6 +24,7 @@ declare -A SITE_KEYS=(
   [array_throttle]=scalar     # default --array-throttle
   [container_runtime]=scalar  # singularity or apptainer
   [compute_internet]=scalar   # no: --setup-venv builds on the login node
+  [wandb_sync]=scalar         # default --wandb-sync (login or none)
   [slurm_conf]=scalar         # SLURM_CONF to use when unset (relative: to the toolkit's folder)
   [env]=list                  # NAME=VALUE exported in the job
   [sbatch]=list               # extra #SBATCH arguments
@@ -150,6 +151,9 @@ site_check_value() {
       ;;
     compute_internet)
       [[ "$value" =~ ^(yes|no)$ ]] || site_value_error "$where" "$key" "$value" "yes or no"
+      ;;
+    wandb_sync)
+      [[ "$value" =~ ^(login|none)$ ]] || site_value_error "$where" "$key" "$value" "login or none"
       ;;
     container_runtime)
       [[ "$value" =~ ^(singularity|apptainer)$ ]] ||

@@ -404,6 +404,16 @@ report_submission() {
   printf '  submission: %s\n' "$submission_dir"
   shell_quote_to quoted_log "$log"
   printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$quoted_log"
+  [[ -z "$plan_wandb_sync_dir" ]] || report_wandb_sync
+}
+
+# report_wandb_sync: the line that starts the login-node syncer of
+# --wandb-sync login, as tmux (which outlives the login session) runs it.
+report_wandb_sync() {
+  local command quoted
+  printf -v command 'bash %q %q' "$HPC_FILES_DIR/wandb_sync.sh" "$plan_exp_name"
+  shell_quote_to quoted "$command"
+  printf '  W&B live:   tmux new -d -s sync %s\n' "$quoted"
 }
 
 # job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task),

@@ -132,6 +132,7 @@ validate_settings() {
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
   validate_signal
+  [[ -z "${opt_wandb_sync:-}" ]] || require_one_of --wandb-sync "$opt_wandb_sync" login none
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
   [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead

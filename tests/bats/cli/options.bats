@@ -421,3 +421,44 @@ quoted() {
   assert_output --partial '"argv":["python","here.py"]'
   refuse "--sweep file 'nowhere.yml' does not exist" -- --sweep nowhere.yml
 }
+
+@test "--wandb-sync login|none: refused otherwise (exit 2, one line)" {
+  refuse "--wandb-sync expects one of: login none; got 'online'" -- --wandb-sync online -C "$ONE_LINE"
+  refuse "--wandb-sync expects one of: login none; got '\$(touch x)'" -- --wandb-sync '$(touch x)' -C "$ONE_LINE"
+  refuse "--wandb-sync expects a value" -- -C "$ONE_LINE" --wandb-sync
+}
+
+# wandb_sync_lines ARG...: the --dry-run script's --wandb-sync lines.
+wandb_sync_lines() {
+  "$SUBMITTER" --dry-run -e live -C "$ONE_LINE" --venv "$FAKE_VENV" "$@" </dev/null |
+    grep -E '^export (WANDB_MODE|HPC_WANDB_SYNC_DIR|WANDB__TRANSACTION_LOG_FLUSH_INTERVAL)='
+}
+
+@test "--wandb-sync login: the job runs W&B offline and gets the experiment's trigger folder; the site's wandb_sync is the default, the command line wins" {
+  run wandb_sync_lines --wandb-sync login
+  assert_success
+  assert_output "export WANDB_MODE=offline
+export HPC_WANDB_SYNC_DIR='$SCRATCH/$PROJECT/live/wandb_osh'
+export WANDB__TRANSACTION_LOG_FLUSH_INTERVAL=2"
+  run wandb_sync_lines
+  assert_output ''
+  local site="$BATS_TEST_TMPDIR/a site/live.conf"
+  mkdir -p "${site%/*}"
+  printf 'wandb_sync = login\n' >"$site"
+  run wandb_sync_lines --site "$site"
+  assert_line "export HPC_WANDB_SYNC_DIR='$SCRATCH/$PROJECT/live/wandb_osh'"
+  run wandb_sync_lines --site "$site" --wandb-sync none
+  assert_output ''
+  # Its own line beats the site's env (cedar sets WANDB_MODE=offline, another site online).
+  printf 'wandb_sync = login\nenv = WANDB_MODE=online\n' >"$site"
+  run bash -c '"$1" --dry-run -e live -C "$2" --venv "$3" --site "$4" </dev/null | grep "^export WANDB_MODE="' _ \
+    "$SUBMITTER" "$ONE_LINE" "$FAKE_VENV" "$site"
+  assert_output "export WANDB_MODE=online
+export WANDB_MODE=offline"
+}
+
+@test "--wandb-sync login: the submission report says how to start the login-node syncer under tmux" {
+  run --separate-stderr "$SUBMITTER" -e live -C "$ONE_LINE" --venv "$FAKE_VENV" --wandb-sync login </dev/null
+  assert_success
+  assert_line "  W&B live:   tmux new -d -s sync 'bash $(printf '%q' "$REPO_ROOT/hpc_files/wandb_sync.sh") live'"
+}

@@ -82,6 +82,11 @@ $(diff -u "$GOLDEN_DIR/$name.sbatch" "$rendered")"
   matches_golden modules
 }
 
+# --wandb-sync login over a site (cedar) whose env already sets WANDB_MODE.
+@test "golden: wandb_sync" {
+  matches_golden wandb_sync
+}
+
 @test "every case has a test here and a golden file, and every golden file a case" {
   local name file tests
   tests=$(sed -n 's/^@test "golden: \(.*\)" {$/\1/p' "$BATS_TEST_FILENAME")

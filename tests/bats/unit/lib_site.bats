@@ -135,7 +135,7 @@ command:echo two'
   site 'account = x' 'acount = y'
   in_libs 'parse_options --site "$SITE_FILE"; load_site'
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: $SITE_FILE:2: unknown key 'acount' (known: account array_throttle command compute_internet container_runtime env gpu_types max_cpus_per_node max_gpus_per_node max_nodes modules partition provides_tmpdir sbatch slurm_conf tmpdir_base )"
+  assert_equal "$stderr" "job_submitter.sh: error: $SITE_FILE:2: unknown key 'acount' (known: account array_throttle command compute_internet container_runtime env gpu_types max_cpus_per_node max_gpus_per_node max_nodes modules partition provides_tmpdir sbatch slurm_conf tmpdir_base wandb_sync )"
 }
 
 @test "a line without '=' names the file and line" {

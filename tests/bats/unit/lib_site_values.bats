@@ -96,6 +96,8 @@ echo hi'
 @test "yes/no/auto, runtimes, names, modules, paths and sbatch options are checked" {
   refused 'provides_tmpdir = maybe' 'yes, no or auto'
   refused 'container_runtime = docker' 'singularity or apptainer'
+  refused 'wandb_sync = $(touch "$PWNED")' 'login or none'
+  refused 'wandb_sync = yes' 'login or none'
   refused 'account = a b' "names of letters, digits, '.', '_' and '-' (one account)"
   # The default of --account, which takes one account.
   refused 'account = a,b' "names of letters, digits, '.', '_' and '-' (one account)"
@@ -152,7 +154,7 @@ auto'
   sed -n '/^   account = def-mypi/,/^   command = /p' "$REPO_ROOT/README.md" >"$SITE_FILE"
   [[ -s "$SITE_FILE" ]] || fail "README example not found"
   in_libs 'parse_options --site "$SITE_FILE"; load_site
-    printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
+    printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "$site_wandb_sync" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
   assert_success
   assert_equal "$output" 'def-mypi
 gpu
@@ -160,6 +162,7 @@ StdEnv/2023 cuda/12.2
 yes
 /scratch-ssd
 a100,v100
+login
 NCCL_SOCKET_IFNAME=^docker0,lo
 --constraint=ib
 export NCCL_DEBUG=INFO'

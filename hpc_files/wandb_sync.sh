@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# wandb_sync.sh: the login-node syncer of --wandb-sync login. Runs wandb-osh's
+# syncer on an experiment's trigger folder ($SCRATCH/<project>/EXP/wandb_osh)
+# until no job of the experiment is queued or running, syncs every run once
+# more, and exits. Meant to run under tmux or screen:
+#
+#   tmux new -d -s sync 'bash hpc_files/wandb_sync.sh EXP'
+#   hpc_files/wandb_sync.sh                 the newest submission's experiment
+#   hpc_files/wandb_sync.sh EXP --poll 30   ask squeue every 30 s
+#
+# The work and the help (-h, --help) are hpc_files/lib/wandb_sync.py's, run by
+# the python login_python (lib/common.sh) chooses: it needs wandb-osh.
+set -euo pipefail
+
+HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+
+project_paths
+HPC_PROJECT_NAME=$project_name exec "$(login_python)" "$HPC_FILES_DIR/lib/wandb_sync.py" "$@"
