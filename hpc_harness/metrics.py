@@ -26,11 +26,11 @@ resumes under its own id.
 Live sync from offline nodes (``--wandb-sync login`` of the submitter): the job's
 ``HPC_WANDB_SYNC_DIR`` names a folder on the shared filesystem; the run is then offline
 (``auto`` and ``online`` become offline) and after each ``log()`` and at ``close()`` the
-wandb-osh hook (``wandb_osh.hooks.TriggerWandbSyncHook``) leaves a trigger file there, which
+harness leaves a wandb-osh trigger file there (``trigger_wandb_sync``), which
 ``hpc_files/wandb_sync.sh`` on the login node turns into ``wandb sync``. A program outside the
-harness does the same after its own ``wandb.log``::
+Trainer does the same after its own ``wandb.log``::
 
-    TriggerWandbSyncHook(os.environ["HPC_WANDB_SYNC_DIR"])()  # from wandb_osh.hooks
+    hpc_harness.metrics.trigger_wandb_sync(os.path.dirname(wandb.run.dir))
 
 Preemption: before the harness exits 42 for a requeue, ``mark_preempting()`` tells W&B the run
 is being preempted (``wandb.Run.mark_preempting``) and the run is then finished with exit code
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import importlib.util
 import logging
 import os
@@ -50,6 +51,7 @@ import secrets
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -255,7 +257,8 @@ class MetricsLogger:
             for handler in osh_log.handlers:
                 if hasattr(handler.formatter, "no_color"):
                     handler.formatter.no_color = True
-        self.sync_hook = TriggerWandbSyncHook(where)
+        TriggerWandbSyncHook(where)  # makes the folder and says which wandb-osh this is
+        self.sync_hook = functools.partial(trigger_wandb_sync, folder=where)
         # The folder that holds the run's .wandb file: wandb-osh's own default, made explicit.
         self.sync_target = os.path.dirname(os.path.abspath(self.wandb_run.dir))
         print(f"hpc_harness: wandb-osh triggers in {where}", flush=True)
@@ -326,6 +329,26 @@ class MetricsLogger:
         self._trigger_sync()
         if self.sync_hook is not None:
             logging.getLogger("wandb_osh").removeFilter(self.sync_filter)
+
+
+def trigger_wandb_sync(run_dir: str, folder: str | None = None) -> None:
+    """Leave wandb-osh's trigger for the offline run in ``run_dir`` (the folder of its .wandb
+    file) in ``folder`` (default ``$HPC_WANDB_SYNC_DIR``), under wandb-osh's own name, written
+    whole: wandb-osh's hook creates the file empty and then writes it, and its syncer, reading
+    in between, syncs its own folder and deletes the trigger, losing that sync."""
+    from wandb_osh.util.hash_id import hash_id
+
+    where = Path(folder or os.environ[SYNC_DIR_ENV])
+    target = Path(run_dir).resolve().as_posix()
+    command = where / f"{hash_id(target)}.command"
+    if command.is_file():  # the hook's own warning, through its logger (said once per run)
+        logging.getLogger("wandb_osh").warning(
+            "Syncing not active or too slow: Command %s file still exists", command
+        )
+    where.mkdir(parents=True, exist_ok=True)
+    partial = where / f".{command.name}.{os.getpid()}"  # not *.command: the syncer skips it
+    partial.write_text(target)
+    os.replace(partial, command)
 
 
 class _OnceFilter(logging.Filter):

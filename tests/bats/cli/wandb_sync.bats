@@ -52,11 +52,11 @@ teardown() {
 }
 
 # trigger FOLDER: what the job's harness does after a log: a record more in
-# the run's file, then wandb-osh's hook.
+# the run's file, then its wandb-osh trigger.
 trigger() {
   echo record >>"$1/run-r1.wandb"
-  "$REPO_ROOT/.venv/bin/python" -c 'import sys; from wandb_osh.hooks import TriggerWandbSyncHook
-TriggerWandbSyncHook(sys.argv[1])(sys.argv[2])' "$exp_dir/wandb_osh" "$1" 2>/dev/null
+  "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.metrics import trigger_wandb_sync
+trigger_wandb_sync(sys.argv[2], folder=sys.argv[1])' "$exp_dir/wandb_osh" "$1" 2>/dev/null
 }
 
 # wait_until SECONDS COMMAND...: poll COMMAND until it succeeds; fail after SECONDS.
@@ -81,6 +81,12 @@ synced_count() {
     fi
   done <"$WANDB_CALLS"
   echo "$count"
+}
+
+# loop_synced_at_least N: wandb-osh's loop made N or more syncs of the run
+# (counted anew at each call: wait_until's arguments are expanded only once).
+loop_synced_at_least() {
+  (($(synced_count loop) >= $1))
 }
 
 no_trigger_left() {
@@ -143,11 +149,11 @@ sync_ended() {
   "$WANDB_SYNC" live --poll 0.2 --wait 0.2 >"$BATS_TEST_TMPDIR/sync.log" 2>&1 3>&- &
   sync_pid=$!
   trigger "$run_folder"
-  wait_until 60 test "$(synced_count loop)" -ge 1
+  wait_until 60 loop_synced_at_least 1
   wait_until 30 no_trigger_left
   # A second log of the running job: synced again.
   trigger "$run_folder"
-  wait_until 60 test "$(synced_count loop)" -ge 2
+  wait_until 60 loop_synced_at_least 2
   wait_until 30 no_trigger_left
   run sync_ended
   assert_failure
