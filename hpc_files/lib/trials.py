@@ -95,8 +95,8 @@ Output, one trial per line, trial K (0-based) on line K+1:
   node expands anything, and params is ``{}`` (plus seed).
 * ``commands.txt``: one line of shell words that the node runs through
   ``eval "set -- $line"``: the configs line as written (comments and
-  continuations removed, so ``$VAR`` expands on the node; globs and braces do not) or ``shlex.join(argv)``
-  for sweep trials (values stay literal), plus `` --seed=K`` with --seeds.
+  continuations removed, so ``$VAR`` expands on the node; globs and braces do not) or
+  ``shlex.join(argv)`` for sweep trials (values stay literal), plus `` --seed=K`` with --seeds.
 
 ``--list`` prints trials.jsonl and writes nothing; ``--out-dir DIR`` writes both
 files atomically (temporary file + rename; DIR is created) and prints the number
