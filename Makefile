@@ -2,8 +2,9 @@
 #   make demo   install what is missing, start the local SLURM cluster, submit
 #               the example 2-node training job through hpc_files/job_submitter.sh
 #   make test   install what is missing, run shellcheck, ruff, bats (unit and
-#               CLI under the default bash and bash 4.2), pytest and the
-#               benchmarks' smoke run
+#               CLI under the default bash and bash 4.2; integration and
+#               reliability on local clusters), pytest and the benchmarks'
+#               smoke run
 #   make test-portability  the integration suite with bash 4.2 first on PATH,
 #               then on a local SLURM 24.11 cluster beside the default one
 #   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
@@ -21,8 +22,8 @@ CLUSTER := local_cluster/cluster.sh
 export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
-.PHONY: help deps demo test lint shellcheck ruff \
-	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration integration-and-pytest test-portability pytest test-reliability cluster-up cluster-down cluster-status golden \
+.PHONY: help deps demo test lint shellcheck ruff cluster-suites \
+	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration bats-reliability suites test-portability pytest test-reliability cluster-up cluster-up-reliability cluster-down cluster-status golden \
 	bench bench-smoke gpu-check mutation
 
 help:
@@ -36,6 +37,7 @@ cluster-up: deps
 
 cluster-down:
 	@$(CLUSTER) down
+	@[[ ! -d $(RELIABILITY_CLUSTER) ]] || HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) $(CLUSTER) down
 
 cluster-status:
 	@$(CLUSTER) status
@@ -77,27 +79,44 @@ bats-unit-bash42: deps
 # (saves about 2 minutes of make test on 2 cores); the 4.2 run's output is
 # printed when both have ended.
 bats-unit-both: deps
-	@$(call beside,$(MAKE) --no-print-directory bats-unit-bash42,$(MAKE) --no-print-directory bats-unit)
+	@$(call beside,$(SUB_MAKE) bats-unit-bash42,$(SUB_MAKE) bats-unit)
 
 # Integration tests submit real jobs to the local cluster.
-INTEGRATION := bats -r tests/bats/integration tests/bats/reliability/security.bats tests/bats/reliability/hostile_inputs.bats
 bats-integration: cluster-up
-	@$(INTEGRATION)
+	@bats -r tests/bats/integration
+
+# The reliability suite (faults, load, security, hostile inputs) on a cluster
+# of its own: it preempts with whole-node jobs, kills a slurmd and fills the
+# queue with a 1000-task array, which would disturb another suite's jobs.
+# Clusters in two folders share no daemon, port or node-local folder
+# (local_cluster/cluster.sh), so it runs beside the integration suite.
+RELIABILITY_CLUSTER := $(CURDIR)/.cluster-reliability
+cluster-up-reliability: deps
+	@HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) $(CLUSTER) up
+bats-reliability: cluster-up-reliability
+	@HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
+	  bats -r tests/bats/reliability
 
 PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
 	@$(PYTEST)
 
-# The integration suite and pytest at once: the integration suite mostly waits
-# on SLURM's timers (about 1 minute of CPU in 12), pytest needs no cluster and
-# neither uses the other's files or ports (jobs' MASTER_PORT is 15000-28999,
-# torchrun --standalone takes an ephemeral port); saves about 5 minutes of make
-# test. pytest's output is printed when both have ended.
-integration-and-pytest: cluster-up
-	@$(call beside,{ echo "pytest:"; $(PYTEST); },$(INTEGRATION))
+# Every suite at once, in three lines: the integration and the reliability
+# suites each mostly wait on SLURM's timers and their jobs' sleeps, on their
+# own clusters; the unit runs (two at once) and then pytest keep the cores
+# busy meanwhile. pytest needs no cluster and uses no file or port of the
+# cluster suites (jobs' MASTER_PORT is 15000-28999, torchrun --standalone
+# takes an ephemeral port). The cluster suites' output is printed when all
+# have ended. -o deps: the sub-makes do not check the dependencies again
+# (each check imports torch).
+SUB_MAKE := $(MAKE) --no-print-directory -o deps
+suites: cluster-up cluster-up-reliability
+	@$(call beside,$(SUB_MAKE) cluster-suites,$(SUB_MAKE) bats-unit-both && $(SUB_MAKE) pytest)
+cluster-suites: cluster-up cluster-up-reliability
+	@$(call beside,{ echo "reliability:"; $(SUB_MAKE) bats-reliability; },{ echo "integration:"; $(SUB_MAKE) bats-integration; })
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
-test: lint bats-unit-both integration-and-pytest bench-smoke
+test: lint suites bench-smoke
 
 # The integration suite with bash 4.2 first on PATH (against the default
 # cluster), then on SLURM 24.11 (its own cluster, started and stopped here).

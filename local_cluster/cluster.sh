@@ -233,6 +233,10 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# A job whose dependency is met (a bayes controller after its round) starts at
+# the next backfill pass: every 2 s here, not SLURM's 30, so a test does not
+# wait half a minute per dependency; a pass over a few jobs costs nothing.
+SchedulerParameters=bf_interval=2
 MpiDefault=none
 JobRequeue=1
 # Finished jobs stay visible to 'scontrol show job' (no accounting database).

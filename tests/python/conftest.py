@@ -139,6 +139,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _gloo_context():  # noqa: ANN202
+    """Fresh processes forked from one server that imported torch once per session: each rank
+    is a new process, as with "spawn", without the ~2 s of CPU its torch import costs (the
+    server runs no torch op and starts no thread before it forks)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
 def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo group
     on CPU (collectives time out after ``timeout_s``: torch's default when None); returns what
@@ -147,12 +158,10 @@ def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> li
     import shutil
     import tempfile
 
-    import torch.multiprocessing as mp
-
     # a file store, not a TCP port: a free port can be taken by another test before rank 0
     # listens on it (EADDRINUSE on this shared machine)
     store = os.path.join(tempfile.mkdtemp(prefix="gloo"), "store")
-    ctx = mp.get_context("spawn")
+    ctx = _gloo_context()
     queue = ctx.SimpleQueue()
     procs = [
         ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, store, queue, args, timeout_s))

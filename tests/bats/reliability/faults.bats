@@ -8,11 +8,15 @@ load '../test_helper'
 teardown() {
   cancel_test_jobs
   # A test that killed a slurmd brings it back even when it failed.
-  "$REPO_ROOT/local_cluster/cluster.sh" up >/dev/null 2>&1 || true
+  "${cluster[@]}" up >/dev/null 2>&1 || true
 }
 
 setup() {
   cluster_test_setup
+  # The cluster in use (SLURM_CONF): .cluster, or the one make test starts for
+  # this suite (.cluster-reliability), or .cluster-24.11 under SLURM_PREFIX.
+  cluster_dir=${SLURM_CONF%/etc/slurm.conf}
+  cluster=(env HPC_CLUSTER_DIR="$cluster_dir" "$REPO_ROOT/local_cluster/cluster.sh")
   data=$(digits_dataset)
   train=(python -m hpc_harness.train --data-dir "$data" --seed 3 --checkpoint-every 10 --signal-check-every 1)
 }
@@ -134,7 +138,7 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
     --ckpt-dir "$BATS_TEST_TMPDIR/nodefail"
   wait_log "$job_id" '^hpc_harness: step (2[0-9]|[3-9][0-9])/' 180
   local pid
-  pid=$(<"$REPO_ROOT/.cluster/run/slurmd-node2.pid")
+  pid=$(<"$cluster_dir/run/slurmd-node2.pid")
   kill -KILL "$pid"
   local deadline=$((SECONDS + 120))
   until [[ "$(job_field "$job_id" Restarts)" == 1 && "$(job_field "$job_id" JobState)" == PENDING ]]; do
@@ -143,7 +147,7 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   done
   run sinfo -h -N -n node2 -o %T
   assert_output --regexp '^down'
-  "$REPO_ROOT/local_cluster/cluster.sh" up >/dev/null
+  "${cluster[@]}" up >/dev/null
   # The returning slurmd revokes the old run's credential as it registers;
   # release only after that second, or the new launch is refused.
   local back=$(($(date +%s) + 2))
@@ -157,7 +161,7 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   assert_output --partial 'restart 1, started'
   assert_file_exists "$BATS_TEST_TMPDIR/nodefail/last.pt"
   # Only our own slurmd was touched: every daemon runs again.
-  run "$REPO_ROOT/local_cluster/cluster.sh" status
+  run "${cluster[@]}" status
   assert_success
 }
 
