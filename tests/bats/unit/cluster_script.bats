@@ -52,11 +52,11 @@ teardown() {
   # Folders whose hashes fall in different blocks (cksum is fixed).
   HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
   assert_success
-  assert_output $'slurmctld 32048\nslurmd 32056-32057'
+  assert_output $'slurmctld 32048\nslurmd 32056-32057\nslurmdbd 32049\nmariadbd 32050'
   HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODES=3 run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 31920\nslurmd 31928-31930'
+  assert_output $'slurmctld 31920\nslurmd 31928-31930\nslurmdbd 31921\nmariadbd 31922'
   HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODE_PORT=27001 run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 31920\nslurmd 27001-27002'
+  assert_output $'slurmctld 31920\nslurmd 27001-27002\nslurmdbd 31921\nmariadbd 31922'
 }
 
 @test "cluster.sh ports: a block another program holds a port of is skipped for the next" {
@@ -64,7 +64,8 @@ teardown() {
   hold_port 32057
   HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
   assert_success
-  assert_output $'slurmctld 32176\nslurmd 32184-32185'
+  assert_line --index 0 'slurmctld 32176'
+  assert_line --index 1 'slurmd 32184-32185'
 }
 
 @test "cluster.sh ports: the ports an earlier 'up' wrote into slurm.conf are kept, unless another program took one" {
@@ -73,11 +74,12 @@ teardown() {
   mkdir -p "$dir/etc"
   printf '%s\n' 'SlurmctldPort=30517' 'NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=30601-30602 CPUs=8' >"$dir/etc/slurm.conf"
   HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 30517\nslurmd 30601-30602'
+  assert_line --index 0 'slurmctld 30517'
+  assert_line --index 1 'slurmd 30601-30602'
   hold_port 30602
   HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
   refute_output --partial 30517
-  assert_output --regexp $'^slurmctld 3[0-9]{4}\nslurmd 3[0-9]{4}-3[0-9]{4}$'
+  assert_output --regexp $'^slurmctld 3[0-9]{4}\nslurmd 3[0-9]{4}-3[0-9]{4}\n'
 }
 
 @test "cluster.sh up refuses a state folder slurm.conf cannot quote" {
