@@ -531,11 +531,14 @@ start_mariadb() {
       --auth-root-authentication-method=socket --skip-test-db >"$CLUSTER_DIR/log/mariadb-install-db.log" 2>&1 ||
       die "mariadb-install-db failed; see $CLUSTER_DIR/log/mariadb-install-db.log"
   fi
-  # A small buffer pool: the database holds a few thousand jobs at most.
-  detached mariadbd --no-defaults --user=root --datadir="$DB_DIR/data" --socket="$DB_SOCKET" \
-    --port="$(db_port)" --bind-address=127.0.0.1 --skip-name-resolve --pid-file="$pidfile" \
-    --log-error="$CLUSTER_DIR/log/mariadbd.log" --skip-log-bin --innodb-buffer-pool-size=64M \
-    --innodb-lock-wait-timeout=900 2>>"$CLUSTER_DIR/log/mariadbd.log" &
+  # mariadbd stays in the foreground: setsid --fork puts it in the background
+  # with no shell of ours left holding the caller's pipes. A small buffer
+  # pool: the database holds a few thousand jobs at most.
+  detached setsid --fork mariadbd --no-defaults --user=root --datadir="$DB_DIR/data" \
+    --socket="$DB_SOCKET" --port="$(db_port)" --bind-address=127.0.0.1 --skip-name-resolve \
+    --pid-file="$pidfile" --log-error="$CLUSTER_DIR/log/mariadbd.log" --skip-log-bin \
+    --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 2>>"$CLUSTER_DIR/log/mariadbd.log" ||
+    die "mariadbd did not start; see $CLUSTER_DIR/log/mariadbd.log"
   wait_for mariadbd 60 mariadb --no-defaults --socket="$DB_SOCKET" -u root -e 'SELECT 1' ||
     die "MariaDB does not answer on $DB_SOCKET after 60 s; see $CLUSTER_DIR/log/mariadbd.log"
 }
