@@ -65,6 +65,7 @@ main() {
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
+  validate_on_cluster
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0

@@ -329,3 +329,66 @@ validate_submission_mode() {
       usage_error "--setup-venv submits a setup job the training job depends on; with --no-submit build the venv first (or use --venv)"
   fi
 }
+
+# validate_on_cluster: what only the scheduler knows, asked where one answers
+# (each question has 10 s; no answer refuses nothing and sbatch decides):
+# the account, and the time and memory against the partition.
+validate_on_cluster() {
+  validate_account
+  validate_partition_limits
+}
+
+# validate_account: where SLURM keeps accounts (sacctmgr answers), the job's
+# account (-a, the site's 'account', else SBATCH_ACCOUNT, else the user's
+# default) must be one of the user's; the refusal names them.
+validate_account() {
+  local user=${USER:-$(id -un)} accounts account=${plan_account:-} given
+  accounts=$(timeout 10 sacctmgr -nP show assoc user="$user" format=account 2>/dev/null) || return 0
+  accounts=$(LC_ALL=C sort -u <<<"$accounts" | sed '/^$/d' | paste -sd, - | sed 's/,/, /g')
+  [[ -n "$accounts" ]] ||
+    usage_error "user '$user' has no SLURM account on this cluster (sacctmgr lists none); ask the cluster's admins to add you to one"
+  if [[ -n "${opt_account:-}" ]]; then
+    given="--account '$account'"
+  elif [[ -n "$account" ]]; then
+    given="the site profile's account '$account' ($site_file)"
+  elif [[ -n "${SBATCH_ACCOUNT:-}" ]]; then
+    account=$SBATCH_ACCOUNT
+    given="SBATCH_ACCOUNT '$account'"
+  else
+    account=$(timeout 10 sacctmgr -nP show user "$user" format=defaultaccount 2>/dev/null) || return 0
+    [[ -n "$account" ]] ||
+      usage_error "no --account given and user '$user' has no default account; pass -a/--account, one of: $accounts"
+    return 0
+  fi
+  [[ ", $accounts, " == *", $account, "* ]] ||
+    usage_error "$given is not an account of user '$user' on this cluster; the user's accounts: $accounts"
+}
+
+# validate_partition_limits: the job's --time and memory per node within its
+# partition's (the default one when none is named) MaxTime, MaxMemPerNode and
+# its nodes' memory; the refusal gives both numbers. A list of partitions is
+# left to sbatch, which takes the first that fits.
+validate_partition_limits() {
+  local partition=${plan_partition:-} record max_time max_seconds seconds mem_mb max_mem node_mem
+  [[ "$partition" != *,* ]] || return 0
+  record=$(timeout 10 scontrol show partition -o ${partition:+"$partition"} 2>/dev/null) || return 0
+  [[ -n "$partition" ]] || record=$(grep -m 1 ' Default=YES ' <<<"$record") || return 0
+  partition=$(sed -n 's/^PartitionName=\([^ ]*\) .*/\1/p' <<<"$record")
+  [[ -n "$partition" ]] || return 0
+  max_time=$(sed -n 's/.* MaxTime=\([^ ]*\).*/\1/p' <<<"$record")
+  parse_slurm_time "${max_time:-UNLIMITED}" max_seconds
+  parse_slurm_time "$plan_time" seconds
+  if [[ -n "$max_seconds" && -n "$seconds" ]] && ((seconds > max_seconds)); then
+    usage_error "--time $plan_time ($seconds s) is over the MaxTime of partition '$partition', $max_time ($max_seconds s); ask for less, or pick another partition with -p"
+  fi
+  parse_memory_mb "${plan_mem:-0}" mem_mb
+  [[ -n "$mem_mb" ]] && ((mem_mb > 0)) || return 0
+  max_mem=$(sed -n 's/.* MaxMemPerNode=\([0-9]*\).*/\1/p' <<<"$record")
+  if [[ -n "$max_mem" ]] && ((mem_mb > 10#$max_mem)); then
+    usage_error "this job asks for $mem_mb MiB of memory per node ($plan_mem) but partition '$partition' allows at most $max_mem MiB (MaxMemPerNode); lower --mem-per-gpu (or the --mem of --sbatch-arg)"
+  fi
+  node_mem=$(timeout 10 sinfo -h -N -p "$partition" -o '%m' 2>/dev/null | sed 's/[^0-9]//g' | sort -n | tail -n 1) || return 0
+  if [[ "$node_mem" =~ ^[0-9]{1,9}$ ]] && ((mem_mb > 10#$node_mem)); then
+    usage_error "this job asks for $mem_mb MiB of memory per node ($plan_mem) but the nodes of partition '$partition' have at most $node_mem MiB; lower --mem-per-gpu (or the --mem of --sbatch-arg)"
+  fi
+}

@@ -34,13 +34,40 @@ echo "--" >>"$STUB_SBATCH_LOG"
 echo "4242"
 STUB
   # The submitter asks scontrol for MaxArraySize before an array: answer as
-  # the local cluster does (without a cluster, scontrol waits on DNS).
+  # the local cluster does (without a cluster, scontrol waits on DNS). It asks
+  # for the partition's limits, sinfo for the nodes' memory and sacctmgr for
+  # the user's accounts: as a cluster without those, unless a test sets
+  # STUB_PARTITIONS ('scontrol show partition -o' lines), STUB_NODE_MEMORY
+  # (sinfo's %m lines) or STUB_ASSOC_ACCOUNTS (one account a line) and
+  # STUB_DEFAULT_ACCOUNT.
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
-[[ "$*" == "show config" ]] || exit 1
-echo "MaxArraySize            = 1001"
+case "$*" in
+  "show config") echo "MaxArraySize            = 1001" ;;
+  "show partition -o"*)
+    [[ -n "${STUB_PARTITIONS:-}" ]] || exit 1
+    grep "^PartitionName=${4:-[^ ]*} " <<<"$STUB_PARTITIONS" ;;
+  *) exit 1 ;;
+esac
 STUB
-  chmod +x "$bin/sbatch" "$bin/scontrol"
+  cat >"$bin/sinfo" <<'STUB'
+#!/usr/bin/env bash
+[[ -n "${STUB_NODE_MEMORY:-}" ]] || exit 1
+printf '%s\n' "$STUB_NODE_MEMORY"
+STUB
+  cat >"$bin/sacctmgr" <<'STUB'
+#!/usr/bin/env bash
+if [[ -z "${STUB_ASSOC_ACCOUNTS+x}" ]]; then
+  echo "sacctmgr: error: Problem talking to the database: Connection refused" >&2
+  exit 1
+fi
+case "$*" in
+  *" show assoc "*) printf '%s' "$STUB_ASSOC_ACCOUNTS" ;;
+  *" show user "*) printf '%s\n' "${STUB_DEFAULT_ACCOUNT:-}" ;;
+  *) exit 1 ;;
+esac
+STUB
+  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/sinfo" "$bin/sacctmgr"
   export PATH="$bin:$PATH"
 }
 

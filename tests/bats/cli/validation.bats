@@ -770,3 +770,58 @@ setup() {
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
   PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
 }
+
+# --- What the scheduler knows: accounts, MaxTime, memory ---------------------
+
+# A partition as 'scontrol show partition -o' prints it (the fields read).
+partition_record() {
+  printf 'PartitionName=%s AllowGroups=ALL Default=%s MaxNodes=UNLIMITED MaxTime=%s MinNodes=0 DefMemPerCPU=1024 MaxMemPerNode=%s\n' "$@"
+}
+
+@test "account: one the user does not have is refused, naming the user's accounts" {
+  export STUB_ASSOC_ACCOUNTS=$'rrg-lab\ndef-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=def-lab
+  refuse "--account 'def-pi' is not an account of user '$(id -un)' on this cluster; the user's accounts: def-lab, rrg-lab" -- \
+    -C "$ONE_LINE" -a def-pi
+}
+
+@test "account: the site profile's account is checked too, and named as the profile's" {
+  export STUB_ASSOC_ACCOUNTS=$'def-lab\n'
+  printf 'account = def-gone\n' >"$BATS_TEST_TMPDIR/site.conf"
+  refuse "the site profile's account 'def-gone' ($BATS_TEST_TMPDIR/site.conf) is not an account of user '$(id -un)' on this cluster; the user's accounts: def-lab" -- \
+    --site "$BATS_TEST_TMPDIR/site.conf" -C "$ONE_LINE"
+}
+
+@test "account: none given and no default account is refused, naming the accounts" {
+  export STUB_ASSOC_ACCOUNTS=$'def-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=''
+  refuse "no --account given and user '$(id -un)' has no default account; pass -a/--account, one of: def-lab, rrg-lab" -- -C "$ONE_LINE"
+}
+
+@test "account: one of the user's, or the default, or no accounting at all, is accepted" {
+  export STUB_ASSOC_ACCOUNTS=$'def-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=def-lab
+  dry -C "$ONE_LINE" -a rrg-lab
+  dry -C "$ONE_LINE"
+  unset STUB_ASSOC_ACCOUNTS
+  dry -C "$ONE_LINE" -a anything
+}
+
+@test "time over the partition's MaxTime is refused with both numbers" {
+  STUB_PARTITIONS="$(partition_record gpu YES 1-00:00:00 61440)"$'\n'"$(partition_record long NO 7-00:00:00 UNLIMITED)"
+  export STUB_PARTITIONS
+  refuse "--time 1-00:00:01 (86401 s) is over the MaxTime of partition 'gpu', 1-00:00:00 (86400 s); ask for less, or pick another partition with -p" -- \
+    -C "$ONE_LINE" -t 1-00:00:01
+  dry -C "$ONE_LINE" -t 1-00:00:00
+  dry -C "$ONE_LINE" -t 1-00:00:01 -p long
+  # A list is sbatch's to choose from.
+  dry -C "$ONE_LINE" -t 3-00:00:00 -p gpu,long
+}
+
+@test "memory per node over the partition's MaxMemPerNode or its nodes' memory is refused with both numbers" {
+  STUB_PARTITIONS="$(partition_record gpu YES 1-00:00:00 61440)"$'\n'"$(partition_record big NO 1-00:00:00 UNLIMITED)"
+  export STUB_PARTITIONS STUB_NODE_MEMORY=$'65536\n131072'
+  refuse "this job asks for 81920 MiB of memory per node (80G) but partition 'gpu' allows at most 61440 MiB (MaxMemPerNode); lower --mem-per-gpu (or the --mem of --sbatch-arg)" -- \
+    -C "$ONE_LINE" -g 4 -m 20G
+  refuse "this job asks for 204800 MiB of memory per node (200G) but the nodes of partition 'big' have at most 131072 MiB; lower --mem-per-gpu (or the --mem of --sbatch-arg)" -- \
+    -C "$ONE_LINE" -p big --sbatch-arg=--mem=200G
+  dry -C "$ONE_LINE" -g 4 -m 15G
+  dry -C "$ONE_LINE" -p big -g 4 -m 20G
+}
