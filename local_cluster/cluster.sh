@@ -285,6 +285,10 @@ EOF
     cat <<EOF
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/affinity,task/cgroup
+# No binding by default: the nodes claim more CPUs than the machine has, and
+# binding each task to cores of its own fails ("Unable to layout tasks on
+# given cpus") where a step has more tasks than real cores.
+TaskPluginParam=None
 JobAcctGatherType=jobacct_gather/cgroup
 EOF
   else
