@@ -115,3 +115,12 @@ teardown() {
   assert_equal "${#stderr_lines[@]}" 1
   assert_regex "$stderr" "^cluster.sh: error: the local cluster runs its daemons as root"
 }
+
+@test "cluster.sh up refuses an unknown shape or cgroups knob in one line" {
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_SHAPE=huge run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "$stderr" "cluster.sh: error: HPC_CLUSTER_SHAPE must be production or friendly, got 'huge'"
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_CGROUPS=yes run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "$stderr" "cluster.sh: error: HPC_CLUSTER_CGROUPS must be auto or no, got 'yes'"
+}
