@@ -67,6 +67,8 @@ START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), st
 ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
 KILLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# slurmstepd's line when the cgroup's OOM killer struck a step of this run.
+OOM_KILL = re.compile(r"Detected \d+ oom[-_]kill event")
 PROGRESS = re.compile(r"^hpc_harness: step (\d+)/(\d+) epoch (\d+) loss (\S+)")
 IMAGE_TYPES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot and --curves write
 LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IGNORECASE)
@@ -372,6 +374,7 @@ class LogInfo:
     progress: str | None = None
     error: str | None = None
     killed: str | None = None
+    out_of_memory: bool = False
 
 
 def read_log(path: str | None) -> LogInfo | None:
@@ -385,10 +388,13 @@ def read_log(path: str | None) -> LogInfo | None:
             info.restart = int(m.group(4))
             info.started, info.ended = m.group(5), None
             info.exit_code, info.requeued, info.error, info.killed = None, False, None, None
+            info.out_of_memory = False
         elif m := ENDED.match(line):
             info.exit_code, info.ended = int(m.group(1)), m.group(2)
         elif m := REQUEUED.match(line):
             info.requeued = True
+        elif OOM_KILL.search(line):
+            info.out_of_memory = True
         elif m := KILLED.search(line):
             info.killed = "timeout" if m.group(1) == "TIME LIMIT" else "cancelled"
         elif line.startswith("hpc: error: "):
@@ -553,12 +559,16 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
             return "finished", False, restarts
         if state in ACTIVE_STATES:
             return state.lower(), False, restarts
+        if log and log.out_of_memory or state == "OUT_OF_MEMORY":
+            return f"out of memory (exit {code})", True, restarts
         return f"{state.lower()} (exit {code})", True, restarts
     if log is None:
         return "not started", False, 0
     if log.exit_code is not None:
         if log.exit_code == 0:
             return "finished", False, restarts
+        if log.out_of_memory:
+            return f"out of memory (exit {log.exit_code})", True, restarts
         return f"failed (exit {log.exit_code})", True, restarts
     if log.requeued:
         return "requeued", False, restarts
@@ -1012,7 +1022,9 @@ def status_text(sub: Submission, project: str) -> str:
             state = fields["JobState"]
             restarts = max(restarts, int(fields.get("Restarts", "0") or 0))
             if state not in ("PENDING", "RUNNING", "COMPLETED"):
-                state += f" (exit {fields.get('ExitCode', '?').split(':')[0]})"
+                code = fields.get("ExitCode", "?").split(":")[0]
+                oom = state == "OUT_OF_MEMORY" or (log and log.out_of_memory)
+                state = f"{'out of memory' if oom else state} (exit {code})"
             elapsed = fields.get("RunTime", "-")
         else:
             state, _, restarts = trial_state(None, log)

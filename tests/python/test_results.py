@@ -370,6 +370,29 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
     assert lines[1].endswith("states from SLURM") and calls == ["500"]
 
 
+def test_a_step_the_cgroup_killed_for_memory_reads_out_of_memory(scratch, capsys, monkeypatch):
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
+    log.write_text(
+        "hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n"
+        "srun: error: node1: task 0: Out Of Memory\n"
+        "slurmstepd-node1: error: Detected 1 oom-kill event(s) in StepId=600.0. Some of your "
+        "processes may have been killed by the cgroup out-of-memory handler.\n"
+        "hpc: training step ended with exit code 137 at 2026-11-23 12:00:42\n"
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][1] == "out of memory (exit 137)"
+    # While SLURM still knows the job (FAILED: the batch script exits with the step's code).
+    monkeypatch.setattr(
+        results,
+        "scontrol_tasks",
+        lambda job_id: results.parse_scontrol("JobId=600 JobState=FAILED ExitCode=137:0 RunTime=1"),
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][1] == "out of memory (exit 137)"
+    code, lines, _ = run(capsys, "results", "--project", "proj", "single")
+    assert "out of memory (exit 137)" in "\n".join(lines)
+
+
 def test_parse_sacct_plain_job_and_steps() -> None:
     tasks = results.parse_sacct("7|TIMEOUT|0:0|00:05:00\n7.batch|CANCELLED|0:15|00:05:00\n")
     assert list(tasks) == [0]
