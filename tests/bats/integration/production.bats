@@ -88,3 +88,15 @@ wait_sacct() {
   assert_equal "$(grep -c '^open ' "$out")" 1
   assert_equal "$(grep -c '^denied ' "$out")" 3
 }
+
+@test "cgroups: a submitted job over its memory fails, and status.sh says out of memory with its exit code" {
+  uses_cgroups || skip "this cluster runs without cgroups (see 'cluster.sh up')"
+  submit -g 0 -m 100M -W none -t 5 -e oom -- python3 -c 'import time; x = bytearray(600 * 1024 * 1024); time.sleep(5)'
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" FAILED
+  run job_log "$job_id"
+  assert_output --regexp 'Detected [0-9]+ oom[-_]kill event'
+  run "$REPO_ROOT/hpc_files/status.sh" oom
+  assert_success
+  assert_line --index 3 --regexp '^0 +out of memory \(exit 137\) +0 '
+}
