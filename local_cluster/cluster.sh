@@ -230,6 +230,9 @@ check_prerequisites() {
       command -v "$cmd" >/dev/null ||
         die "'$cmd' not found; run 'make deps' (apt-get install slurmdbd mariadb-server), or HPC_CLUSTER_SHAPE=friendly"
     done
+    # A build of its own needs its own slurmdbd, built with MySQL support.
+    [[ -z "$SLURM_PREFIX" || -e "$SLURM_PREFIX/lib/slurm/accounting_storage_mysql.so" ]] ||
+      die "SLURM_PREFIX '$SLURM_PREFIX' has no lib/slurm/accounting_storage_mysql.so (slurmdbd built without MySQL); use HPC_CLUSTER_SHAPE=friendly"
   fi
   [[ "$NODE_COUNT" =~ ^[1-9][0-9]?$ ]] || die "HPC_CLUSTER_NODES must be 1-99, got '$NODE_COUNT'"
   [[ "$NODE_GPUS" =~ ^[0-4]$ ]] || die "HPC_CLUSTER_GPUS must be 0-4 (fake GPUs are /dev/tty0-3), got '$NODE_GPUS'"
