@@ -8,7 +8,8 @@
 #   --smoke         tiny sizes, 1 repetition: checks that the scripts still
 #                   work; writes a temporary file (printed), not BENCHMARKS.md
 #   --only          a subset: harness_overhead, submit_latency, staging,
-#                   requeue_cost, startup, search_tpe, loop_overhead
+#                   requeue_cost, startup, search_tpe, loop_overhead,
+#                   early_terminate
 #   --no-load-wait  skip waiting for the 1-minute load to fall below 1.0
 # Needs root (page cache) and the local cluster (local_cluster/cluster.sh up).
 set -euo pipefail
@@ -36,11 +37,12 @@ if [[ -n "$smoke" && "$out" == "$BENCH_ROOT/BENCHMARKS.md" ]]; then
   out=$(mktemp "${TMPDIR:-/tmp}/BENCHMARKS.smoke.XXXXXX.md")
 fi
 
-BENCHES=(harness_overhead submit_latency staging requeue_cost startup search_tpe loop_overhead)
+BENCHES=(harness_overhead submit_latency staging requeue_cost startup search_tpe loop_overhead early_terminate)
 bench_command() {
   case "$1" in
     harness_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/harness_overhead.py" ;;
     search_tpe) echo "$BENCH_PY $BENCH_ROOT/bench/search_tpe.py" ;;
+    early_terminate) echo "$BENCH_PY $BENCH_ROOT/bench/early_terminate.py" ;;
     loop_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/loop_overhead.py" ;;
     *) echo "bash $BENCH_ROOT/bench/$1.sh" ;;
   esac

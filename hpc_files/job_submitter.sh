@@ -28,6 +28,10 @@ source "$HPC_FILES_DIR/lib/data.sh"
 source "$HPC_FILES_DIR/lib/render.sh"
 # shellcheck source=lib/submit.sh
 source "$HPC_FILES_DIR/lib/submit.sh"
+# shellcheck source=lib/limits.sh
+source "$HPC_FILES_DIR/lib/limits.sh"
+# shellcheck source=lib/experiment.sh
+source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
@@ -42,6 +46,10 @@ main() {
     return 0
   fi
   project_paths
+  if [[ -n "${opt_retry_failed:-}" ]]; then
+    retry_failed
+    return 0
+  fi
   apply_defaults
   if [[ -n "${opt_prune_data_cache:-}" ]]; then
     validate_scratch
@@ -59,13 +67,16 @@ main() {
   fi
   validate_data_paths
   validate_experiment_folder
+  validate_allocation
+  queue_after_running
   check_wandb_credentials
   prepare_trials
   refuse_bayes_unsubmitted
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"
   validate_array_size "$plan_trial_count"
-  validate_on_cluster
+  validate_interactive_trials "$plan_trial_count"
+  plan_array_split
   if [[ -n "${opt_dry_run:-}" ]]; then
     preview_submission
     return 0
@@ -73,6 +84,7 @@ main() {
   make_submission_dir
   plan_submission_folder "$submission_dir"
   fill_submission_dir "$@"
+  prune_start
   stage_data_tarball
   render_script >"$submission_dir/job.sbatch" || die "cannot write $submission_dir/job.sbatch"
   warn_if_other_command_checkpointed
@@ -80,6 +92,8 @@ main() {
     report_unsubmitted
     return 0
   fi
+  clear_stop_record
+  [[ -z "${opt_interactive:-}" ]] || run_interactive
   bayes_start "$@"
   submit_setup_job
   submit_job

@@ -347,7 +347,7 @@ RESUME_FREE_KEYS = frozenset(
         [
             "gpus strategy fsdp_wrap sharded_checkpoint precision num_workers",  # hardware
             "ckpt_dir data_dir run_dir",  # paths (a requeued job stages its data elsewhere)
-            "max_steps steps",  # where this piece stops (a run may go on in pieces; charlm)
+            "max_steps steps epochs",  # where it stops: a finished run may be extended
             "log_every wandb wandb_project",  # logging
             "checkpoint_every checkpoint_every_s keep_last resume no_resume fresh",
             "signal_check_every signal_check_s signal_check_seconds",  # requeue protocol
@@ -455,6 +455,7 @@ def identity_error(
         f"{k} ({saved.get(k, missing)!r} -> {fp.get(k, missing)!r})"
         for k in sorted(set(saved) | set(fp))
         if saved.get(k, missing) != fp.get(k, missing)
+        and k not in RESUME_FREE_KEYS  # an older harness's fingerprint held ``epochs``
     ]
     if not diff:
         return None

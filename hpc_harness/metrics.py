@@ -32,6 +32,7 @@ the exit code: a TERM sent to the whole job also ends wandb's own service proces
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import os
@@ -47,6 +48,7 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 CSV_NAME = "metrics.csv"
 CSV_FIELDS = ("time", "step", "epoch", "name", "value")
 WANDB_ID_FILE = "wandb_run_id"
+FAILED = "failed"  # the CSV row of a run that ended in an exception
 
 
 def _has_rows(csv_path: str) -> bool:
@@ -227,6 +229,16 @@ class MetricsLogger:
             print(f"hpc_harness: wandb run {self.wandb_run.id} marked preempting", flush=True)
         except Exception as exc:  # wandb's service may be gone (TERM to the whole job)
             print(f"hpc_harness: warning: could not mark the wandb run preempting: {exc}")
+
+    def mark_failed(self, step: int, epoch: int) -> None:
+        """The run ends in an exception: a ``failed`` row (value 1) in the CSV, and ``close()``
+        finishes the W&B run with exit code 1, so W&B and a sweep see a failed trial."""
+        if not self.enabled:
+            return
+        self.wandb_exit_code = 1
+        with contextlib.suppress(OSError):  # the exception on its way out matters more
+            self._csv.writerow((f"{time.time():.3f}", step, epoch, FAILED, "1"))
+            self._file.flush()
 
     def close(self) -> None:
         if not self.enabled:

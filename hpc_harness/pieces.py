@@ -8,9 +8,9 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
     sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
     loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
-    state = hp.load_checkpoint(ckpt_dir)                  # rank 0 chooses, every rank loads
-    if state:                                             # the optimizer too (AdamW's moments)
-        model.load_state_dict(state["model"]); opt.load_state_dict(state["optimizer"])
+    state = hp.load_checkpoint(ckpt_dir, rank0_only=("model", "optimizer"))  # rank 0 reads
+    if state:                                             # its tensors broadcast to every rank
+        hp.load_state(model, opt, state)                  # the optimizer too (AdamW's moments)
     step = state["global_step"] if state else 0
     stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
     while step < total_steps:
@@ -23,7 +23,7 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
             opt.step()
             step += 1
             if stop.should_stop():                        # the same step on every rank
-                keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+                keep = hp.state_dicts(model, opt)         # by name, whole, on rank 0
                 path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
@@ -40,6 +40,8 @@ RNG). Seeded with ``sampler.worker_seed()`` at each epoch's start, it gives the 
 randomness (augmentations) another seed on each rank and in each epoch, and a resumed process
 the one the uninterrupted run drew (the generator itself is not saved).
 :class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
+In a sweep with ``early_terminate``, call :func:`should_stop_trial` with your metric after each
+evaluation: True means pruned (save a checkpoint, exit 0).
 ``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
 also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
 (``checkpoint.RunMismatch``); :func:`start_fresh` before it (your ``--fresh``) moves the earlier
@@ -51,9 +53,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
+import torch
+
 from hpc_harness import checkpoint as ckpt
+from hpc_harness import pruning
 from hpc_harness.data import ResumableSampler, shield_workers
 from hpc_harness.dist import DistContext, barrier, cleanup, say, setup
 from hpc_harness.dist import group as _group
@@ -63,11 +69,12 @@ from hpc_harness.signals import (
     signals_blocked,
     write_requeue_marker,
 )
-from hpc_harness.strategy import average_gradients
+from hpc_harness.strategy import FixedOrderReduction, Strategy, average_gradients
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
     "DistContext",
+    "FixedOrderReduction",
     "ResumableSampler",
     "StopAgreement",
     "announce_requeue",
@@ -77,13 +84,16 @@ __all__ = [
     "from_rank0",
     "gather_rng",
     "load_checkpoint",
+    "load_state",
     "on_rank0",
     "requeue_exit",
     "save_checkpoint",
     "setup",
     "shield_workers",
+    "should_stop_trial",
     "signals_blocked",
     "start_fresh",
+    "state_dicts",
 ]
 
 
@@ -219,6 +229,29 @@ def load_checkpoint(
     return {**state, "path": path, "rng": mine}
 
 
+def _saving_half() -> Strategy:
+    """A Strategy for its save and load alone: the user's loop wrapped the model itself."""
+    world = _group().get_world_size() if _group() else 1
+    where = SimpleNamespace(world_size=world, local_world_size=1, device=torch.device("cpu"))
+    return Strategy("ddp", where)
+
+
+def state_dicts(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``{"model", "optimizer"}`` for :func:`save_checkpoint`: keyed by parameter name, whole
+    tensors on rank 0's CPU (empty on the others), under DDP, FSDP or none
+    (Strategy.state). Collective."""
+    model_state, optim_state = _saving_half().state(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def load_state(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    """Rank 0's ``state["model"]`` and ``state["optimizer"]`` (:func:`state_dicts`; from
+    ``load_checkpoint(..., rank0_only=("model", "optimizer"))``) into every rank: the tensors
+    are broadcast from rank 0 (torch's ``broadcast_from_rank0``), not pickled whole into every
+    rank's memory. Collective."""
+    _saving_half().load(model, optimizer, state)
+
+
 def start_fresh(ckpt_dir: str, run_dir: str | None = None) -> None:
     """``--fresh``: rank 0 moves an earlier run's ``ckpt_dir`` aside (renamed, never deleted;
     not this same job's own folder at a requeue, see checkpoint.move_aside), and with it
@@ -252,3 +285,12 @@ def requeue_exit(step: int, epoch: int, checkpoint: str, stop: StopAgreement) ->
     announce_requeue(step, epoch, checkpoint, stop)
     cleanup()
     sys.exit(REQUEUE_EXIT_CODE)
+
+
+def should_stop_trial(value: Any, step: int) -> bool:
+    """True when the sweep's ``early_terminate`` prunes this trial at ``step`` (epochs done, from
+    1): save a checkpoint and exit 0. ``value``: the sweep's metric, or a dict holding it; rank
+    0's counts. False at once outside such a sweep. Collective in one (hpc_harness/pruning.py)."""
+    if pruning.config() is None:  # the same on every rank: no collective
+        return False
+    return bool(on_rank0(lambda: pruning.report(value, step)))

@@ -1,34 +1,20 @@
 """Strategies: how the model is replicated and how its state is saved and loaded.
 
-    ddp   (default) one process per GPU (or per CPU task); DistributedDataParallel.
-    dp    one process using every visible GPU through DataParallel. Multi-process or
-          multi-node launches are refused. On CPU it is a plain single-process model.
-    ddp2  one process per node using all of that node's GPUs through DataParallel, with
-          gradients all-reduced across nodes after backward. On GPU more than one process per
-          node is refused. On CPU there is nothing to split inside a process, so it degenerates
-          to a gradient all-reduce across all processes: the same maths as ddp. Rank 0's
-          buffers (BatchNorm statistics) are broadcast after each step (DDP: before each
-          forward).
-    fsdp  torch's FSDP2 (``fully_shard``) on each module of the wrap policy's classes, then on
-          the root. The policy (``fsdp_wrap``) defaults to the classes found in an
-          ``nn.ModuleList`` (a transformer's blocks); a module that shares a parameter with
-          the rest of the model (GPT-2's ``lm_head.weight = wte.weight``) is left to the root,
-          so tied weights stay one parameter. Works on CPU/gloo in torch 2.13.
+    ddp   (default) DistributedDataParallel, one process per GPU (or CPU task); above 2 ranks
+          its gradients are summed in a fixed order (FixedOrderReduction): resume is exact.
+    dp    one process over every visible GPU (DataParallel); several processes are refused.
+    ddp2  one process per node over its GPUs (DataParallel), gradients all-reduced across
+          processes after backward (average_gradients); on CPU the maths of ddp.
+    fsdp  torch's FSDP2 (``fully_shard``) on each module of ``fsdp_wrap`` (default: the classes
+          in an ``nn.ModuleList``), then on the root; tied weights stay in the root's group.
 
-Model and optimizer state go through ``torch.distributed.checkpoint.state_dict`` for every
-strategy: keyed by parameter name, full (unsharded) tensors, so a checkpoint written under
-one strategy and world size resumes under any other (ddp -> fsdp and back). At world size 2 a
-gradient element is the sum of two numbers (commutative) halved (exact) under ddp's all-reduce
-and fsdp's reduce-scatter alike, so a run that switches strategy at a resume stays bitwise
-equal to an uninterrupted one (tests/python/test_strategy.py); with more ranks the two may sum
-in different orders and a switch is then equal up to rounding.
-On load rank 0 alone holds the state; ``broadcast_from_rank0`` hands every rank its part.
-The optimizer must hold the model's parameters only (each is saved under its name). With
-``sharded=True`` (``TrainConfig.sharded_checkpoint``) every rank keeps its own part instead,
-for ``checkpoint.save_sharded``.
-(Those helpers, broadcast_from_rank0 (torch 2.4) and dcp.save(checkpoint_id=) (2.3) are older
-than MIN_TORCH: only ``fully_shard`` needs a check.)
-
+Model and optimizer state go through ``torch.distributed.checkpoint.state_dict``, keyed by
+parameter name, full tensors: a checkpoint resumes under any strategy and world size. A resume
+at the same world size and strategy is bitwise equal to an uninterrupted run (CPU). A switch
+between fsdp and the others is bitwise only at world size 2 without ``grad_clip``: above 2 ranks
+ddp's fixed order and fsdp's reduce-scatter sum in different orders, and with ``grad_clip`` the
+norm is summed per parameter (ddp) or per shard (fsdp) and rounds differently (5.96e-08; with
+BatchNorm 2.2e-04 after a few steps). Strategy.switch_warning says so at such a resume.
 With a world size of 1, ddp, ddp2 and fsdp all run the plain model.
 """
 
@@ -79,9 +65,7 @@ def average_gradients(model: nn.Module, world_size: int) -> None:
     """Average the gradients over all processes with one flat all-reduce, in parameter order.
 
     The summation order is the same at every step, so a resumed run stays bitwise equal to an
-    uninterrupted one at any world size. DDP does not promise that above 2 processes: after
-    its first step it regroups the gradients by the order they were ready, so the first step
-    after a resume sums them in another layout than the uninterrupted run did at that step.
+    uninterrupted one at any world size (what FixedOrderReduction does for DDP).
     A parameter without a gradient on some ranks (a branch the data chooses) counts as zeros
     there; one without a gradient on every rank keeps None (momentum does not move it). The
     flags saying which rank has which ride in the same all-reduce.
@@ -108,6 +92,73 @@ def average_gradients(model: nn.Module, world_size: int) -> None:
                 p.grad = None
 
 
+class FixedOrderReduction:
+    """A DDP communication hook that sums every gradient element in the same order at every
+    step, so a resumed run stays bitwise equal to an uninterrupted one at any world size.
+
+    DDP starts with one bucket of every parameter and, after a process's first step, regroups
+    them by the order their gradients became ready; an all-reduce sums an element in an order
+    set by its place in the buffer, so the first step after a resume summed in another layout
+    than the uninterrupted run's same step. Here the parameters form fixed groups (in reverse
+    order, DDP's guess of the backward's order, cut at ``group_bytes``), each all-reduced as
+    one flat buffer as soon as DDP hands over the last of its gradients: whatever DDP's
+    buckets, the layouts are the same, and communication still overlaps the backward pass.
+    """
+
+    def __init__(self, ddp: nn.Module, group_bytes: int = 25 * 2**20) -> None:
+        """``ddp``: a DistributedDataParallel model; ``group_bytes``: DDP's own bucket size."""
+        self.ddp, self.world_size = ddp, dist.get_world_size(ddp.process_group)
+        params = [p for p in ddp.module.parameters() if p.requires_grad]
+        self.groups: list[list[torch.Tensor]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if self.groups[-1] and size + p.numel() * p.element_size() > group_bytes:
+                self.groups.append([])
+                size = 0
+            self.groups[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.group_of = {id(p): i for i, group in enumerate(self.groups) for p in group}
+        self._new_step()
+
+    def _new_step(self) -> None:
+        self.grads: list[dict[int, torch.Tensor]] = [{} for _ in self.groups]
+        self.done = [torch.futures.Future() for _ in self.groups]
+        self.launched = 0
+
+    def register(self) -> None:
+        self.ddp.register_comm_hook(None, self.hook)
+
+    # no annotations on bucket and the result: DDP compares them with the types themselves,
+    # and this module's postponed annotations are strings
+    def hook(self, _state: object, bucket):
+        buffer = bucket.buffer()
+        buffer.div_(self.world_size)  # as DDP's own reduction: the mean, divided first
+        mine = sorted({self.group_of[id(p)] for p in bucket.parameters()})
+        for p, grad in zip(bucket.parameters(), bucket.gradients()):
+            self.grads[self.group_of[id(p)]][id(p)] = grad
+        waits = [self.done[i] for i in mine]
+        for i in mine:
+            if len(self.grads[i]) == len(self.groups[i]):
+                self._reduce(i)
+        if self.launched == len(self.groups):  # every group is under way: the next step's
+            self._new_step()
+        return torch.futures.collect_all(waits).then(lambda _: buffer)
+
+    def _reduce(self, i: int) -> None:
+        """All-reduce group ``i`` in its fixed layout, its gradients' views written back."""
+        grads = [self.grads[i][id(p)] for p in self.groups[i]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        done = self.done[i]
+
+        def write_back(fut: torch.futures.Future) -> None:
+            _copy_back(fut.value()[0], grads)
+            done.set_result(None)
+
+        work = dist.all_reduce(flat, group=self.ddp.process_group, async_op=True)
+        work.get_future().then(write_back)
+        self.launched += 1
+
+
 def broadcast_buffers(model: nn.Module) -> None:
     """Rank 0's buffers (BatchNorm's running statistics) on every rank: one broadcast per
     dtype. ddp2 calls it after each step, as DDP broadcasts them before each forward, so the
@@ -122,7 +173,14 @@ def broadcast_buffers(model: nn.Module) -> None:
 
 
 class Strategy:
-    """Wraps the model and owns the save/load of model and optimizer state."""
+    """Wraps the model and owns the save/load of model and optimizer state.
+
+    dp on CPU is the plain model; ddp2 on GPU refuses more than one process per node, and
+    broadcasts rank 0's buffers after each step (DDP: before each forward). The optimizer must
+    hold the model's parameters only (each is saved under its name). With ``sharded``
+    (``TrainConfig.sharded_checkpoint``) every rank keeps its own part, for
+    ``checkpoint.save_sharded``.
+    """
 
     def __init__(self, name: str, ctx: Any, fsdp_wrap: tuple[type[nn.Module], ...] = ()) -> None:
         self.name = name
@@ -131,7 +189,8 @@ class Strategy:
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
         check_strategy(name, self.world_size, ctx.local_world_size, ctx.device.type == "cuda")
-        if name == "fsdp":
+        if name == "fsdp":  # the state_dict helpers, broadcast_from_rank0 (torch 2.4) and
+            # dcp.save(checkpoint_id=) (2.3) are older than MIN_TORCH: only fully_shard is checked
             try:
                 from torch.distributed.fsdp import fully_shard  # noqa: F401
             except ImportError:
@@ -156,7 +215,10 @@ class Strategy:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
-            return DDP(model, device_ids=ids)
+            ddp = DDP(model, device_ids=ids)
+            if self.world_size > 2:  # two ranks sum a+b, the same in any order
+                FixedOrderReduction(ddp).register()
+            return ddp
         if self.name == "ddp2":
             for t in [*model.parameters(), *model.buffers()]:  # start identical on every node
                 dist.broadcast(t.data, src=0)
@@ -172,6 +234,20 @@ class Strategy:
                 fully_shard(module, mesh=mesh)
             fully_shard(model, mesh=mesh)
         return model
+
+    def switch_warning(self, saved: str | None, grad_clip: float | None) -> str | None:
+        """The line to print at a resume from a checkpoint of strategy ``saved`` when it will
+        not end bitwise equal to an uninterrupted run (module docstring); None when it will."""
+        if saved is None or (saved == "fsdp") == (self.name == "fsdp"):
+            return None
+        if self.world_size <= 2 and not grad_clip:
+            return None
+        why = "grad_clip's norm" if grad_clip else f"{self.world_size} ranks' gradient sums"
+        return (
+            f"hpc_harness: warning: resuming a {saved} checkpoint under {self.name}: "
+            f"{why} round differently, the run ends close to, not bitwise equal to, an "
+            f"uninterrupted {saved} run"
+        )
 
     # -- state (collective: call on every rank) --------------------------------
 

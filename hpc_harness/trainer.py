@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hpc_harness import checkpoint as ckpt
 from hpc_harness import pieces
@@ -200,8 +200,24 @@ class Trainer:
         )
         batch_sampler = getattr(train_loader, "batch_sampler", None)
         self.batch_size = train_loader.batch_size or getattr(batch_sampler, "batch_size", 1)
-        self.steps_per_epoch = math.ceil(len(self.train_loader) / config.accumulate)
-        self.total_steps = min(config.epochs * self.steps_per_epoch, config.max_steps or math.inf)
+        # an IterableDataset the user shards may end sooner on one rank than on the others:
+        # every step then asks whether every rank has a batch (a host sync per step, here only)
+        self._agree_each_step = self.world_size > 1 and isinstance(
+            train_loader.dataset, IterableDataset
+        )
+        self.steps_per_epoch = self._agreed_steps_per_epoch()
+        if self.steps_per_epoch is None and config.max_steps is None:
+            raise ValueError(
+                "the training DataLoader has no length (an IterableDataset without __len__): "
+                "set max_steps (an epoch is then one pass over it)"
+            )
+        if self.steps_per_epoch is None:
+            self.total_steps = config.max_steps
+        else:
+            self.total_steps = min(
+                config.epochs * self.steps_per_epoch, config.max_steps or math.inf
+            )
+        self._exhausted = False  # the epoch's batches ran out (the end of an unsized epoch)
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -216,6 +232,30 @@ class Trainer:
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
         self.fingerprint = ckpt.fingerprint(self.run_config())
+        self._warn_unsaved_state()
+
+    def _agreed_steps_per_epoch(self) -> int | None:
+        """Optimizer steps in an epoch, the same on every rank: the fewest any rank's loader
+        has (data the user shards may differ in length; accelerate's even_batches), said in
+        one line when they differ; None when a rank's loader has no length. Collective."""
+        try:
+            batches = len(self.train_loader)
+        except TypeError:
+            batches = -1
+        mine = math.ceil(batches / self.cfg.accumulate) if batches >= 0 else -1
+        if (torch_dist := group()) is None:
+            return None if mine < 0 else mine
+        both = torch.tensor([mine, -mine], dtype=torch.int64, device=self.device)
+        torch_dist.all_reduce(both, op=torch_dist.ReduceOp.MIN)
+        fewest, most = both[0].item(), -both[1].item()
+        if fewest < 0:
+            return None
+        if fewest != most:
+            self._print(
+                f"hpc_harness: warning: the ranks' loaders have {fewest} to {most} steps an "
+                f"epoch: every rank trains the first {fewest} (the fewest), the rest are left out"
+            )
+        return fewest
 
     def run_config(self) -> dict[str, Any]:
         """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
@@ -304,11 +344,14 @@ class Trainer:
             self.sampler.set_start(done * self.batch_size)
             # the workers' seeds (augmentations): the same at a resume, another on each rank
             self.train_loader.generator.manual_seed(self.sampler.worker_seed())
+            if self._pending_rng is not None:  # before iter(): workers copy the dataset
+                self._load_states(self._pending_rng)
             batches = iter(self.train_loader)  # workers born shielded (data.shield_workers)
         else:
             batches = self._user_sampler_batches(epoch, done)
         self._restore_pending_rng()  # after the iterator exists: it may draw randomness
-        while chunk := list(itertools.islice(batches, cfg.accumulate)):
+        self._exhausted = False
+        while chunk := self._next_chunk(batches):
             self._run_batch(chunk)
             self.step_in_epoch += 1
             self.global_step += 1
@@ -323,7 +366,27 @@ class Trainer:
                 self._save_checkpoint()
             if cfg.max_steps is not None and step >= cfg.max_steps:
                 return "max_steps"
+        self._exhausted = True
         return "finished"
+
+    def _next_chunk(self, batches: Any) -> list[Any]:
+        """The next step's batches; none once the epoch's agreed steps are done or (an
+        IterableDataset, several ranks) once any rank has run out. Collective then."""
+        if self.steps_per_epoch is not None and self.step_in_epoch >= self.steps_per_epoch:
+            return []
+        chunk = list(itertools.islice(batches, self.cfg.accumulate))
+        if self._agree_each_step:
+            have = torch.tensor(len(chunk), device=self.device)
+            group().all_reduce(have, op=group().ReduceOp.MIN)
+            if not have.item():
+                return []
+        return chunk
+
+    def _epoch_done(self) -> bool:
+        """The epoch's batches are all trained (an unsized one's: its iterator ran out)."""
+        if self.steps_per_epoch is None:
+            return self._exhausted
+        return self.step_in_epoch >= self.steps_per_epoch
 
     def _restore_pending_rng(self) -> None:
         """The resumed checkpoint's RNG states, once, before the run draws from them."""
@@ -345,7 +408,7 @@ class Trainer:
         for sampler in (loader.sampler, loader.batch_sampler):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
-        if start >= len(loader):
+        if self.steps_per_epoch is not None and start >= len(loader):
             return iter(())
         if loader.persistent_workers and not self._workers_started:
             # a persistent loader draws its later epochs' orders at its iterator's reset, the
@@ -367,8 +430,10 @@ class Trainer:
         return batches
 
     def _order_state(self) -> dict[str, Any]:
-        """What the own loader's order is drawn from: ckpt.capture_rng() and ``generators``."""
-        return {**ckpt.capture_rng(), "generators": self._generator_states()}
+        """What the own loader's order is drawn from: ckpt.capture_rng(), ``generators`` and
+        the ``state_dict()`` of a sampler or dataset that has one (torchdata's protocol)."""
+        states = [obj.state_dict() for obj in self._stateful()]
+        return {**ckpt.capture_rng(), "generators": self._generator_states(), "states": states}
 
     def _generator_states(self) -> list[torch.Tensor]:
         return [g.get_state() for g in self._generators()]
@@ -377,6 +442,50 @@ class Trainer:
         ckpt.restore_rng(state)
         for generator, saved in zip(self._generators(), state["generators"]):
             generator.set_state(saved)
+        self._load_states(state)
+
+    def _load_states(self, state: dict[str, Any]) -> None:
+        for obj, saved in zip(self._stateful(), state.get("states") or ()):
+            obj.load_state_dict(saved)
+
+    def _stateful(self) -> list[Any]:
+        """The loader's sampler, batch sampler and dataset that save their own state
+        (``state_dict()`` and ``load_state_dict()``), each once; not the harness's sampler."""
+        loader = self.train_loader
+        owners = {id(o): o for o in (loader.sampler, loader.batch_sampler, loader.dataset)}
+        return [
+            o
+            for o in owners.values()
+            if o is not self.sampler
+            and callable(getattr(o, "state_dict", None))
+            and callable(getattr(o, "load_state_dict", None))
+        ]
+
+    def _warn_unsaved_state(self) -> None:
+        """One line at the start for a sampler or dataset holding random state of its own that
+        no checkpoint holds (a numpy Generator, a random.Random, a torch.Generator the harness
+        does not know by the name ``generator``): a resume would draw another order."""
+        import random
+
+        import numpy as np
+
+        kinds = (np.random.Generator, np.random.RandomState, random.Random, torch.Generator)
+        loader, stateful = self.train_loader, self._stateful()
+        for owner in {
+            id(o): o for o in (loader.sampler, loader.batch_sampler, loader.dataset)
+        }.values():
+            if owner is self.sampler or any(owner is o for o in stateful):
+                continue
+            for name, value in vars(owner).items() if hasattr(owner, "__dict__") else ():
+                if isinstance(value, kinds) and not (
+                    name == "generator" and isinstance(value, torch.Generator)
+                ):
+                    self._print(
+                        f"hpc_harness: warning: {type(owner).__name__}.{name} is a "
+                        f"{type(value).__name__} no checkpoint saves: a resumed run will not "
+                        "draw what this one would; give it state_dict() and load_state_dict()"
+                    )
+                    return
 
     def _generators(self) -> list[torch.Generator]:
         """The own generators of the loader, its sampler and batch sampler (a seeded shuffle)."""
@@ -512,6 +621,9 @@ class Trainer:
         extra = None
         if self._epoch_start is not None:  # the own loader's: see _user_sampler_batches
             extra = {"epoch_start": self._epoch_start, "generators": self._generator_states()}
+        if stateful := self._stateful():  # as they are now: a resume at an epoch's start, or
+            # (the harness's sampler) a dataset's state where the checkpoint is
+            extra = {**(extra or {}), "states": [obj.state_dict() for obj in stateful]}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
             state if (self.is_main or sharded) else None,
@@ -537,6 +649,8 @@ class Trainer:
         if state is None:
             return False
         self.strategy.load(self.model, self.optimizer, state)
+        if warning := self.strategy.switch_warning(state.get("strategy"), self.cfg.grad_clip):
+            self._print(warning)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler"))
@@ -544,7 +658,7 @@ class Trainer:
         self.global_step = int(state["global_step"])
         saved_world = int(state.get("world_size") or self.world_size)
         if saved_world != self.world_size and self.step_in_epoch > 0:
-            if self.step_in_epoch >= state.get("steps_per_epoch", math.inf):  # it had ended
+            if self.step_in_epoch >= (state.get("steps_per_epoch") or math.inf):  # it had ended
                 self.step_in_epoch = self.steps_per_epoch
             else:
                 self._rescale_position(saved_world)
@@ -590,7 +704,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> str:
-        """Train until done. Returns "finished", "max_steps" or "requeue" (exit 42)."""
+        """Train until done. Returns "finished", "max_steps", "pruned" or "requeue" (exit 42)."""
         cfg = self.cfg
         self.agreement.install()
         try:
@@ -603,6 +717,10 @@ class Trainer:
                 raise ckpt.RunMismatch(
                     ckpt.past_end_error(cfg.ckpt_dir, self.global_step, "max_steps", cfg.max_steps)
                 )
+            if resumed and (self.epoch, self.step_in_epoch) > (cfg.epochs, 0):
+                raise ckpt.RunMismatch(
+                    ckpt.past_end_error(cfg.ckpt_dir, self.global_step, "epochs", cfg.epochs)
+                )
             if not cfg.resume:  # else load_checkpoint claimed the folder
                 pieces.on_rank0(lambda: ckpt.write_run_file(cfg.ckpt_dir, self.fingerprint))
             if resumed and self.epoch >= cfg.epochs:
@@ -611,7 +729,7 @@ class Trainer:
                 resumed
                 and cfg.max_steps is not None
                 and self.global_step >= cfg.max_steps
-                and self.step_in_epoch < self.steps_per_epoch  # else its end is evaluated
+                and not self._epoch_done()  # else its end is evaluated
             ):
                 return self._finish_again("max_steps")
             self.logger = MetricsLogger(
@@ -635,8 +753,10 @@ class Trainer:
                     status = "requeue"
                 if status == "requeue":
                     return self._requeue()
-                if self.step_in_epoch >= self.steps_per_epoch and not self._end_epoch():
+                if self._epoch_done() and not self._end_epoch():
                     return self._requeue()  # stopped in the evaluation: evaluated again after
+                if self.step_in_epoch == 0 and pieces.should_stop_trial(self.metrics, self.epoch):
+                    status = "pruned"  # the sweep's early_terminate (pieces): save, exit 0
             self._save_checkpoint()  # not again when nothing changed since the last one
             self._save_final()
             self._print(
@@ -645,6 +765,10 @@ class Trainer:
                 + "".join(f" {k}={v:.4f}" for k, v in self.metrics.items())
             )
             return status
+        except BaseException:  # W&B and metrics.csv: a failed run, not a finished one
+            if self.logger is not None:
+                self.logger.mark_failed(self.global_step, self.epoch)
+            raise
         finally:  # the logger first: a SIGTERM while W&B uploads is still only a flag
             try:
                 if self.logger is not None:

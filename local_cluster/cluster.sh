@@ -41,8 +41,10 @@
 # Knobs: HPC_CLUSTER_DIR, HPC_CLUSTER_NODES (default 2), HPC_CLUSTER_CPUS
 # (per node, default 8), HPC_CLUSTER_GPUS (per node, default 4),
 # HPC_CLUSTER_CTLD_PORT, HPC_CLUSTER_NODE_PORT (first slurmd port),
-# HPC_CLUSTER_GRACE (preemption grace seconds, 30), HPC_CLUSTER_SHAPE
-# (production or friendly), HPC_CLUSTER_CGROUPS (auto, or no: never use them).
+# HPC_CLUSTER_GRACE (preemption grace seconds, 30), HPC_CLUSTER_MAX_ARRAY_SIZE
+# (MaxArraySize, default 1001 as SLURM's; small, it tests sweeps split into
+# several arrays), HPC_CLUSTER_SHAPE (production or friendly),
+# HPC_CLUSTER_CGROUPS (auto, or no: never use them).
 #
 # Two clusters on one machine (two clones, or a clone beside a working tree)
 # share nothing: each has its own folder, munge socket and node-local folders
@@ -103,6 +105,7 @@ readonly ACCOUNTS=(def-lab rrg-lab)
 # toolkit asks for its memory itself).
 readonly NODE_MEMORY_MB=65536 MAX_MEM_PER_NODE_MB=61440 DEF_MEM_PER_CPU_MB=1024
 readonly MAX_TIME=1-00:00:00 DEFAULT_TIME=01:00:00
+readonly MAX_ARRAY_SIZE="${HPC_CLUSTER_MAX_ARRAY_SIZE:-1001}"
 readonly HOSTS_MARK="# hpc-local-cluster"
 readonly WAIT_SECONDS=60
 
@@ -236,6 +239,7 @@ check_prerequisites() {
   fi
   [[ "$NODE_COUNT" =~ ^[1-9][0-9]?$ ]] || die "HPC_CLUSTER_NODES must be 1-99, got '$NODE_COUNT'"
   [[ "$NODE_GPUS" =~ ^[0-4]$ ]] || die "HPC_CLUSTER_GPUS must be 0-4 (fake GPUs are /dev/tty0-3), got '$NODE_GPUS'"
+  [[ "$MAX_ARRAY_SIZE" =~ ^[1-9][0-9]{0,6}$ ]] || die "HPC_CLUSTER_MAX_ARRAY_SIZE must be 1-9999999, got '$MAX_ARRAY_SIZE'"
   [[ "${HPC_CLUSTER_CTLD_PORT:-1}${HPC_CLUSTER_NODE_PORT:-1}" =~ ^[0-9]+$ ]] ||
     die "HPC_CLUSTER_CTLD_PORT and HPC_CLUSTER_NODE_PORT must be port numbers, got '${HPC_CLUSTER_CTLD_PORT:-}' and '${HPC_CLUSTER_NODE_PORT:-}'"
   # slurm.conf has no quoting: a path with spaces or odd characters would be split.
@@ -351,6 +355,7 @@ SelectType=select/cons_tres
 SchedulerType=sched/backfill
 MpiDefault=none
 JobRequeue=1
+MaxArraySize=$MAX_ARRAY_SIZE
 # No mail on this machine (24.11 logs an error for a missing /bin/mail).
 MailProg=/bin/true
 JobCompType=jobcomp/none

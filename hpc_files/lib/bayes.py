@@ -50,6 +50,8 @@ if HERE not in sys.path:
 import trials as trials_mod  # noqa: E402  (hpc_files/lib/trials.py: sweep files, argv)
 
 GOALS = ("minimize", "maximize")
+# stop.sh's record in the experiment folder (STOP_RECORD in lib/experiment.sh): no next round.
+STOP_RECORD = "stopped"
 
 
 class BayesError(Exception):
@@ -329,7 +331,10 @@ def cmd_controller(argv: list[str]) -> int:
     values = round_values(sub, project, info["metric"], first, per_round)
     done, failed = tell_round(study, round_, values)
     print(f"bayes: round {round_}/{info['rounds']}: told {done} complete, {failed} failed")
-    if round_ >= info["rounds"]:
+    stopped = os.path.join(os.path.dirname(sub), STOP_RECORD)
+    if round_ >= info["rounds"] or os.path.exists(stopped):
+        if round_ < info["rounds"]:
+            print(f"bayes: {stopped} exists (stop.sh); round {round_ + 1} is not submitted")
         return record_best(sub, study, spec)
     marker = os.path.join(sub, "next_round")
     if not _claim(marker):

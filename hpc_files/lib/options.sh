@@ -56,6 +56,7 @@ declare -A OPTION_SETTING=(
   [--stage-out]=stage_out
   [--compress]=compress
   [--sbatch-arg]=sbatch_arg
+  [--retry-failed]=retry_failed
 )
 
 # Options without a value -> the setting they turn on.
@@ -66,6 +67,8 @@ declare -A FLAG_SETTING=(
   [--no-signal]=no_signal
   [--prune-data-cache]=prune_data_cache
   [--wait]=wait
+  [--interactive]=interactive
+  [--after-running]=after_running
   [--list-trials]=list_trials
   [--pass-local-rank]=pass_local_rank
   [-h]=help [--help]=help
@@ -121,6 +124,9 @@ Resources:
                               replaces the memory per node, another --gres joins
                               the job's --gres line
   --dependency SPEC           sbatch --dependency, e.g. afterok:123
+  --after-running             queue behind the experiment's queued or running jobs
+                              (afterany); without it a submission to an experiment
+                              with such jobs is refused (hpc_files/stop.sh EXP stops them)
 
 Experiments:
   -C, --configs FILE          experiment lines (default: hpc_files/experiment_configurations.txt
@@ -143,6 +149,10 @@ Experiments:
                               is a terminal, otherwise required)
   --array-throttle K          at most K array tasks at once (default: the site's)
   --list-trials               print the trials as JSON lines and exit
+  --retry-failed EXP          rerun the failed trials (not finished, pruned, queued or
+                              running) of EXP's last submission, from its code snapshot
+                              and data tarball, each in its own trial folder; takes
+                              only --after-running and --dry-run beside it
 
 Data and environment:
   -d, --data PATH...          files or folders relative to \$SCRATCH/<project>, staged
@@ -187,6 +197,11 @@ Behaviour:
   --no-snapshot               run the live project tree instead of the snapshot of
                               its code taken at submission (the default)
   --wait                      follow the job until it ends; exit with its exit code
+  --interactive               run it now in an salloc allocation, its output on this
+                              terminal: the batch script's layout, staging, environment
+                              and launcher; Ctrl-C ends the program (the node-local
+                              folders are cleaned, the allocation released). One
+                              trial; no wall-time signal or requeue; exits with its code
   -h, --help                  this help
   --version                   print the version
 

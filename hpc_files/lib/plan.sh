@@ -82,7 +82,8 @@ plan_layout() {
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
   # sbatch's command line too, where SBATCH_* variables cannot change them.
   plan_signal=""
-  [[ -n "${opt_no_signal:-}" ]] || plan_signal=${opt_signal#SIG}
+  # An interactive run has no wall-time signal: it ends with its allocation.
+  [[ -n "${opt_no_signal:-}${opt_interactive:-}" ]] || plan_signal=${opt_signal#SIG}
   plan_signal_lead=$((10#$opt_signal_lead))
   plan_requeue_args=(--open-mode=append)
   [[ -z "$plan_signal" ]] || plan_requeue_args+=("--signal=B:$plan_signal@$plan_signal_lead")
@@ -244,6 +245,23 @@ plan_array() {
   fi
   # sbatch reads '%' in --output as a pattern: '%%' is a literal one.
   plan_log_file="${plan_log_dir//%/%%}/$plan_log_name"
+}
+
+# plan_array_split: an array above the cluster's MaxArraySize
+# (cluster_max_array, validate_array_size) goes as several array jobs of the
+# same script, at most that many tasks each (submit_job); the script's own
+# --array line is the first's. Sets plan_array_chunk (empty: one array).
+plan_array_split() {
+  plan_array_chunk=""
+  [[ -n "$plan_array_spec" && -n "${cluster_max_array:-}" ]] || return 0
+  ((plan_trial_count > cluster_max_array)) || return 0
+  [[ -z "${opt_no_submit:-}" ]] ||
+    usage_error "--no-submit: these $plan_trial_count trials go as several array jobs (the cluster's MaxArraySize is $cluster_max_array), which one 'sbatch job.sbatch' cannot queue; submit them"
+  [[ -z "${opt_wait:-}" ]] ||
+    usage_error "--wait follows one job; these $plan_trial_count trials go as several array jobs (the cluster's MaxArraySize is $cluster_max_array): follow them with status.sh"
+  plan_array_chunk=$cluster_max_array
+  plan_array_spec="0-$((plan_array_chunk - 1))"
+  [[ -z "$plan_array_throttle" ]] || plan_array_spec+="%$plan_array_throttle"
 }
 
 # plan_submission_folder DIR [PREVIEW]: the folder the job runs from, and

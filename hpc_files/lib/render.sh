@@ -40,6 +40,8 @@ render_header() {
     none) kind_text="none: one process, no distributed launcher" ;;
   esac
   [[ -z "$plan_array_spec" ]] || array_note=' (array task K runs line K+1 of commands.txt)'
+  [[ -z "${plan_array_chunk:-}" ]] ||
+    array_note=" (arrays of at most $plan_array_chunk tasks, the cluster's MaxArraySize: task K of the one from trial F, HPC_TRIAL_OFFSET, runs line F+K+1 of commands.txt)"
   printf '#!/bin/bash\n'
   if [[ -n "$plan_preview" ]]; then
     printf '# Preview (--dry-run): nothing was written or submitted, and the submission\n'
@@ -52,17 +54,25 @@ render_header() {
   printf '# Kind: %s.\n# Trials: %s%s.\n' "$kind_text" "$plan_trial_count" "$array_note"
 }
 
+# resource_options: the allocation a run of the plan asks for, the batch
+# script's and --interactive's salloc alike, into resource_args.
+resource_options() {
+  resource_args=("--job-name=$plan_job_name")
+  [[ -z "$plan_account" ]] || resource_args+=("--account=$plan_account")
+  [[ -z "$plan_partition" ]] || resource_args+=("--partition=$plan_partition")
+  resource_args+=("--nodes=$plan_nodes" "--ntasks-per-node=$plan_tasks_per_node" "--cpus-per-task=$plan_cpus_per_task")
+  [[ -z "$plan_gres" ]] || resource_args+=("--gres=$plan_gres")
+  resource_args+=("--mem=$plan_mem" "--time=$plan_time")
+}
+
 render_sbatch_lines() {
   local arg
+  local -a resource_args
   printf '\n# Resources.\n'
-  sbatch_line "--job-name=$plan_job_name"
-  render_account_lines
-  sbatch_line "--nodes=$plan_nodes"
-  sbatch_line "--ntasks-per-node=$plan_tasks_per_node"
-  sbatch_line "--cpus-per-task=$plan_cpus_per_task"
-  [[ -z "$plan_gres" ]] || sbatch_line "--gres=$plan_gres"
-  sbatch_line "--mem=$plan_mem"
-  sbatch_line "--time=$plan_time"
+  resource_options
+  for arg in "${resource_args[@]}"; do
+    sbatch_line "$arg"
+  done
   if [[ -n "$plan_signal" ]]; then
     printf '# One log per job (array: per task), appended to across requeues; %s to\n' "$plan_signal"
     printf '# this script %s s before the wall time: checkpoint, then requeue.\n' "$plan_signal_lead"

@@ -6,7 +6,7 @@ Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` 
 and ``sacct`` for a job SLURM's controller has forgotten, where accounting keeps it (it is
 off on many small clusters: then the logs tell)::
 
-    python3 hpc_files/lib/results.py status|results --project NAME [ARG...]
+    python3 hpc_files/lib/results.py status|results|failed --project NAME [ARG...]
 
 with the arguments (and ``-h``) of USAGE below. ``--curves`` draws training curves (one panel
 per metric, value against global step, one line per trial); with ``--run`` they are one run's
@@ -37,6 +37,7 @@ for a failure to write.
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import os
@@ -67,8 +68,8 @@ START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), st
 ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
 KILLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
-# slurmstepd's line when the cgroup's OOM killer struck a step of this run.
-OOM_KILL = re.compile(r"Detected \d+ oom[-_]kill event")
+# slurmstepd's line when the cgroup's memory limit killed a task of a step.
+OOM_KILLED = re.compile(r"^slurmstepd\S*: error: Detected \d+ oom[_-]kill event")
 PROGRESS = re.compile(r"^hpc_harness: step (\d+)/(\d+) epoch (\d+) loss (\S+)")
 IMAGE_TYPES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot and --curves write
 LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IGNORECASE)
@@ -115,7 +116,8 @@ run's run.json.
   --no-group         one row per trial (seeds not grouped)
   -m, --metrics A,B  show only these metrics (default: every logged metric)
   --csv FILE         also write the table as CSV (mean and std in own columns)
-  --plot FILE.png    draw the sort metric against each parameter (matplotlib)
+  --plot FILE.png    draw the sort metric of the finished trials against each
+                     parameter that varies (matplotlib)
   --curves FILE.png  draw the training curves: one panel per metric (those of
                      --metrics), value against global step, one line per trial
   --run RUN_DIR|CSV  instead of EXP: one run outside SLURM (a laptop run), its
@@ -147,6 +149,16 @@ class Submission:
     job_id: str | None
     array: bool
     trials: list[dict]
+    # A sweep above MaxArraySize went as several array jobs: {job: its first trial}.
+    chunks: dict[str, int] = field(default_factory=dict)
+    # Those and the jobs --retry-failed queued for them: {job: the trial of its task 0}.
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def chunk_job(self, index: int) -> str | None:
+        """The array job that holds trial ``index`` as submitted (the folder's job_id
+        unless the sweep was split)."""
+        starts = [(first, job) for job, first in self.chunks.items() if first <= index]
+        return max(starts)[1] if starts else self.job_id
 
     @property
     def project_dir(self) -> str:
@@ -156,7 +168,7 @@ class Submission:
         job_id = job_id or self.job_id
         if not job_id:
             return None
-        key = f"{job_id}_{task}" if self.array else job_id
+        key = f"{job_id}_{task - self.offsets.get(job_id, 0)}" if self.array else job_id
         return os.path.join(self.project_dir, "hpc_outputs", f"{project}_{self.exp}_{key}.out")
 
     def trial_dir(self, task: int) -> str:
@@ -187,7 +199,21 @@ def load_submission(path: str) -> Submission:
     sbatch = _read_text(os.path.join(path, "job.sbatch")) or ""
     array = re.search(r"^#SBATCH --array=", sbatch, re.MULTILINE) is not None
     exp = os.path.basename(os.path.dirname(path))
-    return Submission(path, exp, job_id, array, trials)
+    chunks = array_offsets(path, ("array_jobs",))
+    return Submission(path, exp, job_id, array, trials, chunks, array_offsets(path))
+
+
+def array_offsets(path: str, names: tuple[str, ...] = ("array_jobs", "retry_jobs")):
+    """{array job: the trial its task 0 runs} from the submission's ``array_jobs`` (the
+    arrays of a sweep above MaxArraySize) and ``retry_jobs`` (--retry-failed's for them),
+    lines ``JOB FIRST`` written by the submitter; {} for one array."""
+    offsets = {}
+    for name in names:
+        for line in (_read_text(os.path.join(path, name)) or "").splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+                offsets[words[0]] = int(words[1])
+    return offsets
 
 
 def submissions(project_dir: str) -> list[str]:
@@ -240,8 +266,9 @@ def jobs_that_ran(path: str) -> list[tuple[int, int]]:
         names = os.listdir(os.path.join(path, "runs"))
     except OSError:
         return []
+    offsets = array_offsets(path)  # a later array's task K is trial first + K
     found = (re.fullmatch(r"(\d+)(?:_(\d+))?", name) for name in names)
-    return [(int(m.group(1)), int(m.group(2) or 0)) for m in found if m]
+    return [(int(m[1]), int(m[2] or 0) + offsets.get(m[1], 0)) for m in found if m]
 
 
 def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | None]]:
@@ -249,18 +276,24 @@ def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | N
     job is the folder's ``job_id`` (the newest job that started there), unless that job
     is not known to hold the task and an earlier one ran it: ``sbatch --array=K job.sbatch``
     runs task K again alone, and the other tasks stay their own job's."""
-    known = {sub.job_id: slurm_tasks(sub.job_id)}
+    known: dict[str | None, dict[int, dict[str, str]]] = {}
+
+    def tasks_of(job: str | None) -> dict[int, dict[str, str]]:  # keyed by trial
+        if job not in known:
+            first = sub.offsets.get(job or "", 0)
+            known[job] = {k + first: v for k, v in slurm_tasks(job).items()}
+        return known[job]
+
     newest: dict[int, int] = {}
     for job, task in jobs_that_ran(sub.path):
         newest[task] = max(job, newest.get(task, job))
     out = {}
     for k, record in enumerate(sub.trials):
         index = int(record.get("trial", k))
-        job = sub.job_id
-        if index not in known[job] and index in newest and str(newest[index]) != job:
+        job = sub.chunk_job(index)
+        if index not in tasks_of(job) and index in newest and str(newest[index]) != job:
             job = str(newest[index])
-            known[job] = known[job] if job in known else slurm_tasks(job)
-        out[index] = (job, known[job].get(index) if sub.array or index == 0 else None)
+        out[index] = (job, tasks_of(job).get(index) if sub.array or index == 0 else None)
     return out
 
 
@@ -393,7 +426,7 @@ def read_log(path: str | None) -> LogInfo | None:
             info.exit_code, info.ended = int(m.group(1)), m.group(2)
         elif m := REQUEUED.match(line):
             info.requeued = True
-        elif OOM_KILL.search(line):
+        elif OOM_KILLED.match(line):
             info.out_of_memory = True
         elif m := KILLED.search(line):
             info.killed = "timeout" if m.group(1) == "TIME LIMIT" else "cancelled"
@@ -559,9 +592,9 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
             return "finished", False, restarts
         if state in ACTIVE_STATES:
             return state.lower(), False, restarts
-        if log and log.out_of_memory or state == "OUT_OF_MEMORY":
+        if state == "FAILED" and log and log.out_of_memory:  # the batch script passed 137 on
             return f"out of memory (exit {code})", True, restarts
-        return f"{state.lower()} (exit {code})", True, restarts
+        return f"{state.lower().replace('_', ' ')} (exit {code})", True, restarts
     if log is None:
         return "not started", False, 0
     if log.exit_code is not None:
@@ -570,6 +603,8 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
         if log.out_of_memory:
             return f"out of memory (exit {log.exit_code})", True, restarts
         return f"failed (exit {log.exit_code})", True, restarts
+    if log.out_of_memory:
+        return "out of memory", True, restarts
     if log.requeued:
         return "requeued", False, restarts
     if log.killed:
@@ -692,8 +727,34 @@ def collect(sub: Submission, project: str) -> list[Trial]:
             since = None if other_round else submitted
             until = ended_at(log_path, log, state)
             trial.metrics = own_metrics(sub, index, since, state == "finished", until)
+        if ended_in_exception(trial.metrics) and not trial.failed:  # a sweep's run: its job
+            trial.state, trial.failed = "failed (exception)", True  # (the agent) exits 0
+        if (
+            state == "finished"
+            and not trial.failed
+            and (step := pruned_at(sub, index, None if other_round else submitted))
+        ):
+            trial.state = f"PRUNED at step {step}"
         trials.append(trial)
     return trials
+
+
+def pruned_at(sub: Submission, index: int, since: float | None) -> str | None:
+    """The step a finished trial was pruned at (the sweep's early_terminate), from the
+    ``pruned`` file hpc_harness/pruning.py writes in its folder; an earlier run's is ignored."""
+    path = os.path.join(sub.trial_dir(index), "pruned")
+    text = _read_text(path)
+    if not text or (since is not None and os.stat(path).st_mtime < since):
+        return None
+    return text.split()[0]
+
+
+def ended_in_exception(metrics: dict[str, list[tuple[int, float]]]) -> bool:
+    """The harness's ``failed`` row is its last (a resume that went on after it logs later
+    steps); the row is taken out of ``metrics``, it is no metric."""
+    failed = metrics.pop("failed", [])
+    later = max((step for points in metrics.values() for step, _ in points), default=-1)
+    return bool(failed) and failed[-1][0] >= later
 
 
 def submitted_at(sub: Submission) -> float | None:
@@ -715,6 +776,8 @@ def own_metrics(
     left, a later run's ``--fresh`` moved this one's folder aside: the newest copy aside
     that would count (written since this submission, or this task finished) is read instead."""
     paths = metrics_csvs(sub.trial_dir(index), sub.array)
+    if paths and claimed_by_earlier_job(sub, index, os.path.dirname(paths[0])):
+        return {}
 
     def counts(path: str) -> bool:
         try:
@@ -733,6 +796,34 @@ def own_metrics(
             if series := read_metrics(aside, until):
                 return series
     return {}
+
+
+def task_slurm_ids(sub: Submission, index: int) -> set[int]:
+    """The SLURM job ids task ``index`` of this submission ran as (every job of the folder,
+    requeues and 'sbatch job.sbatch' again): batch.sh's ``runs/<job key>/slurm_job_id``."""
+    pattern = f"*_{index}" if sub.array else "*"
+    ids = set()
+    for path in glob.glob(os.path.join(glob.escape(sub.path), "runs", pattern, "slurm_job_id")):
+        text = (_read_text(path) or "").strip()
+        if text.isdigit():
+            ids.add(int(text))
+    return ids
+
+
+def claimed_by_earlier_job(sub: Submission, index: int, folder: str) -> bool:
+    """The harness's ``run.json`` in ``folder`` names a job older than every job this task
+    ran as: an earlier submission's run still holds the folder, and this task's run never
+    claimed it (it failed first, e.g. refusing another run's checkpoint); its rows are not
+    this submission's. A later job there is a run resuming after this one (own_metrics)."""
+    text = _read_text(os.path.join(folder, "run.json"))
+    mine = task_slurm_ids(sub, index)
+    if not text or not mine:
+        return False
+    try:
+        claimed = json.loads(text).get("slurm_job_id")
+    except (ValueError, AttributeError):
+        return False
+    return str(claimed).isdigit() and int(claimed) < min(mine)
 
 
 def ended_at(log_path: str | None, log: LogInfo | None, state: str) -> float | None:
@@ -870,12 +961,16 @@ def results_table(
     for t in trials:
         param_names += [k for k in t.params if k not in param_names and not (group and k == "seed")]
     grouped = group and any(len(r.trials) > 1 for r in rows)
-    header = ["trial" + ("s" if grouped else "")] + param_names + (["n"] if grouped else [])
+    # A parameter and a metric of one name (--lr and a logged lr) get prefixed columns.
+    clash = set(param_names) & set(metric_names)
+    shown_params = [f"param.{k}" if k in clash else k for k in param_names]
+    header = ["trial" + ("s" if grouped else "")] + shown_params + (["n"] if grouped else [])
     header.append("state")
     csv_header = list(header)
     for name in metric_names:
-        header += [name, f"best {name}"]
-        csv_header += [name, f"{name}_std", f"best {name}", f"best {name}_std"]
+        label = f"metric.{name}" if name in clash else name
+        header += [label, f"best {label}"]
+        csv_header += [label, f"{label}_std", f"best {label}", f"best {label}_std"]
     shown, plain = [], []
     for row in rows:
         first = row.trials[0]
@@ -898,19 +993,28 @@ def results_table(
     return header, shown, [csv_header] + plain
 
 
-def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
-    """One panel per parameter: the metric's final value of every trial that reported it
-    (failed trials left out), with the mean per value."""
+def plot_points(
+    trials: list[Trial], metric: str, goal: str
+) -> tuple[list[str], list[tuple[Trial, float]]]:
+    """(panels, points) of --plot: a panel per parameter that takes more than one value
+    (else one panel, ``trial``), and (trial, final value of metric) for every finished
+    trial that reported it: a running one's value is not final, a failed one's not a result."""
     names: list[str] = []
     for t in trials:
         names += [k for k in t.params if k not in names and k != "seed"]
+    names = [k for k in names if len({param_text(t.params.get(k, "")) for t in trials}) > 1]
     points = []
     for t in trials:
         final, _ = final_and_best(t.metrics.get(metric, []), metric, goal)
-        if final is not None and not t.failed:
+        if final is not None and t.state == "finished":
             points.append((t, final))
-    if not names:
-        names = ["trial"]
+    return names or ["trial"], points
+
+
+def plot_results(trials: list[Trial], metric: str, goal: str, out: str) -> None:
+    """One panel per varying parameter (plot_points): the metric's final value of every
+    finished trial, with the mean per value."""
+    names, points = plot_points(trials, metric, goal)
     fig, axes = panels(len(names), 3, 4.2)
     for ax, name in zip(axes.flat, names):
         xs = [t.index if name == "trial" else t.params.get(name) for t, _ in points]
@@ -1021,10 +1125,12 @@ def status_text(sub: Submission, project: str) -> str:
         if fields:
             state = fields["JobState"]
             restarts = max(restarts, int(fields.get("Restarts", "0") or 0))
+            # Killed by the cgroup's memory limit: SLURM's state, or the batch script ended
+            # FAILED with the step's code (137) and the log has slurmstepd's line.
+            if state == "OUT_OF_MEMORY" or (state == "FAILED" and log and log.out_of_memory):
+                state = "out of memory"
             if state not in ("PENDING", "RUNNING", "COMPLETED"):
-                code = fields.get("ExitCode", "?").split(":")[0]
-                oom = state == "OUT_OF_MEMORY" or (log and log.out_of_memory)
-                state = f"{'out of memory' if oom else state} (exit {code})"
+                state += f" (exit {fields.get('ExitCode', '?').split(':')[0]})"
             elapsed = fields.get("RunTime", "-")
         else:
             state, _, restarts = trial_state(None, log)
@@ -1035,6 +1141,8 @@ def status_text(sub: Submission, project: str) -> str:
             elapsed = format_elapsed(end - start if start and end else None)
         finished = state in ("COMPLETED", "finished")
         until = ended_at(log_path, log, state)
+        if finished and (step := pruned_at(sub, index, submitted)):
+            state = f"PRUNED at step {step}"
         progress = (
             (log.progress if log else None)
             or last_metrics_progress(sub, index, submitted, finished, until)
@@ -1043,8 +1151,12 @@ def status_text(sub: Submission, project: str) -> str:
         rows.append([str(index), state, str(restarts), elapsed, progress])
     sources = {fields.get("Source", "SLURM") for _, fields in jobs.values() if fields}
     where = " and ".join(sorted(sources)) if sources else "logs"
-    earlier = sorted({job for job, _ in jobs.values() if job != sub.job_id}, key=int)
+    earlier = sorted(
+        {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.chunks), key=int
+    )
     also = f" (tasks it did not run: job {', '.join(earlier)})" if earlier else ""
+    if len(sub.chunks) > 1:  # a sweep above MaxArraySize, as several arrays
+        also = f" and {', '.join(j for j in sub.chunks if j != sub.job_id)} (arrays){also}"
     head = (
         f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"
@@ -1302,6 +1414,27 @@ def cmd_results(argv: Sequence[str], prog: str) -> int:
     return 0
 
 
+def cmd_failed(argv: Sequence[str]) -> int:
+    """``failed --project NAME EXP``, for job_submitter.sh --retry-failed: the newest
+    submission of EXP on the first line, then the trials to rerun, one a line: those that
+    ended failed (a failed exit, cancelled, timed out), not those that finished, were pruned
+    or are still queued or running."""
+    project = target = None
+    p = Parser(argv)
+    for name, inline in p:
+        if name == "--project":
+            project = p.value(name, inline)
+        else:
+            target = p.target(name, inline, target)
+    project, project_dir = _project_dir(project)
+    if target is None or re.fullmatch(r"\d+(_\d+)?", target):
+        raise UsageError("--retry-failed expects an experiment name")
+    sub = find_submission(project_dir, target)
+    failed = [t.index for t in collect(sub, project) if t.failed and "pruned" not in t.state]
+    sys.stdout.write("".join(f"{line}\n" for line in [sub.path, *failed]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else ""
@@ -1316,7 +1449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_status(args, prog)
         if command == "results":
             return cmd_results(args, prog)
-        raise UsageError(f"expected 'status' or 'results', got {command!r}")
+        if command == "failed":
+            return cmd_failed(args)
+        raise UsageError(f"expected 'status', 'results' or 'failed', got {command!r}")
     except UsageError as exc:
         sys.stderr.write(f"{prog}: error: {' '.join(str(exc).splitlines())}\n")
         return 2

@@ -265,9 +265,42 @@ leaked_names() {
 # output and errors on stdout, with this shell's environment less
 # leaked_names; MASTER_ADDR is the new job's first node (batch.sh).
 sbatch_from_submission() {
+  sbatch_in_folder "$submission_dir" "$@"
+}
+
+# sbatch_in_folder DIR ARG...: sbatch_from_submission's call, in folder DIR.
+sbatch_in_folder() {
+  local dir=$1
   local -a names
+  shift
   mapfile -t names < <(leaked_names)
-  (cd "$submission_dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
+  (cd "$dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
+}
+
+# run_interactive: --interactive. The batch script, run now by salloc in an
+# allocation of the same resources (resource_options and the site's and
+# --sbatch-arg's options, as salloc reads them), its output on this terminal;
+# exits with the program's exit code. HPC_INTERACTIVE tells batch.sh that
+# Ctrl-C ends the program and that nothing is requeued.
+run_interactive() {
+  local arg name value exit_code=0
+  local -a resource_args names
+  submission_complete=1
+  resource_options
+  for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
+    sbatch_option_parts "$arg" name value
+    if [[ "$name" == --* ]]; then
+      resource_args+=("$name${value:+=$value}")
+    else
+      resource_args+=("$name" ${value:+"$value"})
+    fi
+  done
+  [[ -z "$plan_dependency" ]] || resource_args+=("--dependency=$plan_dependency")
+  info "interactive: $plan_nodes node(s) x $plan_gpus_per_node GPU(s), -W $plan_kind; the program's output follows (Ctrl-C ends it); submission: $submission_dir"
+  mapfile -t names < <(leaked_names)
+  (cd "$submission_dir" && unset "${names[@]}" && HPC_INTERACTIVE=1 exec salloc "${resource_args[@]}" bash job.sbatch) ||
+    exit_code=$?
+  exit "$exit_code"
 }
 
 # submit_setup_job: with --setup-venv, a setup job before the training job,
@@ -299,9 +332,14 @@ submit_setup_job() {
   info "venv: setup job $setup_job_id builds $plan_venv from ${opt_setup_venv##*/}; the training job waits for it"
 }
 
-# submit_job: sbatch, from the submission folder; sets job_id.
+# submit_job: sbatch, from the submission folder; sets job_id. A sweep
+# above the cluster's MaxArraySize (plan_array_chunk) goes as several array
+# jobs of the same script, each of at most that many tasks: task K of the
+# one from trial F runs trial F+K (HPC_TRIAL_OFFSET=F, node/lib.sh). job_id
+# is the first's; array_jobs lists each with its first trial (status.sh,
+# results.sh), job_ids the others (stop.sh, the busy check).
 submit_job() {
-  local output sbatch_args=(--parsable)
+  local id first=0 count sbatch_args=(--parsable)
   if [[ -n "${setup_job_id:-}" ]]; then
     # On the command line, it overrides the script's --dependency line: keep both.
     # A failed setup cancels the training job rather than leaving it pending forever.
@@ -310,13 +348,38 @@ submit_job() {
   # On the command line, the requeue protocol and the wall time beat SBATCH_*
   # variables of this shell; the job gets this shell's environment (ALL), less
   # what sbatch_from_submission leaves out.
-  sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-  output=$(sbatch_from_submission "${sbatch_args[@]}" job.sbatch) ||
-    die "sbatch refused the job: ${output//$'\n'/ }"
-  job_id=${output%%;*}
-  job_id=${job_id##*$'\n'}
-  [[ "$job_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
-  printf '%s\n' "$job_id" >"$submission_dir/job_id"
+  sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time")
+  if [[ -z "${plan_array_chunk:-}" ]]; then
+    job_id=$(sbatch_for_id "${sbatch_args[@]}" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1") || exit 1
+    printf '%s\n' "$job_id" >"$submission_dir/job_id"
+    return 0
+  fi
+  while ((first < plan_trial_count)); do
+    count=$((plan_trial_count - first))
+    ((count <= plan_array_chunk)) || count=$plan_array_chunk
+    id=$(sbatch_for_id "${sbatch_args[@]}" "--array=0-$((count - 1))${plan_array_throttle:+%$plan_array_throttle}" \
+      "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=$first") ||
+      { [[ -z "${job_id:-}" ]] || die "trials from $first were not queued; those before are (job(s) $(paste -sd, - <"$submission_dir/array_jobs" | sed 's/ [0-9]*//g')): hpc_files/stop.sh $opt_exp_name cancels them"; exit 1; }
+    if ((first == 0)); then
+      job_id=$id
+      printf '%s\n' "$id" >"$submission_dir/job_id"
+    else
+      printf '%s\n' "$id" >>"$submission_dir/job_ids"
+    fi
+    printf '%s %s\n' "$id" "$first" >>"$submission_dir/array_jobs"
+    first=$((first + count))
+  done
+}
+
+# sbatch_for_id ARG...: sbatch ARG... job.sbatch from the submission folder;
+# prints the job id it printed, or fails with one line naming sbatch's answer.
+sbatch_for_id() {
+  local output id
+  output=$(sbatch_from_submission "$@" job.sbatch) || die "sbatch refused the job: ${output//$'\n'/ }"
+  id=${output%%;*}
+  id=${id##*$'\n'}
+  [[ "$id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"
+  printf '%s' "$id"
 }
 
 # log_path JOB: the log file that sbatch's --output pattern names for JOB
@@ -335,6 +398,8 @@ report_submission() {
   log=$(log_path "$job_id")
   printf 'Submitted job %s (%s trial(s), %s node(s) x %s GPU(s), -W %s)\n' \
     "$job_id" "$plan_trial_count" "$plan_nodes" "$plan_gpus_per_node" "$plan_kind"
+  [[ ! -f "$submission_dir/array_jobs" ]] ||
+    printf '  arrays:     %s (MaxArraySize %s; job, first trial)\n' "$(paste -sd, - <"$submission_dir/array_jobs")" "$plan_array_chunk"
   printf '  log:        %s\n' "$log"
   printf '  submission: %s\n' "$submission_dir"
   shell_quote_to quoted_log "$log"

@@ -36,7 +36,7 @@ Sources (if --sweep is given, --configs is ignored; the submitter always passes
   sweep on a wandb server chooses each run's parameters); source ``wandb:ID``.
 * ``--sweep FILE``: a wandb sweep file (``program``, ``method``, ``parameters``,
   optional ``command``; ``metric``, ``name``, ``project`` ... are accepted and
-  ignored). ``program`` is required.
+  ignored; ``early_terminate`` is checked by prune.py). ``program`` is required.
 
   - ``method: grid``: the product of every parameter's values, in the order wandb's
     own grid search (the ``sweeps`` package) hands them out: parameters sorted by
@@ -95,8 +95,9 @@ Output, one trial per line, trial K (0-based) on line K+1:
   node expands anything, and params is ``{}`` (plus seed).
 * ``commands.txt``: one line of shell words that the node runs through
   ``eval "set -- $line"``: the configs line as written (comments and
-  continuations removed, so ``$VAR`` expands on the node; globs and braces do not) or ``shlex.join(argv)``
-  for sweep trials (values stay literal), plus `` --seed=K`` with --seeds.
+  continuations removed, so ``$VAR`` expands on the node; globs and braces do not)
+  or ``shlex.join(argv)`` for sweep trials (values stay literal), plus `` --seed=K``
+  with --seeds.
 
 ``--list`` prints trials.jsonl and writes nothing; ``--out-dir DIR`` writes both
 files atomically (temporary file + rename; DIR is created) and prints the number
@@ -485,7 +486,23 @@ def load_sweep(path: str) -> dict:
         "command": words,
         "metric": metric_name,
         "goal": goal,
+        "early_terminate": _early_terminate(path, doc.get("early_terminate"), metric_name),
     }
+
+
+def _early_terminate(path: str, block: object, metric: str | None) -> dict | None:
+    """The pruner's settings from ``early_terminate:`` (prune.py beside this file owns them)."""
+    if block is None:
+        return None
+    lib = os.path.dirname(os.path.abspath(__file__))
+    if lib not in sys.path:
+        sys.path.insert(0, lib)
+    import prune
+
+    try:
+        return prune.parse(path, block, metric)
+    except prune.PruneError as exc:
+        raise TrialsError(str(exc), exc.code) from None
 
 
 def _check_text(path: str, what: str, text: str) -> None:

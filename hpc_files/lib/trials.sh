@@ -118,6 +118,25 @@ bayes_journal() {
   printf '%s/optuna.journal' "$plan_exp_dir"
 }
 
+# study_name: the Optuna study of this submission in the journal: named after
+# round 1's folder for method bayes (later rounds are told it), else this folder.
+study_name() {
+  printf '%s' "${HPC_BAYES_STUDY:-${submission_dir##*/}}"
+}
+
+# prune_start: a sweep with early_terminate: writes early_terminate.json into
+# the submission folder (the pruner's settings, journal and study) that the
+# trials' hpc_harness/pruning.py reads; nothing without the block.
+prune_start() {
+  [[ -n "${opt_sweep:-}" ]] || return 0
+  grep -qE '^[^#]*early_terminate' "$submission_dir/sweep.yml" || return 0
+  local python
+  python=$(login_python)
+  "$python" "$HPC_FILES_DIR/lib/prune.py" start --submission "$submission_dir" \
+    --journal "$(bayes_journal)" --study "$(study_name)" ||
+    die "early_terminate: cannot write $submission_dir/early_terminate.json"
+}
+
 # bayes_start ARGV...: method bayes, once the submission folder is written:
 # the study (named after round 1's folder) in the journal holds this round's
 # trials and they are the folder's manifest; bayes.json records what the
@@ -125,7 +144,7 @@ bayes_journal() {
 bayes_start() {
   [[ -n "${bayes_first:-}" ]] || return 0
   local python round=${HPC_BAYES_ROUND:-1}
-  bayes_study=${HPC_BAYES_STUDY:-${submission_dir##*/}}
+  bayes_study=$(study_name)
   python=$(login_python)
   "$python" "$HPC_FILES_DIR/lib/bayes.py" start --submission "$submission_dir" \
     --journal "$(bayes_journal)" --study "$bayes_study" --round "$round" \

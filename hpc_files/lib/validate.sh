@@ -34,20 +34,25 @@ require_name() {
     usage_error "$option accepts letters, digits, '.', '_' and '-' (not first), got '$value'"
 }
 
-# validate_array_size TRIALS: refuse an array job SLURM would refuse at
-# sbatch: its indices 0..TRIALS-1 must be below the cluster's MaxArraySize
-# (scontrol show config). Asked only for an array; when scontrol gives no
-# answer within 10 s (no cluster here: without a slurm.conf it waits about a
-# minute on DNS), nothing is refused and sbatch decides.
+# validate_array_size TRIALS: the cluster's MaxArraySize (scontrol show
+# config) into cluster_max_array, asked only for an array: array indices must
+# be below it. An array above it goes as several (plan_array_split), but for
+# method bayes, whose rounds number their tasks by global trial: refused.
+# When scontrol gives no answer within 10 s (no cluster here: without a
+# slurm.conf it waits about a minute on DNS), cluster_max_array stays empty
+# and sbatch decides.
 validate_array_size() {
   local trials=$1 config max
-  ((trials > 1)) || return 0
+  cluster_max_array=""
+  ((trials > 1)) || [[ -n "${bayes_first:-}" ]] || return 0
   config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
   max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
   [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
   to_decimal "$max" max
+  cluster_max_array=$max
+  [[ -n "${bayes_first:-}" ]] || return 0
   ((trials <= max)) ||
-    usage_error "this submission has $trials trials (array indices 0-$((trials - 1))) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+    usage_error "this method-bayes round has trials up to $((trials - 1)) (its array indices) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); lower --trials or --rounds"
 }
 
 # parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM
@@ -129,8 +134,8 @@ validate_settings() {
   validate_signal
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   to_decimal "$opt_signal_lead" lead
-  [[ -n "${opt_no_signal:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
-  if [[ -z "${opt_no_signal:-}" ]]; then
+  [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
+  if [[ -z "${opt_no_signal:-}${opt_interactive:-}" ]]; then
     ((lead < seconds)) ||
       usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
     # slurmctld sends the signal at its time-limit check (every 30 s) once the
@@ -166,6 +171,27 @@ fit_default_signal_lead() {
     info "--time $opt_time is too short for a wall-time signal (it needs $((60 + MIN_SIGNAL_LEAD)) s or more); the job runs without one, as with --no-signal"
     opt_no_signal=1
   fi
+}
+
+# validate_interactive: --interactive runs one trial in the foreground,
+# without the wall-time signal and requeue of a batch job.
+validate_interactive() {
+  local pair
+  [[ -n "${opt_interactive:-}" ]] || return 0
+  for pair in no_submit:--no-submit wait:--wait setup_venv:--setup-venv wandb_sweep:-w \
+    signal:--signal signal_lead:--signal-lead no_signal:--no-signal max_requeues:--max-requeues \
+    seeds:--seeds array_throttle:--array-throttle; do
+    [[ -z "${OPT_GIVEN[${pair%%:*}]:-}" ]] ||
+      usage_error "--interactive runs one trial now, in the foreground; it does not take ${pair#*:}"
+  done
+}
+
+# validate_interactive_trials COUNT: --interactive runs one trial, of no search.
+validate_interactive_trials() {
+  [[ -n "${opt_interactive:-}" ]] || return 0
+  [[ -z "${bayes_first:-}" ]] || usage_error "--interactive runs one trial; method bayes submits rounds of them"
+  (($1 == 1)) ||
+    usage_error "--interactive runs one trial, and this submission has $1: give one command after '--', or a configs file of one line"
 }
 
 # validate_signal: one signal the batch script can trap and forward (not
@@ -320,75 +346,14 @@ validate_optional_settings() {
 }
 
 # validate_submission_mode: --dry-run previews, --no-submit writes without
-# queueing; neither can be followed by what only a queued job has.
+# queueing, --interactive runs one trial now; none can be followed by what only
+# a queued job has.
 validate_submission_mode() {
+  validate_interactive
   if [[ -n "${opt_no_submit:-}" ]]; then
     [[ -z "${opt_dry_run:-}" ]] || usage_error "--no-submit writes the submission folder and --dry-run writes nothing; choose one"
     [[ -z "${opt_wait:-}" ]] || usage_error "--wait follows a queued job; with --no-submit nothing is queued (run the printed sbatch line, then watch it)"
     [[ -z "${opt_setup_venv:-}" ]] ||
       usage_error "--setup-venv submits a setup job the training job depends on; with --no-submit build the venv first (or use --venv)"
-  fi
-}
-
-# validate_on_cluster: what only the scheduler knows, asked where one answers
-# (each question has 10 s; no answer refuses nothing and sbatch decides):
-# the account, and the time and memory against the partition.
-validate_on_cluster() {
-  validate_account
-  validate_partition_limits
-}
-
-# validate_account: where SLURM keeps accounts (sacctmgr answers), the job's
-# account (-a, the site's 'account', else SBATCH_ACCOUNT, else the user's
-# default) must be one of the user's; the refusal names them.
-validate_account() {
-  local user=${USER:-$(id -un)} accounts account=${plan_account:-} given
-  accounts=$(timeout 10 sacctmgr -nP show assoc user="$user" format=account 2>/dev/null) || return 0
-  accounts=$(LC_ALL=C sort -u <<<"$accounts" | sed '/^$/d' | paste -sd, - | sed 's/,/, /g')
-  [[ -n "$accounts" ]] ||
-    usage_error "user '$user' has no SLURM account on this cluster (sacctmgr lists none); ask the cluster's admins to add you to one"
-  if [[ -n "${opt_account:-}" ]]; then
-    given="--account '$account'"
-  elif [[ -n "$account" ]]; then
-    given="the site profile's account '$account' ($site_file)"
-  elif [[ -n "${SBATCH_ACCOUNT:-}" ]]; then
-    account=$SBATCH_ACCOUNT
-    given="SBATCH_ACCOUNT '$account'"
-  else
-    account=$(timeout 10 sacctmgr -nP show user "$user" format=defaultaccount 2>/dev/null) || return 0
-    [[ -n "$account" ]] ||
-      usage_error "no --account given and user '$user' has no default account; pass -a/--account, one of: $accounts"
-    return 0
-  fi
-  [[ ", $accounts, " == *", $account, "* ]] ||
-    usage_error "$given is not an account of user '$user' on this cluster; the user's accounts: $accounts"
-}
-
-# validate_partition_limits: the job's --time and memory per node within its
-# partition's (the default one when none is named) MaxTime, MaxMemPerNode and
-# its nodes' memory; the refusal gives both numbers. A list of partitions is
-# left to sbatch, which takes the first that fits.
-validate_partition_limits() {
-  local partition=${plan_partition:-} record max_time max_seconds seconds mem_mb max_mem node_mem
-  [[ "$partition" != *,* ]] || return 0
-  record=$(timeout 10 scontrol show partition -o ${partition:+"$partition"} 2>/dev/null) || return 0
-  [[ -n "$partition" ]] || record=$(grep -m 1 ' Default=YES ' <<<"$record") || return 0
-  partition=$(sed -n 's/^PartitionName=\([^ ]*\) .*/\1/p' <<<"$record")
-  [[ -n "$partition" ]] || return 0
-  max_time=$(sed -n 's/.* MaxTime=\([^ ]*\).*/\1/p' <<<"$record")
-  parse_slurm_time "${max_time:-UNLIMITED}" max_seconds
-  parse_slurm_time "$plan_time" seconds
-  if [[ -n "$max_seconds" && -n "$seconds" ]] && ((seconds > max_seconds)); then
-    usage_error "--time $plan_time ($seconds s) is over the MaxTime of partition '$partition', $max_time ($max_seconds s); ask for less, or pick another partition with -p"
-  fi
-  parse_memory_mb "${plan_mem:-0}" mem_mb
-  [[ -n "$mem_mb" ]] && ((mem_mb > 0)) || return 0
-  max_mem=$(sed -n 's/.* MaxMemPerNode=\([0-9]*\).*/\1/p' <<<"$record")
-  if [[ -n "$max_mem" ]] && ((mem_mb > 10#$max_mem)); then
-    usage_error "this job asks for $mem_mb MiB of memory per node ($plan_mem) but partition '$partition' allows at most $max_mem MiB (MaxMemPerNode); lower --mem-per-gpu (or the --mem of --sbatch-arg)"
-  fi
-  node_mem=$(timeout 10 sinfo -h -N -p "$partition" -o '%m' 2>/dev/null | sed 's/[^0-9]//g' | sort -n | tail -n 1) || return 0
-  if [[ "$node_mem" =~ ^[0-9]{1,9}$ ]] && ((mem_mb > 10#$node_mem)); then
-    usage_error "this job asks for $mem_mb MiB of memory per node ($plan_mem) but the nodes of partition '$partition' have at most $node_mem MiB; lower --mem-per-gpu (or the --mem of --sbatch-arg)"
   fi
 }

@@ -39,6 +39,21 @@ on_signal() {
   fi
 }
 
+# on_interrupt: Ctrl-C in an --interactive run. The program gets SIGTERM from
+# SLURM, as at a preemption: it checkpoints and ends, then the keepers clean
+# up. A second Ctrl-C cancels the allocation at once.
+# shellcheck disable=SC2317 # called from a trap
+on_interrupt() {
+  if [[ "$signal_seen" == INT ]]; then
+    hpc_log "second Ctrl-C: cancelling allocation $SLURM_JOB_ID"
+    scancel "$SLURM_JOB_ID" 2>/dev/null || true
+    return 0
+  fi
+  signal_seen=INT
+  hpc_log "Ctrl-C: SIGTERM to the program (Ctrl-C again cancels the allocation at once)"
+  scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
+}
+
 # is_wall_time_signal: the signal seen is the one SLURM sends before the wall time.
 is_wall_time_signal() {
   [[ -n "$signal_seen" && "$signal_seen" == "$HPC_SIGNAL" ]]
@@ -101,6 +116,8 @@ unpack_code() {
 # submitted by hand takes whatever SBATCH_* variables that shell had.
 check_job_contract() {
   local requeue
+  # salloc's allocation is never requeued, and takes no --signal.
+  [[ -z "${HPC_INTERACTIVE:-}" ]] || return 0
   record_field "$(job_record "$(job_key)")" Requeue requeue || true
   if [[ "$requeue" == 0 ]]; then
     hpc_error "this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
@@ -149,11 +166,26 @@ check_venv() {
 record_job_id() {
   local id=${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} file="$HPC_SUBMISSION_DIR/job_id" recorded
   [[ "$id" =~ ^[0-9]+$ ]] || return 0
+  # The arrays of a sweep split at MaxArraySize, and their retries, are in
+  # array_jobs and retry_jobs; job_id stays the first array's.
+  [[ "${HPC_TRIAL_OFFSET:-0}" == 0 && ! -f "$HPC_SUBMISSION_DIR/array_jobs" ]] || return 0
   recorded=$(cat "$file" 2>/dev/null) || recorded=0
   [[ "$recorded" =~ ^[0-9]+$ ]] || recorded=0
   ((id > recorded)) || return 0
   { printf '%s\n' "$id" >"$file.$SLURM_JOB_ID" && mv -f "$file.$SLURM_JOB_ID" "$file"; } ||
     hpc_log "warning: cannot record job $id in $file (status.sh shows job $recorded)"
+}
+
+# claim_first_run: the first job to run this trial of the submission folder
+# writes its job key (a requeue keeps it); launch.sh drops the trial's
+# --fresh in any other job ('sbatch job.sbatch' again resumes, as the log
+# advises after --max-requeues). The first writer wins (noclobber).
+claim_first_run() {
+  local file
+  file=$(first_run_file)
+  [[ ! -e "$file" ]] || return 0
+  mkdir -p "${file%/*}" && (set -o noclobber && printf '%s\n' "$(job_key)" >"$file") 2>/dev/null ||
+    [[ -e "$file" ]] || hpc_log "warning: cannot write $file; a later sbatch of this folder starts --fresh again"
 }
 
 # export_rendezvous: MASTER_ADDR is this allocation's first node, always (one
@@ -306,6 +338,11 @@ being_preempted() {
 
 requeue_or_stop() {
   local restarts=${SLURM_RESTART_COUNT:-0} key
+  if [[ -n "${HPC_INTERACTIVE:-}" ]]; then
+    hpc_log "checkpointed; an interactive run is not requeued: run it again to resume"
+    [[ "$signal_seen" != INT ]] || exit 130
+    exit 0
+  fi
   key=$(job_key)
   # The keeper stops on exit (the EXIT trap), after the requeue: stopping it
   # first could wait for a long extraction past the wall time (TIMEOUT).
@@ -332,6 +369,8 @@ main() {
   local run marker
   run=$(run_dir)
   mkdir -p "$run"
+  # results.sh tells this task's rows from another job's by it (run.json's slurm_job_id).
+  printf '%s\n' "${SLURM_JOB_ID:-}" >"$run/slurm_job_id" || hpc_log "warning: cannot write $run/slurm_job_id"
   marker="$run/requeue_marker"
   rm -f -- "$marker"
   rm -rf -- "${run:?}/exit"
@@ -351,12 +390,14 @@ main() {
   # shellcheck disable=SC2064 # the signal's name is fixed now, on purpose
   [[ -z "$HPC_SIGNAL" ]] || trap "on_signal $HPC_SIGNAL" "$HPC_SIGNAL"
   trap 'on_signal TERM' TERM
+  [[ -z "${HPC_INTERACTIVE:-}" ]] || trap on_interrupt INT
   trap on_exit EXIT
   # Steps inherit this shell's environment, even from an sbatch --export=NONE.
   export SLURM_EXPORT_ENV=ALL
   hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
   check_job_contract
   record_job_id
+  claim_first_run
   load_wandb_credentials
   unpack_code || exit 1
   check_venv
@@ -375,6 +416,10 @@ main() {
   elif is_wall_time_signal; then
     hpc_log "the wall-time signal came before training started; requeueing without running"
     requeue_or_stop
+  elif [[ "$signal_seen" == INT ]]; then
+    stop_keeper
+    hpc_log "interrupted before training started"
+    exit 130
   fi
   stop_keeper
   if [[ -f "$marker" || "$step_status" == "$HPC_REQUEUE_EXIT_CODE" ]]; then

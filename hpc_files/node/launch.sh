@@ -60,6 +60,25 @@ print(int("signals-to-handle" in text), int("shutdown-timeout" in text))
   [[ "$answer" != *\ 1 ]] || torchrun_has_shutdown_timeout=1
 }
 
+# drop_fresh_after_first_run WORD...: the words into kept_words, less every
+# '--fresh' when another job ran this trial of the submission folder first
+# (first_run_file): --fresh starts a submission over once; a later sbatch of
+# the same job.sbatch resumes. The first job's requeues keep it: the harness
+# tells its own folder by the job id and restart count.
+drop_fresh_after_first_run() {
+  local first word
+  kept_words=("$@")
+  first=$(cat "$(first_run_file)" 2>/dev/null) || return 0
+  [[ -n "$first" && "$first" != "$(job_key)" ]] || return 0
+  kept_words=()
+  for word in "$@"; do
+    [[ "$word" == --fresh ]] || kept_words+=("$word")
+  done
+  if ((${#kept_words[@]} != $#)) && [[ "${SLURM_PROCID:-0}" == 0 ]]; then
+    hpc_log "without --fresh: job $first ran trial $(trial_index) of this submission first, started afresh; this run resumes"
+  fi
+}
+
 # shellcheck disable=SC2120 # 'set --' below replaces the positional words on purpose
 build_command() {
   local line assignment
@@ -77,6 +96,8 @@ build_command() {
     assignments+=("$1")
     shift
   done
+  drop_fresh_after_first_run "$@"
+  set -- ${kept_words[@]+"${kept_words[@]}"}
   for assignment in ${assignments[@]+"${assignments[@]}"}; do
     export "${assignment?}"
     # A container gets only the variables it is given: these too.

@@ -27,9 +27,13 @@ job_key() {
   fi
 }
 
-# trial_index: the array task id, or 0 for a plain job.
+# trial_index: the array task id, or 0 for a plain job; plus HPC_TRIAL_OFFSET,
+# the first trial of this array where a sweep above MaxArraySize went as
+# several (submit_job).
 trial_index() {
-  printf '%s' "${SLURM_ARRAY_TASK_ID:-0}"
+  local offset=${HPC_TRIAL_OFFSET:-0}
+  [[ "$offset" =~ ^[0-9]+$ ]] || offset=0
+  printf '%s' "$((${SLURM_ARRAY_TASK_ID:-0} + 10#$offset))"
 }
 
 run_dir() {
@@ -177,6 +181,12 @@ to_decimal_node() {
   local digits=${1#"${1%%[!0]*}"}
   [[ "$digits" =~ ^[0-9]+$ ]] || digits=0
   printf -v "$2" '%s' "$digits"
+}
+
+# first_run_file: where the first job to run this trial of the submission
+# folder wrote its job key (batch.sh claim_first_run; launch.sh reads it).
+first_run_file() {
+  printf '%s/runs/first.%s' "$HPC_SUBMISSION_DIR" "$(trial_index)"
 }
 
 # trial_command_line: line K+1 of commands.txt (K = array task id).

@@ -34,40 +34,27 @@ echo "--" >>"$STUB_SBATCH_LOG"
 echo "4242"
 STUB
   # The submitter asks scontrol for MaxArraySize before an array: answer as
-  # the local cluster does (without a cluster, scontrol waits on DNS). It asks
-  # for the partition's limits, sinfo for the nodes' memory and sacctmgr for
-  # the user's accounts: as a cluster without those, unless a test sets
-  # STUB_PARTITIONS ('scontrol show partition -o' lines), STUB_NODE_MEMORY
-  # (sinfo's %m lines) or STUB_ASSOC_ACCOUNTS (one account a line) and
-  # STUB_DEFAULT_ACCOUNT.
+  # the local cluster does (without a cluster, scontrol waits on DNS); and
+  # sacctmgr for the user's accounts: as a cluster without accounting, so a
+  # production-shaped local cluster in SLURM_CONF does not answer for it.
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
-case "$*" in
-  "show config") echo "MaxArraySize            = 1001" ;;
-  "show partition -o"*)
-    [[ -n "${STUB_PARTITIONS:-}" ]] || exit 1
-    grep "^PartitionName=${4:-[^ ]*} " <<<"$STUB_PARTITIONS" ;;
-  *) exit 1 ;;
-esac
-STUB
-  cat >"$bin/sinfo" <<'STUB'
-#!/usr/bin/env bash
-[[ -n "${STUB_NODE_MEMORY:-}" ]] || exit 1
-printf '%s\n' "$STUB_NODE_MEMORY"
+[[ "$*" == "show config" ]] || exit 1
+echo "MaxArraySize            = 1001"
 STUB
   cat >"$bin/sacctmgr" <<'STUB'
 #!/usr/bin/env bash
-if [[ -z "${STUB_ASSOC_ACCOUNTS+x}" ]]; then
-  echo "sacctmgr: error: Problem talking to the database: Connection refused" >&2
-  exit 1
-fi
-case "$*" in
-  *" show assoc "*) printf '%s' "$STUB_ASSOC_ACCOUNTS" ;;
-  *" show user "*) printf '%s\n' "${STUB_DEFAULT_ACCOUNT:-}" ;;
-  *) exit 1 ;;
-esac
+echo "sacctmgr: error: Problem talking to the database: Connection refused" >&2
+exit 1
 STUB
-  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/sinfo" "$bin/sacctmgr"
+  # The submitter asks squeue for the experiment's queued jobs: none, unless
+  # a test writes squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT.
+  export STUB_SQUEUE_OUT="$BATS_TEST_TMPDIR/squeue.out"
+  cat >"$bin/squeue" <<'STUB'
+#!/usr/bin/env bash
+[[ ! -f "$STUB_SQUEUE_OUT" ]] || cat "$STUB_SQUEUE_OUT"
+STUB
+  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/sacctmgr" "$bin/squeue"
   export PATH="$bin:$PATH"
 }
 
@@ -146,6 +133,24 @@ submit() {
     fail "submission failed: $(cat "$submit_err")"
   job_id=$(sed -n 's/^Submitted job \([0-9]*\).*/\1/p' <<<"$out")
   [[ -n "$job_id" ]] || fail "no job id in: $out"
+}
+
+# array_states JOB: 'TASK STATE' per array task, sorted by task.
+array_states() {
+  scontrol show job -o "$1" | sed -n 's/.* ArrayTaskId=\([0-9]*\) .* JobState=\([A-Z_]*\) .*/\1 \2/p' | sort -n
+}
+
+# wait_array_done JOB TASKS SECONDS
+wait_array_done() {
+  local job=$1 tasks=$2 deadline=$((SECONDS + $3)) states
+  while :; do
+    states=$(array_states "$job")
+    if [[ "$(grep -cE ' (COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$' <<<"$states")" == "$tasks" ]]; then
+      return 0
+    fi
+    ((SECONDS < deadline)) || fail "array $job not done within $3 s: $states"
+    sleep 0.5
+  done
 }
 
 # job_log JOB: the job's log (all of its runs, appended).

@@ -139,9 +139,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_gloo(fn, world_size: int, *args) -> list:
+def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo group
-    on CPU; returns what each rank returned, in rank order (a failing rank fails the call)."""
+    on CPU (collectives time out after ``timeout_s``: torch's default when None); returns what
+    each rank returned, in rank order (a failing rank fails the call). Return small values:
+    a rank writing much into the queue waits for a reader, and the join comes first."""
     import shutil
     import tempfile
 
@@ -153,7 +155,7 @@ def spawn_gloo(fn, world_size: int, *args) -> list:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     procs = [
-        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, store, queue, args))
+        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, store, queue, args, timeout_s))
         for rank in range(world_size)
     ]
     for p in procs:
@@ -237,7 +239,8 @@ def gloo_context(rank: int, world_size: int):
     )
 
 
-def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> None:
+def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeout_s) -> None:
+    import datetime
     import traceback
 
     import torch
@@ -249,8 +252,9 @@ def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args) -> Non
         if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_")):
             del os.environ[k]
     try:
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
         dist.init_process_group(
-            "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size
+            "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timeout
         )
         try:
             queue.put((rank, True, fn(rank, world_size, *args)))

@@ -398,3 +398,13 @@ def test_a_submitter_that_cannot_start_releases_the_claim(
     err = capsys.readouterr().err
     assert err.startswith("bayes.py: error: cannot run the submitter for round 2: ")
     assert err.count("\n") == 1 and not (sub / "next_round").exists()
+
+
+def test_the_template_sweep_optimises_a_metric_the_example_trainer_logs() -> None:
+    """sweeper.yml is the template users start from: with a metric the example
+    (python -m hpc_harness.train) never writes, method bayes counts every trial as failed.
+    The Trainer's default evaluation writes test_loss and test_acc (Trainer.eval_step)."""
+    import yaml
+
+    sweep = yaml.safe_load((Path(__file__).resolve().parents[2] / "sweeper.yml").read_text())
+    assert sweep["metric"]["name"] in {"test_acc", "test_loss"}

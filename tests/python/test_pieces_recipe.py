@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, bitwise_equal
+from conftest import REPO, bitwise_equal, gloo_context
 from torch.utils.data import DataLoader, TensorDataset
 
 from hpc_harness import pieces
@@ -51,14 +51,17 @@ def _run_recipe(
     rank: int = 0,
     world_size: int = 1,
     worker_seeds: list[int] | None = None,
+    samples: int = SAMPLES,
+    group: bool = False,
 ) -> tuple[int | None, dict[str, torch.Tensor]]:
     """Run the docstring's loop once as written (AdamW, a model with dropout), appending the
     batches it trains to ``trained``; returns its exit code at a stop (None when it ran to its
     end) and the model's weights then. With ``world_size`` above 1 it is rank ``rank``'s part
-    alone (its gradients not averaged: the other ranks are not here). ``worker_seeds`` gets
+    alone (its gradients not averaged: the other ranks are not here), or with ``group`` one
+    rank of the gloo group this process is in (averaged). ``worker_seeds`` gets
     each epoch's base seed of the DataLoader's workers (worker i seeds torch, random and numpy
     with base seed + i: its augmentations)."""
-    ds = TensorDataset(torch.arange(float(SAMPLES)))
+    ds = TensorDataset(torch.arange(float(samples)))
     torch.manual_seed(0)  # the same initial weights in every run
     model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -78,13 +81,17 @@ def _run_recipe(
             return batches
 
     monkeypatch.setattr(pieces, "StopAgreement", lambda ctx: _StopAt(stop_at))
-    if world_size > 1:
-        ctx = SimpleNamespace(rank=rank, world_size=world_size)
+    if group:  # the group outlives the recipe's exit: the next run in this process uses it
+        ctx = gloo_context(rank, world_size)
+        monkeypatch.setattr(pieces, "setup", lambda: ctx)
+        monkeypatch.setattr(pieces, "cleanup", lambda: None)
+    elif world_size > 1:
+        ctx = SimpleNamespace(rank=rank, world_size=world_size)  # no group: no collective
         monkeypatch.setattr(pieces, "setup", lambda: ctx)
         monkeypatch.setattr(pieces, "average_gradients", lambda model, world_size: None)
     namespace.update(
         ds=ds, B=B, DataLoader=SeedsRecorded, torch=torch, ckpt_dir=ckpt_dir,
-        total_steps=TOTAL_STEPS, steps_per_epoch=SAMPLES // (B * world_size), model=model,
+        total_steps=TOTAL_STEPS, steps_per_epoch=samples // (B * world_size), model=model,
         loss=Loss(), opt=opt,
     )  # fmt: skip
     code = None

@@ -134,6 +134,111 @@ def test_plot_writes_a_png(scratch, tmp_path, capsys) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_a_parameter_and_a_metric_of_one_name_get_prefixed_columns(scratch, tmp_path, capsys):
+    for k in range(8):  # every trial also logs its learning rate as a metric "lr"
+        path = scratch / "proj" / "grid" / "trials" / str(k) / "checkpoints" / "metrics.csv"
+        with open(path, "a") as fh:
+            fh.write("1.0,47,0,lr,0.003\n")
+    out = tmp_path / "r.csv"
+    code, lines, err = run(
+        capsys, "results", "--project", "proj", "grid", "-m", "lr", "--csv", str(out)
+    )
+    assert code == 0, err
+    header = [c for c in lines[2].split("  ") if c]
+    assert [c.strip() for c in header][:3] == ["trials", "hidden", "param.lr"]
+    assert "metric.lr" in lines[2] and "best metric.lr" in lines[2] and " lr " not in lines[2]
+    assert rows(lines)[0][2] in ("0.01", "0.1") and rows(lines)[0][-1] == "0.003 ± 0"
+    with open(out, newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[2] == "param.lr" and header[-4:-2] == ["metric.lr", "metric.lr_std"]
+    # No clash: the plain names.
+    code, lines, err = run(capsys, "results", "--project", "proj", "grid", "-m", "test_acc")
+    assert lines[2].split()[:3] == ["trials", "hidden", "lr"]
+
+
+def test_rows_come_from_the_submissions_own_jobs_not_an_earlier_run_holding_the_folder(scratch):
+    # Trial 0's folder is still held by an earlier submission's job 450 (its run.json): the
+    # newest submission's task ran as job 501 and failed before claiming it. Trial 1's run.json
+    # is its own job's; trial 2's a later job's, resuming after it (own_metrics decides).
+    exp = scratch / "proj" / "grid"
+    sub = exp / "20261123-120000-new2"
+    for k, (own, claimed) in enumerate([(501, 450), (502, 502), (503, 900)]):
+        (sub / "runs" / f"500_{k}").mkdir(parents=True)
+        (sub / "runs" / f"500_{k}" / "slurm_job_id").write_text(f"{own}\n")
+        run_json = exp / "trials" / str(k) / "checkpoints" / "run.json"
+        run_json.write_text(json.dumps({"slurm_job_id": str(claimed), "fingerprint": {}}))
+    trials = results.collect(results.load_submission(str(sub)), "proj")
+    assert trials[0].metrics == {}
+    assert trials[1].metrics["test_acc"][-1][1] == pytest.approx(0.82)
+    assert trials[2].metrics["test_acc"][-1][1] == pytest.approx(0.90)
+    # A folder without this task's job ids (a submission before batch.sh recorded them): as before.
+    (sub / "runs" / "500_0" / "slurm_job_id").unlink()
+    trials = results.collect(results.load_submission(str(sub)), "proj")
+    assert trials[0].metrics["test_acc"][-1][1] == pytest.approx(0.80)
+
+
+def test_a_1500_trial_sweep_split_at_max_array_size_1001_lists_1500_rows(
+    tmp_path, capsys, monkeypatch
+):
+    # Two arrays (job_submitter.sh's array_jobs): 900 runs trials 0-1000 as tasks 0-1000,
+    # 901 runs trials 1001-1499 as tasks 0-498; each trial logs its own index as "k".
+    root = tmp_path / "scratch"
+    sub = root / "proj" / "big" / "20261127-120000-bigA"
+    logs = root / "proj" / "hpc_outputs"
+    sub.mkdir(parents=True)
+    logs.mkdir(parents=True)
+    (sub / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --array=0-1000\n")
+    (sub / "job_id").write_text("900\n")
+    (sub / "array_jobs").write_text("900 0\n901 1001\n")
+    with open(sub / "trials.jsonl", "w") as fh:
+        for k in range(1500):
+            fh.write(json.dumps({"trial": k, "params": {"seed": k}, "argv": ["x"]}) + "\n")
+    for k in range(1500):
+        job, task = ("900", k) if k < 1001 else ("901", k - 1001)
+        (logs / f"proj_big_{job}_{task}.out").write_text(
+            f"hpc: job {job}_{task} (trial {k}) on node1, restart 0, started 2026-11-27 12:00:00\n"
+            "hpc: training step ended with exit code 0 at 2026-11-27 12:00:09\n"
+        )
+        trial = root / "proj" / "big" / "trials" / str(k)
+        trial.mkdir(parents=True)
+        (trial / "metrics.csv").write_text(f"time,step,epoch,name,value\n1,1,0,k,{k}\n")
+    monkeypatch.setenv("SCRATCH", str(root))
+    # SLURM forgot them: states from the logs.
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    code, lines, err = run(
+        capsys, "results", "--project", "proj", "big", "--no-group", "--sort", "k:min"
+    )
+    assert code == 0, err
+    assert lines[1] == "1500 trial(s); sorted by k (min)"
+    table = rows(lines)
+    assert len(table) == 1500
+    assert all(r[0] == r[1] == r[3] and r[2] == "finished" for r in table), table[:3]
+    code, lines, err = run(capsys, "status", "--project", "proj", "big")
+    assert lines[1] == "job 900 and 901 (arrays), 1500 task(s); states from logs"
+
+
+def _trial(index: int, state: str, lr: float, acc: float | None) -> object:
+    t = results.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
+    t.metrics = {"acc": [(10, acc)]} if acc is not None else {}
+    return t
+
+
+def test_plot_draws_finished_trials_only_and_no_panel_for_a_constant_parameter() -> None:
+    trials = [
+        _trial(0, "finished", 0.1, 0.9),
+        _trial(1, "running", 0.01, 0.5),
+        _trial(2, "failed (exit 3)", 0.001, 0.1),
+        _trial(3, "finished", 0.001, 0.8),
+        _trial(4, "pending", 0.03, None),
+    ]
+    names, points = results.plot_points(trials, "acc", "max")
+    assert names == ["lr"]  # epochs is 1 in every trial; seeds are never a panel
+    assert [(t.index, v) for t, v in points] == [(0, 0.9), (3, 0.8)]
+    # Every parameter constant: one panel, by trial.
+    names, _ = results.plot_points([_trial(0, "finished", 0.1, 0.9)], "acc", "max")
+    assert names == ["trial"]
+
+
 def test_curves_one_line_per_trial_in_each_metrics_panel(scratch, tmp_path, capsys, monkeypatch):
     drawn = {}
     real = results.plot_curves
@@ -256,6 +361,36 @@ def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatc
     assert table[1][:4] == ["1", "FAILED (exit 3)", "0", "00:00:09"]
     assert table[2] == ["2", "RUNNING", "1", "00:01:05", "step 40/47 epoch 0 loss 0.4000"]
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
+
+
+def test_a_task_the_cgroup_killed_for_memory_shows_out_of_memory_with_its_exit_code(
+    tmp_path, monkeypatch
+) -> None:
+    log = tmp_path / "task.out"
+    log.write_text(
+        "hpc: job 7 (trial 0) on node1, restart 0, started 2026-11-27 10:00:00\n"
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks"
+        " have been OOM Killed.\n"
+        "srun: error: node1: task 0: Out Of Memory\n"
+        "hpc: training step ended with exit code 137 at 2026-11-27 10:00:09\n"
+    )
+    assert results.trial_state(None, results.read_log(str(log)))[:2] == (
+        "out of memory (exit 137)",
+        True,
+    )
+    fields = {"JobState": "OUT_OF_MEMORY", "ExitCode": "0:125", "Restarts": "0"}
+    assert results.trial_state(fields, None)[:2] == ("out of memory (exit 0)", True)
+
+
+def test_status_shows_a_task_slurm_ended_out_of_memory(scratch, capsys, monkeypatch) -> None:
+    text = (
+        "JobId=600 ArrayJobId=600 ArrayTaskId=0 JobState=OUT_OF_MEMORY Restarts=0 "
+        "ExitCode=0:125 RunTime=00:00:09\n"
+    )
+    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    code, lines, _ = run(capsys, "status", "--project", "proj", "600")
+    assert code == 0
+    assert rows(lines)[0][:2] == ["0", "out of memory (exit 0)"]
 
 
 def _rerun_task_by_hand(scratch: Path, task: int, job: str, end: str) -> Path:
@@ -669,3 +804,35 @@ def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratc
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
     assert results.collect(sub, "proj")[0].metrics == {}
+
+
+def test_a_pruned_trial_shows_pruned_with_its_step(scratch, capsys) -> None:
+    """hpc_harness/pruning.py's ``pruned`` file in a finished trial's folder (early_terminate);
+    one older than the submission is an earlier run's and is ignored."""
+    trials = scratch / "proj" / "grid" / "trials"
+    (trials / "6" / "pruned").write_text("3 0.6\n")
+    (trials / "7" / "pruned").write_text("1 0.5\n")
+    os.utime(trials / "7" / "pruned", (1_000_000, 1_000_000))
+    code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
+    assert code == 0
+    states = {r[0]: r[4] for r in rows(lines)}
+    assert states["6"] == "PRUNED at step 3"
+    assert states["7"] == "finished"
+    code, lines, _ = run(capsys, "status", "--project", "proj")
+    states = {r[0]: r[1] for r in rows(lines)}
+    assert (states["6"], states["7"]) == ("PRUNED at step 3", "finished")
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "last_other", "ended"),
+    [(None, 5, False), (3, 3, True), (3, 2, True), (3, 7, False)],  # resumed past it: not
+)
+def test_a_runs_failed_row_makes_its_trial_failed_unless_later_steps_follow(
+    failed_at, last_other, ended
+) -> None:
+    # a wandb agent's job exits 0 whatever its runs did: the row is what tells the run failed
+    metrics = {"train_loss": [(1, 0.5), (last_other, 0.4)]}
+    if failed_at is not None:
+        metrics["failed"] = [(failed_at, 1.0)]
+    assert results.ended_in_exception(metrics) is ended
+    assert list(metrics) == ["train_loss"]  # no metric column named failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import bitwise_equal, cpu_context, gloo_context, load_model, spawn_gloo
@@ -301,3 +302,28 @@ def test_fsdp_checkpoints_of_world_size_2_resume_at_world_size_1(tmp_path) -> No
         assert bitwise_equal(model, saved["model"]), form
         for name, entry in saved["optimizer"]["state"].items():
             assert bitwise_equal(optim["state"][name], entry), (form, name)
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "world_size", "clip", "warned"),
+    [
+        ("ddp", "fsdp", 2, None, False),  # 2 ranks: a+b in any order, no clipping
+        ("fsdp", "ddp", 2, 1.0, True),  # the norm: per parameter vs per shard
+        ("ddp", "fsdp", 3, None, True),  # the sums: fixed order vs reduce-scatter
+        ("ddp2", "fsdp", 2, 1.0, True),
+        ("ddp", "ddp2", 4, 1.0, False),  # the same maths
+        ("fsdp", "fsdp", 4, 1.0, False),
+        (None, "fsdp", 4, 1.0, False),  # a checkpoint without its strategy
+    ],
+)
+def test_a_resume_that_switches_strategy_warns_when_it_is_not_bitwise(
+    saved, now, world_size, clip, warned
+) -> None:
+    from hpc_harness.strategy import Strategy
+
+    strategy = Strategy.__new__(Strategy)  # only its name and world size matter here
+    strategy.name, strategy.world_size = now, world_size
+    line = strategy.switch_warning(saved, clip)
+    assert (line is not None) == warned
+    if warned:
+        assert line.startswith(f"hpc_harness: warning: resuming a {saved} checkpoint under {now}")

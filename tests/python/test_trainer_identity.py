@@ -302,3 +302,78 @@ def test_an_error_of_rank_0_alone_is_raised_on_every_rank(tmp_path, case: str) -
         ck.write_text("")  # a file where the folder should be
     errors = spawn_gloo(_rank0_fails, 2, str(ck), case)
     assert errors[0] != "returned" and errors == [errors[0]] * 2, errors
+
+
+def test_a_finished_run_extended_by_epochs_and_max_steps_ends_as_the_longer_run(tmp_path) -> None:
+    """epochs was part of the run's fingerprint: a finished run resumed with --epochs 2 was
+    refused (Lightning lets max_epochs grow). Extended, it ends bitwise as the longer run;
+    a checkpoint past the epochs asked for is a longer run's, refused in one line."""
+    longer = build(str(tmp_path / "longer"), epochs=3, max_steps=10)
+    assert longer.train() == "max_steps"
+    ck = str(tmp_path / "ck")
+    assert build(ck, epochs=1).train() == "finished"
+    assert build(ck, epochs=2).train() == "finished"
+    extended = build(ck, epochs=3, max_steps=10)
+    assert extended.train() == "max_steps" and extended.global_step == 10
+    expected = torch.load(tmp_path / "longer" / "last.pt", weights_only=True)["model"]
+    got = torch.load(os.path.join(ck, "last.pt"), weights_only=True)["model"]
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    with pytest.raises(ckpt.RunMismatch, match="past epochs 1: it belongs to a longer run"):
+        build(ck, epochs=1).train()
+
+
+class OwnRngShuffle(NumpyShuffle):
+    """A sampler with a numpy Generator of its own (not the global RNG the harness saves)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.rng = np.random.default_rng(0)
+
+    def __iter__(self):
+        return iter(self.rng.permutation(self.n).tolist())
+
+
+class StatefulShuffle(OwnRngShuffle):
+    """The same with torchdata's protocol: its state saved and loaded through it."""
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+
+@pytest.mark.parametrize("stop_at", [2, 4, 6])  # inside epoch 0, at its end, inside epoch 1
+def test_a_sampler_with_state_dict_is_saved_and_restored_through_it(tmp_path, stop_at) -> None:
+    """A sampler holding its own numpy Generator resumed silently wrong (samples read twice,
+    others never; maxdiff 0.093 in the review)."""
+
+    def make_loader() -> DataLoader:
+        return DataLoader(INDEXED, batch_size=2, sampler=StatefulShuffle(8))
+
+    whole, resumed = _same_order_after_a_resume(tmp_path, make_loader, stop_at)
+    assert sorted(whole[8:]) == list(range(8)) and whole[:8] != whole[8:]
+    assert resumed == whole
+
+
+def test_a_sampler_with_random_state_no_checkpoint_saves_is_warned_of_once(
+    tmp_path, capsys
+) -> None:
+    loader = DataLoader(INDEXED, batch_size=2, sampler=OwnRngShuffle(8))
+    build(str(tmp_path), loader=loader, replace_sampler=False)
+    saved = DataLoader(INDEXED, batch_size=2, sampler=StatefulShuffle(8))
+    build(str(tmp_path / "saved"), loader=saved, replace_sampler=False)
+    out = capsys.readouterr().out
+    assert out.count("warning") == 1
+    assert (
+        "hpc_harness: warning: OwnRngShuffle.rng is a Generator no checkpoint saves: a resumed "
+        "run will not draw what this one would; give it state_dict() and load_state_dict()\n"
+    ) in out
+
+
+def test_a_fingerprint_of_an_older_harness_with_epochs_in_it_still_resumes(tmp_path) -> None:
+    """Saved by a harness whose fingerprint held epochs: refused as another run ("epochs (2
+    -> <unset>)") once epochs may change across a resume."""
+    fp = ckpt.fingerprint({"lr": 0.1, "epochs": 2})
+    assert ckpt.identity_error(str(tmp_path), fp, {"lr": 0.1, "epochs": 1}) is None
+    assert "lr (0.2 -> 0.1)" in ckpt.identity_error(str(tmp_path), fp, {"lr": 0.2, "epochs": 1})

@@ -73,3 +73,22 @@ def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_
     second = records(ckpt)
     assert ("exit", 0) in second
     assert ("preempting", None) not in second
+
+
+def test_a_crash_finishes_the_wandb_run_failed_and_marks_metrics_csv(tmp_path, digits_dir):
+    """Trainer.train's ``finally`` finished the W&B run with exit code 0 while the exception
+    went on: the fake server (W&B's rule) called the crashed trial finished."""
+    ckpt = tmp_path / "runs" / RUN_ID / "checkpoints"
+    env = clean_env(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_RUN_ID=RUN_ID)
+    env["WANDB_SWEEP_ID"] = "fakesw01"
+    args = ["--epochs", "1", "--data-dir", digits_dir, "--ckpt-dir", str(ckpt)]
+    args += ["--wandb", "offline", "--fail-at-step", "3", "--log-every", "1"]
+    proc = subprocess.run(
+        [PY, "-m", "hpc_harness.train", *args], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "--fail-at-step 3 on rank 0" in proc.stderr
+    exits = [code for kind, code in records(ckpt) if kind == "exit"]
+    assert exits == [1]
+    rows = (ckpt / "metrics.csv").read_text().splitlines()
+    assert rows[-1].split(",")[1:] == ["2", "0", "failed", "1"]  # the steps done, epoch 0

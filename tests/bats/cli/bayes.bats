@@ -96,3 +96,22 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   refuse "method bayes runs as rounds of jobs submitted by a controller job after each; --no-submit would leave one round of random trials and no search: submit it, or use method random" -- \
     --site local -g 0 -W none -e bo3 --sweep "$BAYES" --rounds 2 --trials 2 --no-submit
 }
+
+@test "a controller submits the next round, but not in an experiment stop.sh stopped (it records the best instead)" {
+  run --separate-stderr timeout 60 "$SUBMITTER" --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 2 </dev/null
+  ((status == 0)) || fail "exit $status: $stderr"
+  local sub
+  sub=$(find "$SCRATCH/$PROJECT/bo" -mindepth 1 -maxdepth 1 -name '20*' -type d)
+  echo "stopped by a test" >"$SCRATCH/$PROJECT/bo/stopped"
+  run --separate-stderr timeout 60 "$HPC_PYTHON" "$REPO_ROOT/hpc_files/lib/bayes.py" controller --submission "$sub" --project "$PROJECT"
+  ((status == 0)) || fail "exit $status: $stderr"
+  assert_output --partial "stopped exists (stop.sh); round 2 is not submitted"
+  assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 2
+  assert_file_exists "$sub/bayes_best.json"
+  assert_not_exist "$sub/next_round"
+  # Not stopped: the same controller submits round 2 (its array job and its controller).
+  rm "$SCRATCH/$PROJECT/bo/stopped"
+  run --separate-stderr timeout 60 "$HPC_PYTHON" "$REPO_ROOT/hpc_files/lib/bayes.py" controller --submission "$sub" --project "$PROJECT"
+  ((status == 0)) || fail "exit $status: $stderr"
+  assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 4
+}

@@ -762,66 +762,50 @@ setup() {
   refuse "--time expects a SLURM time" -- -C "$ONE_LINE" -t 1-24:00
 }
 
-@test "an array above the cluster's MaxArraySize is refused before sbatch, by --dry-run too" {
+@test "an array above the cluster's MaxArraySize goes as several arrays; --no-submit and --wait are refused" {
   local bin="$BATS_TEST_TMPDIR/scontrol-bin"
   mkdir -p "$bin"
   printf '#!/usr/bin/env bash\nprintf "MaxArraySize            = 3\\n"\n' >"$bin/scontrol"
   chmod +x "$bin/scontrol"
-  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- -C "$ONE_LINE" --seeds 4
-  PATH="$bin:$PATH" refuse "this submission has 4 trials (array indices 0-3) but the cluster's MaxArraySize is 3" -- --dry-run -C "$ONE_LINE" --seeds 4
+  PATH="$bin:$PATH" refuse "--no-submit: these 7 trials go as several array jobs (the cluster's MaxArraySize is 3)" -- -C "$ONE_LINE" --seeds 7 --no-submit
+  PATH="$bin:$PATH" refuse "--wait follows one job; these 7 trials go as several array jobs (the cluster's MaxArraySize is 3)" -- -C "$ONE_LINE" --seeds 7 --wait
+  PATH="$bin:$PATH" dry -C "$ONE_LINE" --seeds 7 --array-throttle 2
+  assert_line '#SBATCH --array=0-2%2'
+  # Submitted: three arrays of 3, 3 and 1 tasks, task K of each running trial F+K.
+  stub_sbatch_recording
+  run --separate-stderr env PATH="$bin:$PATH" "$SUBMITTER" -e split -C "$ONE_LINE" --seeds 7 --array-throttle 2 </dev/null
+  assert_success
+  local sub
+  sub=$(submission_dirs split)
+  assert_equal "$(grep -c -- '^--array=0-2%2$' "$STUB_SBATCH_LOG")" 2
+  assert_equal "$(grep -c -- '^--array=0-0%2$' "$STUB_SBATCH_LOG")" 1
+  run grep -- '^--export=' "$STUB_SBATCH_LOG"
+  assert_output "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=0
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=3
+--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=6"
+  assert_equal "$(cat "$sub/array_jobs")" "4242 0
+4242 3
+4242 6"
+  assert_equal "$(wc -l <"$sub/job_ids")" 2
 }
 
-# --- What the scheduler knows: accounts, MaxTime, memory ---------------------
-
-# A partition as 'scontrol show partition -o' prints it (the fields read).
-partition_record() {
-  printf 'PartitionName=%s AllowGroups=ALL Default=%s MaxNodes=UNLIMITED MaxTime=%s MinNodes=0 DefMemPerCPU=1024 MaxMemPerNode=%s\n' "$@"
+@test "--interactive: one trial, in the foreground, without what only a queued batch job has" {
+  refuse "--interactive runs one trial, and this submission has 3: give one command after '--', or a configs file of one line" -- \
+    -C "$THREE_LINES" --interactive
+  local arg
+  for arg in --no-submit --wait --no-signal '--signal USR2' '--signal-lead 60' '--max-requeues 2' '--seeds 2' '--array-throttle 2'; do
+    # shellcheck disable=SC2086 # an option and its value, split on purpose
+    refuse "--interactive runs one trial now, in the foreground; it does not take ${arg%% *}" -- -C "$ONE_LINE" --interactive $arg
+  done
+  dry -C "$ONE_LINE" --interactive
+  refute_output --partial '#SBATCH --signal'
 }
 
-@test "account: one the user does not have is refused, naming the user's accounts" {
-  export STUB_ASSOC_ACCOUNTS=$'rrg-lab\ndef-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=def-lab
-  refuse "--account 'def-pi' is not an account of user '$(id -un)' on this cluster; the user's accounts: def-lab, rrg-lab" -- \
-    -C "$ONE_LINE" -a def-pi
-}
-
-@test "account: the site profile's account is checked too, and named as the profile's" {
-  export STUB_ASSOC_ACCOUNTS=$'def-lab\n'
-  printf 'account = def-gone\n' >"$BATS_TEST_TMPDIR/site.conf"
-  refuse "the site profile's account 'def-gone' ($BATS_TEST_TMPDIR/site.conf) is not an account of user '$(id -un)' on this cluster; the user's accounts: def-lab" -- \
-    --site "$BATS_TEST_TMPDIR/site.conf" -C "$ONE_LINE"
-}
-
-@test "account: none given and no default account is refused, naming the accounts" {
-  export STUB_ASSOC_ACCOUNTS=$'def-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=''
-  refuse "no --account given and user '$(id -un)' has no default account; pass -a/--account, one of: def-lab, rrg-lab" -- -C "$ONE_LINE"
-}
-
-@test "account: one of the user's, or the default, or no accounting at all, is accepted" {
-  export STUB_ASSOC_ACCOUNTS=$'def-lab\nrrg-lab\n' STUB_DEFAULT_ACCOUNT=def-lab
-  dry -C "$ONE_LINE" -a rrg-lab
-  dry -C "$ONE_LINE"
-  unset STUB_ASSOC_ACCOUNTS
-  dry -C "$ONE_LINE" -a anything
-}
-
-@test "time over the partition's MaxTime is refused with both numbers" {
-  STUB_PARTITIONS="$(partition_record gpu YES 1-00:00:00 61440)"$'\n'"$(partition_record long NO 7-00:00:00 UNLIMITED)"
-  export STUB_PARTITIONS
-  refuse "--time 1-00:00:01 (86401 s) is over the MaxTime of partition 'gpu', 1-00:00:00 (86400 s); ask for less, or pick another partition with -p" -- \
-    -C "$ONE_LINE" -t 1-00:00:01
-  dry -C "$ONE_LINE" -t 1-00:00:00
-  dry -C "$ONE_LINE" -t 1-00:00:01 -p long
-  # A list is sbatch's to choose from.
-  dry -C "$ONE_LINE" -t 3-00:00:00 -p gpu,long
-}
-
-@test "memory per node over the partition's MaxMemPerNode or its nodes' memory is refused with both numbers" {
-  STUB_PARTITIONS="$(partition_record gpu YES 1-00:00:00 61440)"$'\n'"$(partition_record big NO 1-00:00:00 UNLIMITED)"
-  export STUB_PARTITIONS STUB_NODE_MEMORY=$'65536\n131072'
-  refuse "this job asks for 81920 MiB of memory per node (80G) but partition 'gpu' allows at most 61440 MiB (MaxMemPerNode); lower --mem-per-gpu (or the --mem of --sbatch-arg)" -- \
-    -C "$ONE_LINE" -g 4 -m 20G
-  refuse "this job asks for 204800 MiB of memory per node (200G) but the nodes of partition 'big' have at most 131072 MiB; lower --mem-per-gpu (or the --mem of --sbatch-arg)" -- \
-    -C "$ONE_LINE" -p big --sbatch-arg=--mem=200G
-  dry -C "$ONE_LINE" -g 4 -m 15G
-  dry -C "$ONE_LINE" -p big -g 4 -m 20G
+@test "early_terminate: an unknown type or a bad number is refused in one line, exit 2" {
+  local sweep="$BATS_TEST_TMPDIR/early terminate.yml"
+  printf '%s\n' 'program: p.py' 'method: grid' 'metric: {name: val_acc, goal: maximize}' \
+    'parameters: {lr: {values: [0.1]}}' 'early_terminate: {type: asha, min_iter: 1}' >"$sweep"
+  refuse "$sweep: early_terminate type must be hyperband, got 'asha'" -- --sweep "$sweep" -g 0 -W none
+  sed -i 's/type: asha, min_iter: 1/type: hyperband, min_iter: 1, eta: 1/' "$sweep"
+  refuse "$sweep: early_terminate eta must be at least 2, got 1" -- --sweep "$sweep" -g 0 -W none
 }

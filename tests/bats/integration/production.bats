@@ -60,7 +60,7 @@ wait_sacct() {
   run --separate-stderr "$SUBMITTER" --site local -a no-such-account -W none -g 0 -- true
   assert_failure 2
   assert_equal "${#stderr_lines[@]}" 1
-  assert_regex "$stderr" "^job_submitter.sh: error: --account 'no-such-account' is not an account of user '$(id -un)' on this cluster; the user's accounts: .*def-lab.*rrg-lab"
+  assert_regex "$stderr" "^job_submitter.sh: error: --account 'no-such-account' is not one of user $(id -un)'s accounts: .*def-lab.*rrg-lab"
   assert_equal "$(squeue -h -o %A | wc -l)" "$before"
   run find "$SCRATCH" -mindepth 2
   assert_output ''
@@ -69,7 +69,7 @@ wait_sacct() {
 @test "the submitter refuses a time over the partition's MaxTime with both numbers" {
   run --separate-stderr "$SUBMITTER" --site local -p notmpdir -t 2-00:00:00 -W none -g 0 -- true
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: --time 2-00:00:00 (172800 s) is over the MaxTime of partition 'notmpdir', 1-00:00:00 (86400 s); ask for less, or pick another partition with -p"
+  assert_equal "$stderr" "job_submitter.sh: error: --time 2-00:00:00 (172800 s) is over the MaxTime of partition 'notmpdir', 1-00:00:00 (86400 s); lower -t or pick another partition with -p"
 }
 
 @test "cgroups: a job over its memory is killed as OUT_OF_MEMORY, and sees only its own fake GPUs" {

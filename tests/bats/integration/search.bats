@@ -15,25 +15,6 @@ setup() {
   cluster_test_setup
 }
 
-
-# array_states JOB: 'TASK STATE' per array task, sorted by task.
-array_states() {
-  scontrol show job -o "$1" | sed -n 's/.* ArrayTaskId=\([0-9]*\) .* JobState=\([A-Z_]*\) .*/\1 \2/p' | sort -n
-}
-
-# wait_array_done JOB TASKS SECONDS
-wait_array_done() {
-  local job=$1 tasks=$2 deadline=$((SECONDS + $3)) states
-  while :; do
-    states=$(array_states "$job")
-    if [[ "$(grep -cE ' (COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$' <<<"$states")" == "$tasks" ]]; then
-      return 0
-    fi
-    ((SECONDS < deadline)) || fail "array $job not done within $3 s: $states"
-    sleep 0.5
-  done
-}
-
 @test "a 2x3 grid from a sweep file runs as one 6-task array (throttle 2): every trial once, right arguments, own folder" {
   submit -n 1 -g 1 -W none -t 5 -e grid --sweep "$SWEEPS/grid_probe.yml" --array-throttle 2
   run job_field "$job_id" ArrayTaskThrottle

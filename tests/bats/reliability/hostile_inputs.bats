@@ -75,12 +75,16 @@ setup() {
   assert_line "greeting=hello there unset=[]"
 }
 
-@test "an array above the cluster's MaxArraySize (1002 trials, limit 1001): refused before sbatch with both numbers; nothing queued or created" {
+@test "an array above the cluster's MaxArraySize (limit + 1 trials): planned as arrays of MaxArraySize tasks; --no-submit refused, nothing created" {
   local max
   max=$(scontrol show config | sed -n 's/^MaxArraySize *= *//p')
-  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) -- true
+  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) --dry-run -- true
+  assert_success
+  assert_line --regexp "^#SBATCH --array=0-$((max - 1))(%[0-9]+)?\$"
+  assert_line --partial "# Trials: $((max + 1)) (arrays of at most $max tasks, the cluster's MaxArraySize"
+  run --separate-stderr "$SUBMITTER" --site local -W none -g 0 -e oversize --seeds $((max + 1)) --no-submit -- true
   assert_failure 2
-  assert_equal "$stderr" "job_submitter.sh: error: this submission has $((max + 1)) trials (array indices 0-$max) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); split the experiments into several submissions"
+  assert_equal "$stderr" "job_submitter.sh: error: --no-submit: these $((max + 1)) trials go as several array jobs (the cluster's MaxArraySize is $max), which one 'sbatch job.sbatch' cannot queue; submit them"
   run find "$SCRATCH" -mindepth 1
   assert_output ''
 }
@@ -103,4 +107,40 @@ setup() {
   wait_job_done "$job_id" 60
   assert_job_state "$job_id" COMPLETED
   assert_file_contains "$SCRATCH/$project/hpc_outputs/${project}_pct_$job_id.out" '^in-the-log$'
+}
+
+@test "a submission from inside 'salloc --mem-per-cpu': the allocation's SLURM_* do not reach the job's sruns, and it runs" {
+  local out status_file="$BATS_TEST_TMPDIR/status"
+  # The inner submission's --wait exits with the job's exit code.
+  out=$(salloc -n1 -c1 --mem-per-cpu=100M -p notmpdir bash -c \
+    '"$1" --site local -p notmpdir -g 0 -W none -t 5 -e inside --wait -- true; echo "$?" >"$2"' \
+    _ "$SUBMITTER" "$status_file" </dev/null 2>&1) || fail "salloc failed: $out"
+  assert_equal "$(cat "$status_file")" 0
+  [[ "$out" != *"mutually exclusive"* ]] || fail "srun refused the allocation's memory variables: $out"
+}
+
+@test "SBATCH_PARTITION, SBATCH_ARRAY_INX, SBATCH_JOB_NAME and SBATCH_GPUS_PER_TASK in the submitting shell: the job keeps its partition, trials, name and log, and gets no GPU" {
+  local configs="$BATS_TEST_TMPDIR/four.txt" task
+  printf 'true\n%.0s' 1 2 3 4 >"$configs"
+  SBATCH_PARTITION=urgent SBATCH_ARRAY_INX=0-1 SBATCH_JOB_NAME=x SBATCH_GPUS_PER_TASK=1 \
+    submit -p notmpdir -g 0 -W none -t 5 -e shellvars -C "$configs"
+  assert_equal "$(job_field "$job_id" Partition)" notmpdir
+  assert_equal "$(job_field "$job_id" JobName)" "${project}_shellvars"
+  [[ "$(scontrol show job -o "$job_id" | head -n 1)" != *gpu* ]] || fail "the job got a GPU: $(scontrol show job "$job_id")"
+  for task in 0 1 2 3; do
+    wait_job_done "${job_id}_$task" 120
+    assert_job_state "${job_id}_$task" COMPLETED
+    assert_file_exists "$SCRATCH/$project/hpc_outputs/${project}_shellvars_${job_id}_$task.out"
+  done
+}
+
+@test "a job.sbatch sbatch-ed from an empty environment (env -i: no HOME, no USER): it runs" {
+  local line out
+  run --separate-stderr "$SUBMITTER" --site local -p notmpdir -g 0 -W none -t 5 -e empty --no-submit -- true </dev/null
+  assert_success
+  line=${lines[-1]}
+  out=$(cd / && env -i PATH=/usr/bin:/bin SLURM_CONF="$SLURM_CONF" bash -c "$line" 2>&1) || fail "'$line' failed: $out"
+  job_id=${out##* }
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" COMPLETED
 }

@@ -95,6 +95,7 @@ command="
       HPC_FILES_DIR=$2
       shift 2
       parse_options "$@"
+      project_paths
       apply_defaults
       printf "[%s]" "${opt_configs:-}"' _ "$REPO_ROOT/hpc_files" "$@"
   }

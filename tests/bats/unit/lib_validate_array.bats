@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
-# hpc_files/lib/validate.sh validate_array_size: an array job larger than the
-# cluster's MaxArraySize is refused before sbatch, naming both numbers.
+# hpc_files/lib/validate.sh validate_array_size: the cluster's MaxArraySize
+# (for plan_array_split); a method-bayes round above it is refused before
+# sbatch, naming both numbers.
 
 load '../test_helper'
 
@@ -22,28 +23,32 @@ STUB
 check() {
   run --separate-stderr bash -c 'set -euo pipefail
     source "$1/hpc_files/lib/common.sh"; source "$1/hpc_files/lib/validate.sh"
-    validate_array_size "$2"; echo fine' _ "$REPO_ROOT" "$1"
+    validate_array_size "$2"; echo "fine ${cluster_max_array:-none}"' _ "$REPO_ROOT" "$1"
 }
 
-@test "an array that fits MaxArraySize passes (indices 0..N-1 below it)" {
+@test "an array that fits MaxArraySize passes (indices 0..N-1 below it); a larger one passes too (it is split)" {
   export FAKE_MAX_ARRAY=1001
   check 1001
   assert_success
-  assert_output fine
+  assert_output "fine 1001"
+  check 1002
+  assert_success
+  assert_output "fine 1001"
 }
 
-@test "an array larger than MaxArraySize is refused with both numbers" {
-  export FAKE_MAX_ARRAY=1001
+@test "a method-bayes round above MaxArraySize is refused with both numbers" {
+  export FAKE_MAX_ARRAY=1001 bayes_first=1000
   check 1002
   assert_failure 2
   assert_output ''
-  assert_equal "$stderr" "job_submitter.sh: error: this submission has 1002 trials (array indices 0-1001) but the cluster's MaxArraySize is 1001 (indices up to 1000); split the experiments into several submissions"
+  assert_equal "$stderr" "job_submitter.sh: error: this method-bayes round has trials up to 1001 (its array indices) but the cluster's MaxArraySize is 1001 (indices up to 1000); lower --trials or --rounds"
 }
 
 @test "one trial is not an array: scontrol is not even asked" {
   export FAKE_MAX_ARRAY=1
   check 1
   assert_success
+  assert_output "fine none"
   assert_file_not_exists "$BATS_TEST_TMPDIR/scontrol.log"
 }
 
@@ -51,7 +56,9 @@ check() {
   export FAKE_MAX_ARRAY=fail
   check 5000
   assert_success
+  assert_output "fine none"
   export FAKE_MAX_ARRAY='$(touch x)'
   check 5000
   assert_success
+  assert_output "fine none"
 }

@@ -337,3 +337,13 @@ load_key() {
     wait
   done
 }
+
+@test "claim_first_run: the first job to run a trial of the folder writes its key; later jobs and requeues leave it" {
+  export HPC_SUBMISSION_DIR="$BATS_TEST_TMPDIR/sub"
+  mkdir -p "$HPC_SUBMISSION_DIR"
+  run bash -c 'source "$1"; SLURM_JOB_ID=52 SLURM_ARRAY_JOB_ID=50 SLURM_ARRAY_TASK_ID=2 claim_first_run; SLURM_JOB_ID=61 SLURM_ARRAY_JOB_ID=60 SLURM_ARRAY_TASK_ID=2 claim_first_run; SLURM_JOB_ID=62 SLURM_ARRAY_JOB_ID=60 SLURM_ARRAY_TASK_ID=3 claim_first_run' _ "$BATS_TEST_TMPDIR/node/batch_functions.sh"
+  assert_success
+  assert_output ""
+  assert_equal "$(cat "$HPC_SUBMISSION_DIR/runs/first.2")" 50_2
+  assert_equal "$(cat "$HPC_SUBMISSION_DIR/runs/first.3")" 60_3
+}

@@ -253,3 +253,24 @@ container() {
   assert_line "CUDA_FROM_CONDA=yes"
   assert_line "VIRTUAL_ENV=<unset>"
 }
+
+@test "--fresh is dropped when another job ran this trial of the folder first; kept for that job (and its requeues)" {
+  export HPC_KIND=none
+  experiment 'show --fresh --lr 1'
+  mkdir -p "$sub/runs"
+  # No first run recorded: kept.
+  launch
+  assert_success
+  assert_line 'argv:--fresh'
+  # This job ran first (a requeue of it): kept, the harness tells its own folder.
+  echo 1234 >"$sub/runs/first.0"
+  launch
+  assert_line 'argv:--fresh'
+  # 'sbatch job.sbatch' again: another job, so it resumes.
+  echo 1200 >"$sub/runs/first.0"
+  launch
+  assert_success
+  refute_line 'argv:--fresh'
+  assert_line 'argv:--lr'
+  assert_line 'hpc: without --fresh: job 1200 ran trial 0 of this submission first, started afresh; this run resumes'
+}

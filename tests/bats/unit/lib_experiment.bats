@@ -1,0 +1,56 @@
+#!/usr/bin/env bats
+# hpc_files/lib/experiment.sh experiment_jobs: an experiment's jobs as
+# squeue (stubbed) lists them, found by the ids its submission folders
+# recorded and by its job name.
+
+load '../test_helper'
+
+HPC_FILES_DIR="$REPO_ROOT/hpc_files"
+HPC_PROG=job_submitter.sh
+# shellcheck source=../../../hpc_files/lib/common.sh
+source "$HPC_FILES_DIR/lib/common.sh"
+# shellcheck source=../../../hpc_files/lib/experiment.sh
+source "$HPC_FILES_DIR/lib/experiment.sh"
+
+setup() {
+  bin="$BATS_TEST_TMPDIR/bin"
+  mkdir -p "$bin"
+  cat >"$bin/squeue" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$BATS_TEST_TMPDIR/squeue.argv"
+[[ -f "$BATS_TEST_TMPDIR/squeue.out" ]] || exit 1
+cat "$BATS_TEST_TMPDIR/squeue.out"
+STUB
+  chmod +x "$bin/squeue"
+  PATH="$bin:$PATH"
+  exp="$BATS_TEST_TMPDIR/exp dir/e"
+  mkdir -p "$exp/20260101-000000-aaaa" "$exp/20260101-000100-bbbb"
+}
+
+@test "experiment_jobs: recorded ids (job_id, job_ids, controller, setup) and the experiment's job name, ascending, once each" {
+  echo 30 >"$exp/20260101-000000-aaaa/job_id"
+  printf '31\n32 11\n' >"$exp/20260101-000000-aaaa/job_ids"
+  echo 33 >"$exp/20260101-000100-bbbb/bayes_controller_job_id"
+  echo 29 >"$exp/20260101-000100-bbbb/setup_job_id"
+  printf '%s\n' '32|RUNNING|x' '32|PENDING|x' '30|PENDING|x' '31|COMPLETING|p_e' '33|PENDING|p_e_bayes' \
+    '29|RUNNING|p_e_setup_venv' '40|PENDING|p_e' '41|RUNNING|p_e_bayes' '42|RUNNING|p_f' 'garbage' >"$BATS_TEST_TMPDIR/squeue.out"
+  run experiment_jobs "$exp" p_e
+  assert_success
+  assert_output "29
+30
+32
+33
+40"
+  run cat "$BATS_TEST_TMPDIR/squeue.argv"
+  assert_output "-h -u $(id -un) -o %F|%T|%j"
+}
+
+@test "experiment_jobs: nothing listed prints nothing; no answer from squeue fails" {
+  : >"$BATS_TEST_TMPDIR/squeue.out"
+  run experiment_jobs "$exp" p_e
+  assert_success
+  assert_output ""
+  rm "$BATS_TEST_TMPDIR/squeue.out"
+  run experiment_jobs "$exp" p_e
+  assert_failure 1
+}

@@ -1,0 +1,84 @@
+"""Data of another length on each rank (an IterableDataset the user shards): the ranks train
+the same steps in an epoch, the fewest any rank has, and never wait for each other in
+different collectives. gloo with a 20 s timeout, far below the default: a hang fails fast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import gloo_context, spawn_gloo
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+class Stream(IterableDataset):
+    """``n`` samples, the same for a given ``n``; ``sized``: with a ``__len__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.n)
+        for _ in range(self.n):
+            yield torch.randn(3, generator=g), torch.randint(0, 2, (), generator=g)
+
+
+class SizedStream(Stream):
+    def __len__(self) -> int:
+        return self.n
+
+
+class Counting(Trainer):
+    steps = 0
+
+    def _run_batch(self, batches):
+        self.steps += 1
+        return super()._run_batch(batches)
+
+
+def _train(rank: int, world_size: int, ck: str, sized: bool) -> tuple[str, int, int]:
+    n = 10 + 3 * rank  # 5, 7, 8 batches of 2 (the last of 1 on rank 1)
+    data = (SizedStream if sized else Stream)(n)
+    cfg = TrainConfig(epochs=2, max_steps=None if sized else 100, ckpt_dir=ck, log_every=1)
+    cfg.checkpoint_every_s = 0
+    torch.manual_seed(0)
+    trainer = Counting(
+        nn.Linear(3, 2),
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        DataLoader(data, batch_size=2),
+        gloo_context(rank, world_size),
+        cfg,
+    )
+    return trainer.train(), trainer.steps, trainer.global_step
+
+
+def _both(rank: int, world_size: int, root: str) -> list[tuple[str, int, int]]:
+    return [_train(rank, world_size, f"{root}/{sized}", sized) for sized in (True, False)]
+
+
+def test_ranks_with_data_of_different_lengths_train_the_fewest_steps(tmp_path) -> None:
+    """Before, the rank that ran out first went to the epoch's end (a stop check, an
+    all-reduce of flags) while the others were in DDP's gradient all-reduce: gloo aborted
+    ("Received data size doesn't match expected size") or waited, NCCL waited for its
+    timeout. With a length, the ranks agree on the fewest steps at the start; without one,
+    at every step (max_steps bounds the run)."""
+    results = spawn_gloo(_both, 3, str(tmp_path), timeout_s=20)
+    assert results == [[("finished", 10, 10)] * 2] * 3  # 2 epochs of 5 steps on every rank
+
+
+def test_a_loader_without_a_length_trains_to_max_steps_or_asks_for_it(tmp_path) -> None:
+    """It raised a raw TypeError (len() of the loader) even with max_steps set."""
+    from conftest import cpu_context
+
+    def build(max_steps):
+        cfg = TrainConfig(epochs=3, max_steps=max_steps, ckpt_dir=str(tmp_path), log_every=0)
+        loader = DataLoader(Stream(10), batch_size=2)  # 5 steps a pass
+        sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+        return Counting(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg)
+
+    trainer = build(12)
+    assert (trainer.train(), trainer.steps, trainer.epoch) == ("max_steps", 12, 2)
+    with pytest.raises(ValueError, match=r"has no length \(an IterableDataset without __len__\)"):
+        build(None)
