@@ -3,6 +3,18 @@
 # integration tests: one munged, one slurmctld and several `slurmd -N nodeK`,
 # each node claiming fake GPUs (GRES on /dev/tty*) and more CPUs than exist.
 #
+# Shaped like production (Compute Canada) by default, so the suites meet what
+# users meet: slurmdbd on the cluster's own MariaDB (accounts def-lab and
+# rrg-lab, the user in both, def-lab the default; AccountingStorageEnforce=
+# associations,limits,qos; sacct), memory a consumable resource
+# (CR_Core_Memory, DefMemPerCPU, MaxMemPerNode), partition MaxTime and
+# DefaultTime enforced at submission, and cgroups (proctrack/cgroup,
+# task/affinity,task/cgroup constraining cores, memory and the fake GPU
+# devices) where 'up' finds cgroup v1 controllers it may write; where not, it
+# says so in one line and tracks processes by parent pid.
+# HPC_CLUSTER_SHAPE=friendly: none of that (no accounting, nothing enforced),
+# for debugging; 'down' first to switch a running cluster.
+#
 # Usage: local_cluster/cluster.sh up|down|status|env|ports
 #
 #   up      write the configuration, start the daemons, wait until every node is
@@ -15,8 +27,9 @@
 #   ports   the ports this cluster listens on (or would, at 'up').
 #
 # Everything lives under HPC_CLUSTER_DIR (default: <repo>/.cluster), on
-# non-default ports, with its own munge socket, so a real SLURM or munge on the
-# machine is never touched. Partitions (all over the same nodes):
+# non-default ports, with its own munge socket and database (db/: datadir,
+# socket, port), so a real SLURM, munge or MariaDB on the machine is never
+# touched. Partitions (all over the same nodes):
 #   tmpdir    default; a TaskProlog exports a per-node, per-job SLURM_TMPDIR
 #             (as Compute Canada sites do); an Epilog removes it.
 #   notmpdir  no SLURM_TMPDIR (as the PLAI cluster): the toolkit must mimic it.
@@ -30,7 +43,8 @@
 # HPC_CLUSTER_CTLD_PORT, HPC_CLUSTER_NODE_PORT (first slurmd port),
 # HPC_CLUSTER_GRACE (preemption grace seconds, 30), HPC_CLUSTER_MAX_ARRAY_SIZE
 # (MaxArraySize, default 1001 as SLURM's; small, it tests sweeps split into
-# several arrays).
+# several arrays), HPC_CLUSTER_SHAPE (production or friendly),
+# HPC_CLUSTER_CGROUPS (auto, or no: never use them).
 #
 # Two clusters on one machine (two clones, or a clone beside a working tree)
 # share nothing: each has its own folder, munge socket and node-local folders
@@ -81,6 +95,16 @@ readonly PORT_FIRST=30000 PORT_BLOCK=128 PORT_BLOCKS=21
 FOLDER_HASH=$(printf '%s' "$CLUSTER_DIR" | cksum | cut -d' ' -f1)
 readonly FOLDER_HASH
 readonly GRACE_SECONDS="${HPC_CLUSTER_GRACE:-30}"
+readonly SHAPE="${HPC_CLUSTER_SHAPE:-production}"
+readonly CGROUPS="${HPC_CLUSTER_CGROUPS:-auto}"
+# The accounts every production-shaped cluster has; the first is the user's
+# default (and the 'local' site profile's account).
+readonly ACCOUNTS=(def-lab rrg-lab)
+# Memory: what a node declares, the most one job may have on it, and what a
+# job that asks for none gets per CPU (Compute Canada's is 256M; the
+# toolkit asks for its memory itself).
+readonly NODE_MEMORY_MB=65536 MAX_MEM_PER_NODE_MB=61440 DEF_MEM_PER_CPU_MB=1024
+readonly MAX_TIME=1-00:00:00 DEFAULT_TIME=01:00:00
 readonly MAX_ARRAY_SIZE="${HPC_CLUSTER_MAX_ARRAY_SIZE:-1001}"
 readonly HOSTS_MARK="# hpc-local-cluster"
 readonly WAIT_SECONDS=60
@@ -88,6 +112,11 @@ readonly WAIT_SECONDS=60
 readonly CONF="$CLUSTER_DIR/etc/slurm.conf"
 readonly MUNGE_DIR="$CLUSTER_DIR/munge"
 readonly MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
+readonly DB_DIR="$CLUSTER_DIR/db"
+readonly DB_SOCKET="$DB_DIR/mariadbd.sock"
+# The cgroup v1 controllers slurmd's plugins use (task/cgroup,
+# proctrack/cgroup, jobacct_gather/cgroup).
+readonly CGROUP_CONTROLLERS=(cpuset memory devices freezer cpuacct)
 
 die() {
   echo "$PROG: error: $*" >&2
@@ -119,10 +148,12 @@ recorded_ports() {
   [[ -z "$ctld" || -z "$node" ]] || echo "$ctld $node"
 }
 
-# any_daemon_alive: is a slurmctld or slurmd of this cluster running?
+# any_daemon_alive: is a daemon of this cluster that holds a port running?
 any_daemon_alive() {
   local name
   pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid" && return 0
+  pidfile_alive "$CLUSTER_DIR/run/slurmdbd.pid" && return 0
+  pidfile_alive "$DB_DIR/mariadbd.pid" && return 0
   for name in $(node_names); do
     pidfile_alive "$CLUSTER_DIR/run/slurmd-$name.pid" && return 0
   done
@@ -130,7 +161,8 @@ any_daemon_alive() {
 }
 
 # Is the process in pid file $1 alive and one of ours (its command line names
-# our configuration folder)? Guards against a recycled pid.
+# our configuration folder, or its environment our slurm.conf)? Guards
+# against a recycled pid.
 pidfile_alive() {
   local pidfile=$1 pid cmdline
   [[ -s "$pidfile" ]] || return 1
@@ -138,7 +170,9 @@ pidfile_alive() {
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   [[ -r "/proc/$pid/cmdline" ]] || return 1
   cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline")
-  [[ "$cmdline" == *"$CLUSTER_DIR"* ]]
+  [[ "$cmdline" == *"$CLUSTER_DIR"* ]] && return 0
+  # slurmdbd takes no configuration argument: it has SLURM_CONF in its environment.
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"
 }
 
 port_in_use() {
@@ -146,10 +180,13 @@ port_in_use() {
   ss -Hltn "sport = :$port" 2>/dev/null | grep -q .
 }
 
-# ports_free CTLD NODE: are CTLD and the NODE_COUNT ports from NODE unused?
+# ports_free CTLD NODE: are CTLD (and slurmdbd's and MariaDB's after it) and
+# the NODE_COUNT ports from NODE unused?
 ports_free() {
   local i
-  port_in_use "$1" && return 1
+  for ((i = 0; i < 3; i++)); do
+    port_in_use "$(($1 + i))" && return 1
+  done
   for ((i = 0; i < NODE_COUNT; i++)); do
     port_in_use "$(($2 + i))" && return 1
   done
@@ -186,9 +223,20 @@ choose_ports() {
 check_prerequisites() {
   local cmd
   [[ "$(id -u)" == 0 ]] || die "the local cluster runs its daemons as root (SlurmUser=root); run as root or with sudo"
+  [[ "$SHAPE" =~ ^(production|friendly)$ ]] || die "HPC_CLUSTER_SHAPE must be production or friendly, got '$SHAPE'"
+  [[ "$CGROUPS" =~ ^(auto|no)$ ]] || die "HPC_CLUSTER_CGROUPS must be auto or no, got '$CGROUPS'"
   for cmd in munged mungekey slurmctld slurmd sinfo scontrol ss; do
     command -v "$cmd" >/dev/null || die "'$cmd' not found; run 'make deps' (apt-get install slurm-wlm munge iproute2)"
   done
+  if [[ "$SHAPE" == production ]]; then
+    for cmd in slurmdbd sacctmgr mariadbd mariadb-install-db mariadb; do
+      command -v "$cmd" >/dev/null ||
+        die "'$cmd' not found; run 'make deps' (apt-get install slurmdbd mariadb-server), or HPC_CLUSTER_SHAPE=friendly"
+    done
+    # A build of its own needs its own slurmdbd, built with MySQL support.
+    [[ -z "$SLURM_PREFIX" || -e "$SLURM_PREFIX/lib/slurm/accounting_storage_mysql.so" ]] ||
+      die "SLURM_PREFIX '$SLURM_PREFIX' has no lib/slurm/accounting_storage_mysql.so (slurmdbd built without MySQL); use HPC_CLUSTER_SHAPE=friendly"
+  fi
   [[ "$NODE_COUNT" =~ ^[1-9][0-9]?$ ]] || die "HPC_CLUSTER_NODES must be 1-99, got '$NODE_COUNT'"
   [[ "$NODE_GPUS" =~ ^[0-4]$ ]] || die "HPC_CLUSTER_GPUS must be 0-4 (fake GPUs are /dev/tty0-3), got '$NODE_GPUS'"
   [[ "$MAX_ARRAY_SIZE" =~ ^[1-9][0-9]{0,6}$ ]] || die "HPC_CLUSTER_MAX_ARRAY_SIZE must be 1-9999999, got '$MAX_ARRAY_SIZE'"
@@ -206,12 +254,87 @@ write_file() {
   mv -f "$path.tmp" "$path"
 }
 
+# shape_lines MODE: the slurm.conf lines that differ between the shapes
+# (MODE: cgroup or none, from cgroup_mode).
+shape_lines() {
+  local mode=$1
+  if [[ "$SHAPE" == friendly ]]; then
+    cat <<EOF
+# Friendly shape (HPC_CLUSTER_SHAPE=friendly): nothing enforced, no accounting.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectTypeParameters=CR_Core
+# Finished jobs stay visible to 'scontrol show job' (no accounting database).
+MinJobAge=900
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+EOF
+    return 0
+  fi
+  cat <<EOF
+# Production shape, as Compute Canada's clusters: accounts and limits
+# enforced by slurmdbd (its own MariaDB), memory a consumable resource.
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=$DEF_MEM_PER_CPU_MB
+# A request over a partition's limits is refused at submission, not left pending.
+EnforcePartLimits=ALL
+MinJobAge=300
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$(dbd_port)
+# For slurmdbd connections, clients take the munge socket from here, not AuthInfo.
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageEnforce=associations,limits,qos
+AccountingStorageTRES=gres/gpu
+JobAcctGatherFrequency=10
+EOF
+  if [[ "$mode" == cgroup ]]; then
+    cat <<EOF
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/affinity,task/cgroup
+# No binding by default: the nodes claim more CPUs than the machine has, and
+# binding each task to cores of its own fails ("Unable to layout tasks on
+# given cpus") where a step has more tasks than real cores.
+TaskPluginParam=None
+JobAcctGatherType=jobacct_gather/cgroup
+EOF
+  else
+    cat <<EOF
+# No cgroups here ($cgroup_reason): processes tracked by parent pid.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+EOF
+  fi
+}
+
+# partition_limits: MaxTime, DefaultTime and MaxMemPerNode of every partition.
+partition_limits() {
+  if [[ "$SHAPE" == friendly ]]; then
+    echo "MaxTime=INFINITE"
+  else
+    echo "MaxTime=$MAX_TIME DefaultTime=$DEFAULT_TIME MaxMemPerNode=$MAX_MEM_PER_NODE_MB"
+  fi
+}
+
+dbd_port() {
+  echo $((CTLD_PORT + 1))
+}
+
+db_port() {
+  echo $((CTLD_PORT + 2))
+}
+
+# write_slurm_conf MODE: slurm.conf, cgroup.conf, gres.conf and the site's
+# prolog and epilog (MODE: cgroup or none, from cgroup_mode).
 write_slurm_conf() {
-  local last_port gres_line=""
+  local mode=$1 last_port gres_line="" limits
   last_port=$(node_port "$NODE_COUNT")
+  limits=$(partition_limits)
   ((NODE_GPUS > 0)) && gres_line="Gres=gpu:$NODE_GPUS"
   write_file "$CONF" 0644 <<EOF
 # Written by local_cluster/cluster.sh; edits are overwritten by the next 'up'.
+# Shape: $SHAPE
 ClusterName=hpclocal
 SlurmctldHost=localhost
 SlurmctldPort=$CTLD_PORT
@@ -227,11 +350,8 @@ SlurmctldPidFile=$CLUSTER_DIR/run/slurmctld.pid
 SlurmdPidFile=$CLUSTER_DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$CLUSTER_DIR/log/slurmctld.log
 SlurmdLogFile=$CLUSTER_DIR/log/slurmd-%n.log
-# No cgroups in a container: track processes by parent pid, bind nothing.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+$(shape_lines "$mode")
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 # A job whose dependency is met (a bayes controller after its round) starts at
 # the next backfill pass: every 2 s here, not SLURM's 30, so a test does not
@@ -239,13 +359,9 @@ SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=2
 MpiDefault=none
 JobRequeue=1
-# Finished jobs stay visible to 'scontrol show job' (no accounting database).
-MinJobAge=900
 MaxArraySize=$MAX_ARRAY_SIZE
 # No mail on this machine (24.11 logs an error for a missing /bin/mail).
 MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 # A killed slurmd marks its node DOWN within seconds; a restarted one rejoins.
 SlurmdTimeout=10
@@ -259,10 +375,19 @@ TaskProlog=$CLUSTER_DIR/etc/task_prolog.sh
 Epilog=$CLUSTER_DIR/etc/epilog.sh
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-NodeName=node[1-$NODE_COUNT] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$last_port CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=65536 $gres_line State=UNKNOWN
-PartitionName=tmpdir Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
-PartitionName=notmpdir Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
-PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+NodeName=node[1-$NODE_COUNT] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$last_port CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEMORY_MB $gres_line State=UNKNOWN
+PartitionName=tmpdir Nodes=ALL Default=YES $limits State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
+PartitionName=notmpdir Nodes=ALL $limits State=UP PriorityTier=1 GraceTime=$GRACE_SECONDS
+PartitionName=urgent Nodes=ALL $limits State=UP PriorityTier=10 PreemptMode=OFF
+EOF
+  write_file "$CLUSTER_DIR/etc/cgroup.conf" 0644 <<EOF
+# Read by slurmd's cgroup plugins (production shape, where the kernel allows).
+# ConstrainDevices fences off the fake GPUs (/dev/tty*) a job was not given.
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
 EOF
   write_file "$CLUSTER_DIR/etc/gres.conf" 0644 <<EOF
 AutoDetect=off
@@ -362,10 +487,137 @@ check_ports() {
   if ! pidfile_alive "$CLUSTER_DIR/run/slurmctld.pid" && port_in_use "$CTLD_PORT"; then
     die "port $CTLD_PORT (slurmctld) is in use by another program; set HPC_CLUSTER_CTLD_PORT"
   fi
+  if [[ "$SHAPE" == production ]]; then
+    if ! pidfile_alive "$CLUSTER_DIR/run/slurmdbd.pid" && port_in_use "$(dbd_port)"; then
+      die "port $(dbd_port) (slurmdbd, slurmctld's + 1) is in use by another program; set HPC_CLUSTER_CTLD_PORT"
+    fi
+    if ! pidfile_alive "$DB_DIR/mariadbd.pid" && port_in_use "$(db_port)"; then
+      die "port $(db_port) (MariaDB, slurmctld's + 2) is in use by another program; set HPC_CLUSTER_CTLD_PORT"
+    fi
+  fi
   for ((i = 1; i <= NODE_COUNT; i++)); do
     if ! pidfile_alive "$CLUSTER_DIR/run/slurmd-node$i.pid" && port_in_use "$(node_port "$i")"; then
       die "port $(node_port "$i") (slurmd node$i) is in use by another program; set HPC_CLUSTER_NODE_PORT"
     fi
+  done
+}
+
+# recorded_shape: the shape slurm.conf was written for, or nothing.
+recorded_shape() {
+  [[ ! -f "$CONF" ]] || sed -n 's/^# Shape: \([a-z]*\)$/\1/p' "$CONF"
+}
+
+# probe_cgroups: cgroup_mode 'cgroup' when slurmd may make its cgroup v1
+# hierarchies here (each controller mounted and writable: one probe folder
+# made and removed), else 'none' with the reason in cgroup_reason.
+probe_cgroups() {
+  local controller probe
+  cgroup_mode=none cgroup_reason=""
+  if [[ "$CGROUPS" == no ]]; then
+    cgroup_reason="HPC_CLUSTER_CGROUPS=no"
+    return 0
+  fi
+  for controller in "${CGROUP_CONTROLLERS[@]}"; do
+    probe="/sys/fs/cgroup/$controller/hpc-local-cluster-probe.$$"
+    if ! awk -v dir="/sys/fs/cgroup/$controller" -v c="$controller" \
+      '$2 == dir && $3 == "cgroup" && ("," $4 ",") ~ ("," c ",") { found = 1 } END { exit !found }' /proc/mounts; then
+      cgroup_reason="no cgroup v1 '$controller' controller at /sys/fs/cgroup/$controller"
+      return 0
+    fi
+    if ! mkdir "$probe" 2>/dev/null; then
+      cgroup_reason="cannot create a cgroup under /sys/fs/cgroup/$controller"
+      return 0
+    fi
+    rmdir "$probe" 2>/dev/null || true
+  done
+  cgroup_mode=cgroup
+}
+
+# start_mariadb: the cluster's own MariaDB (datadir, socket, port and pid
+# file under db/; never the machine's), made on the first 'up'.
+start_mariadb() {
+  local pidfile="$DB_DIR/mariadbd.pid"
+  if pidfile_alive "$pidfile"; then
+    return 0
+  fi
+  mkdir -p "$DB_DIR"
+  chmod 0700 "$DB_DIR"
+  if [[ ! -d "$DB_DIR/data/mysql" ]]; then
+    mariadb-install-db --no-defaults --datadir="$DB_DIR/data" --user=root \
+      --auth-root-authentication-method=socket --skip-test-db >"$CLUSTER_DIR/log/mariadb-install-db.log" 2>&1 ||
+      die "mariadb-install-db failed; see $CLUSTER_DIR/log/mariadb-install-db.log"
+  fi
+  # mariadbd stays in the foreground: setsid --fork puts it in the background
+  # with no shell of ours left holding the caller's pipes. A small buffer
+  # pool: the database holds a few thousand jobs at most.
+  detached setsid --fork mariadbd --no-defaults --user=root --datadir="$DB_DIR/data" \
+    --socket="$DB_SOCKET" --port="$(db_port)" --bind-address=127.0.0.1 --skip-name-resolve \
+    --pid-file="$pidfile" --log-error="$CLUSTER_DIR/log/mariadbd.log" --skip-log-bin \
+    --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 2>>"$CLUSTER_DIR/log/mariadbd.log" ||
+    die "mariadbd did not start; see $CLUSTER_DIR/log/mariadbd.log"
+  wait_for mariadbd 60 mariadb --no-defaults --socket="$DB_SOCKET" -u root -e 'SELECT 1' ||
+    die "MariaDB does not answer on $DB_SOCKET after 60 s; see $CLUSTER_DIR/log/mariadbd.log"
+}
+
+# write_slurmdbd_conf: slurmdbd.conf (mode 0600: it holds the database
+# password), with the database user it names; slurmdbd finds it beside
+# SLURM_CONF.
+write_slurmdbd_conf() {
+  local pass
+  if [[ ! -s "$DB_DIR/slurm.pass" ]]; then
+    (umask 077 && od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$DB_DIR/slurm.pass") ||
+      die "cannot write $DB_DIR/slurm.pass"
+  fi
+  pass=$(<"$DB_DIR/slurm.pass")
+  # On stdin, never in argv: other users can read a process's arguments.
+  mariadb --no-defaults --socket="$DB_SOCKET" -u root <<SQL || die "cannot create the database user 'slurm'; see $CLUSTER_DIR/log/mariadbd.log"
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+SQL
+  write_file "$CLUSTER_DIR/etc/slurmdbd.conf" 0600 <<EOF
+# Written by local_cluster/cluster.sh; edits are overwritten by the next 'up'.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdPort=$(dbd_port)
+SlurmUser=root
+LogFile=$CLUSTER_DIR/log/slurmdbd.log
+PidFile=$CLUSTER_DIR/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$(db_port)
+StorageUser=slurm
+StoragePass=$pass
+StorageLoc=slurm_acct_db
+EOF
+}
+
+start_slurmdbd() {
+  if pidfile_alive "$CLUSTER_DIR/run/slurmdbd.pid"; then
+    return 0
+  fi
+  detached slurmdbd || die "slurmdbd did not start; see $CLUSTER_DIR/log/slurmdbd.log"
+  wait_for slurmdbd 30 sacctmgr -n show cluster ||
+    die "slurmdbd does not answer 'sacctmgr show cluster' after 30 s; see $CLUSTER_DIR/log/slurmdbd.log"
+}
+
+# ensure_accounts: the cluster, the accounts, and the user in each of them
+# (the first the default), as a new Compute Canada user has them.
+ensure_accounts() {
+  local user account have
+  user=$(id -un)
+  if ! sacctmgr -nP show cluster format=cluster | grep -qx hpclocal; then
+    sacctmgr -i add cluster hpclocal >/dev/null || die "sacctmgr could not add the cluster 'hpclocal'"
+  fi
+  have=" $(sacctmgr -nP show assoc cluster=hpclocal user="$user" format=account | tr '\n' ' ')"
+  for account in "${ACCOUNTS[@]}"; do
+    [[ "$have" != *" $account "* ]] || continue
+    if ! sacctmgr -nP show account "$account" format=account | grep -qx "$account"; then
+      sacctmgr -i add account "$account" Cluster=hpclocal Description="local cluster account" Organization=local >/dev/null ||
+        die "sacctmgr could not add the account '$account'"
+    fi
+    sacctmgr -i add user "$user" Account="$account" DefaultAccount="${ACCOUNTS[0]}" Cluster=hpclocal >/dev/null ||
+      die "sacctmgr could not add the user '$user' to the account '$account'"
   done
 }
 
@@ -411,19 +663,39 @@ wait_nodes_up() {
 }
 
 cmd_up() {
+  local recorded
   check_prerequisites
   export SLURM_CONF="$CONF"
+  recorded=$(recorded_shape)
+  if [[ -n "$recorded" && "$recorded" != "$SHAPE" ]] && any_daemon_alive; then
+    die "this cluster runs in the $recorded shape; 'cluster.sh down' first to start it in the $SHAPE shape"
+  fi
   mkdir -p "$CLUSTER_DIR"/{etc,state,spool,run,log,local} "$MUNGE_DIR"
   chmod 0700 "$MUNGE_DIR"
   ensure_hosts_entries
   choose_ports probe
-  write_slurm_conf
+  probe_cgroups
+  write_slurm_conf "$cgroup_mode"
   check_ports
   start_munge
+  if [[ "$SHAPE" == production ]]; then
+    start_mariadb
+    write_slurmdbd_conf
+    start_slurmdbd
+    ensure_accounts
+  fi
   start_slurmctld
   start_slurmds
   wait_nodes_up
-  info "up: $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
+  info "up ($SHAPE shape): $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
+  if [[ "$SHAPE" == production ]]; then
+    if [[ "$cgroup_mode" == cgroup ]]; then
+      info "cgroups: proctrack/cgroup, task/affinity,task/cgroup (cores, memory and fake GPU devices constrained)"
+    else
+      info "cgroups: not available ($cgroup_reason); proctrack/linuxproc, task/none: nothing constrained"
+    fi
+    info "accounting: slurmdbd on port $(dbd_port), MariaDB on port $(db_port); accounts ${ACCOUNTS[*]} (default ${ACCOUNTS[0]})"
+  fi
   info "clients need: $(env_lines | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
 }
 
@@ -462,16 +734,22 @@ cmd_down() {
     stop_pidfile "$CLUSTER_DIR/run/slurmd-$name.pid" "slurmd $name"
   done
   stop_pidfile "$CLUSTER_DIR/run/slurmctld.pid" slurmctld
+  stop_pidfile "$CLUSTER_DIR/run/slurmdbd.pid" slurmdbd
+  stop_pidfile "$DB_DIR/mariadbd.pid" mariadbd
   stop_pidfile "$MUNGE_DIR/munged.pid" munged
 }
 
 cmd_status() {
   local name rc=0
   export SLURM_CONF="$CONF"
-  for name in munged slurmctld $(node_names); do
+  local daemons=(munged)
+  [[ "$(recorded_shape)" != production ]] || daemons+=(mariadbd slurmdbd)
+  for name in "${daemons[@]}" slurmctld $(node_names); do
     local pidfile
     case "$name" in
       munged) pidfile="$MUNGE_DIR/munged.pid" ;;
+      mariadbd) pidfile="$DB_DIR/mariadbd.pid" ;;
+      slurmdbd) pidfile="$CLUSTER_DIR/run/slurmdbd.pid" ;;
       slurmctld) pidfile="$CLUSTER_DIR/run/slurmctld.pid" ;;
       *) pidfile="$CLUSTER_DIR/run/slurmd-$name.pid" ;;
     esac
@@ -498,6 +776,8 @@ main() {
       choose_ports probe
       echo "slurmctld $CTLD_PORT"
       echo "slurmd $NODE_PORT-$(node_port "$NODE_COUNT")"
+      echo "slurmdbd $(dbd_port)"
+      echo "mariadbd $(db_port)"
       ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
     *)

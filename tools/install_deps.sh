@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make demo` and `make test` need, skipping what is already
-# there: Debian packages (SLURM, munge, bats, shellcheck) and the project
+# there: Debian packages (SLURM with slurmdbd and MariaDB for the local
+# cluster's accounting, munge, bats, shellcheck) and the project
 # virtualenv at .venv (torch==2.13.0 first, so pip never pulls a CUDA build).
 #
 # Usage: tools/install_deps.sh [system|venv|all|bench|mutation]   (default: all)
@@ -16,7 +17,9 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_ROOT
 readonly VENV="$REPO_ROOT/.venv"
 readonly TORCH_PIN="torch==2.13.0"
-readonly APT_PACKAGES=(slurm-wlm munge bats bats-assert bats-support bats-file shellcheck iproute2 hyperfine)
+# slurmdbd and mariadb-server: the local cluster runs its own instances
+# (local_cluster/cluster.sh); the machine's own services are never started.
+readonly APT_PACKAGES=(slurm-wlm slurmdbd mariadb-server munge bats bats-assert bats-support bats-file shellcheck iproute2 hyperfine)
 # The staging benchmark compares extraction with a mounted squashfs image.
 readonly BENCH_APT_PACKAGES=(squashfs-tools squashfuse fuse3)
 # make mutation (tools/mutation.py); pinned: the report reads mutmut's result files.

@@ -9,7 +9,9 @@
 #            one (local_cluster/cluster.sh with SLURM_PREFIX, default
 #            /opt/slurm-24.11; unpacked from ../shared/tools/slurm-24.11 when
 #            missing), with its bin/ first on PATH; the cluster is stopped
-#            at the end if this script started it.
+#            at the end if this script started it. The friendly shape
+#            (HPC_CLUSTER_SHAPE), unless set: the shared 24.11 build has no
+#            accounting_storage/mysql plugin for slurmdbd.
 # Prints each part's wall time; exits 1 if any part failed.
 set -euo pipefail
 
@@ -48,6 +50,7 @@ install_slurm24() {
 run_slurm24() {
   local cluster="$REPO_ROOT/local_cluster/cluster.sh" started=0 rc=0
   install_slurm24
+  export HPC_CLUSTER_SHAPE="${HPC_CLUSTER_SHAPE:-friendly}"
   if ! SLURM_PREFIX="$SLURM24_PREFIX" "$cluster" status >/dev/null 2>&1; then
     SLURM_PREFIX="$SLURM24_PREFIX" "$cluster" up
     started=1

@@ -2,8 +2,9 @@
 """Read submissions back: a live status table (status.sh) and a results table (results.sh).
 
 Runs on the login node, called by the thin entry points ``hpc_files/status.sh`` and
-``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per call),
-never ``sacct`` (accounting is off on many small clusters)::
+``hpc_files/results.sh``; it reads files and runs ``scontrol show job -o`` (once per job),
+and ``sacct`` for a job SLURM's controller has forgotten, where accounting keeps it (it is
+off on many small clusters: then the logs tell)::
 
     python3 hpc_files/lib/results.py status|results|failed --project NAME [ARG...]
 
@@ -280,7 +281,7 @@ def task_jobs(sub: Submission) -> dict[int, tuple[str | None, dict[str, str] | N
     def tasks_of(job: str | None) -> dict[int, dict[str, str]]:  # keyed by trial
         if job not in known:
             first = sub.offsets.get(job or "", 0)
-            known[job] = {k + first: v for k, v in scontrol_tasks(job).items()}
+            known[job] = {k + first: v for k, v in slurm_tasks(job).items()}
         return known[job]
 
     newest: dict[int, int] = {}
@@ -321,6 +322,62 @@ def parse_scontrol(text: str) -> dict[int, dict[str, str]]:
                 for k in range(int(low), int(high or low) + 1):
                     tasks.setdefault(k, fields)
     return tasks
+
+
+def parse_sacct(text: str) -> dict[int, dict[str, str]]:
+    """``sacct -n -P -D -o JobID,State,ExitCode,Elapsed`` output -> {task index: fields}, in
+    ``scontrol``'s names (JobState, ExitCode, RunTime, Restarts). Every run of a requeued task
+    is a line of its own (``-D``): the last is its state, the others its restarts. Steps
+    (``JOB.batch``, ``JOB.0``) are skipped; a pending range (``5_[2-7%2]``) gives one entry
+    per task; a plain job is task 0."""
+    tasks: dict[int, dict[str, str]] = {}
+    runs: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4 or "." in parts[0]:
+            continue
+        job, _, spec = parts[0].partition("_")
+        indices = [0]
+        if spec:
+            indices = []
+            for part in spec.strip("[]").split("%")[0].split(","):
+                low, _, high = part.partition("-")
+                if low.isdigit():
+                    indices += range(int(low), int(high or low) + 1)
+        for k in indices:
+            runs[k] = runs.get(k, 0) + 1
+            tasks[k] = {
+                "JobId": job,
+                "JobState": parts[1].split(" ")[0],  # "CANCELLED by 0"
+                "ExitCode": parts[2],
+                "RunTime": parts[3],
+                "Restarts": str(runs[k] - 1),
+                "Source": "sacct",
+            }
+    return tasks
+
+
+def sacct_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
+    """One ``sacct`` call for the whole job; {} where accounting is off or does not know it."""
+    if not job_id or shutil.which("sacct") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-D", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return parse_sacct(out.stdout) if out.returncode == 0 else {}
+
+
+def slurm_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
+    """SLURM's fields of the job's tasks: the controller's while it knows the job (MinJobAge
+    after its end), then accounting's; {} when neither knows it."""
+    return scontrol_tasks(job_id) or sacct_tasks(job_id)
 
 
 def scontrol_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
@@ -535,6 +592,8 @@ def trial_state(fields: dict[str, str] | None, log: LogInfo | None) -> tuple[str
             return "finished", False, restarts
         if state in ACTIVE_STATES:
             return state.lower(), False, restarts
+        if state == "FAILED" and log and log.out_of_memory:  # the batch script passed 137 on
+            return f"out of memory (exit {code})", True, restarts
         return f"{state.lower().replace('_', ' ')} (exit {code})", True, restarts
     if log is None:
         return "not started", False, 0
@@ -1066,7 +1125,9 @@ def status_text(sub: Submission, project: str) -> str:
         if fields:
             state = fields["JobState"]
             restarts = max(restarts, int(fields.get("Restarts", "0") or 0))
-            if state == "OUT_OF_MEMORY":  # killed by the cgroup's memory limit
+            # Killed by the cgroup's memory limit: SLURM's state, or the batch script ended
+            # FAILED with the step's code (137) and the log has slurmstepd's line.
+            if state == "OUT_OF_MEMORY" or (state == "FAILED" and log and log.out_of_memory):
                 state = "out of memory"
             if state not in ("PENDING", "RUNNING", "COMPLETED"):
                 state += f" (exit {fields.get('ExitCode', '?').split(':')[0]})"
@@ -1088,7 +1149,8 @@ def status_text(sub: Submission, project: str) -> str:
             or "-"
         )
         rows.append([str(index), state, str(restarts), elapsed, progress])
-    where = "SLURM" if any(fields for _, fields in jobs.values()) else "logs"
+    sources = {fields.get("Source", "SLURM") for _, fields in jobs.values() if fields}
+    where = " and ".join(sorted(sources)) if sources else "logs"
     earlier = sorted(
         {j for j, _ in jobs.values() if j and j != sub.job_id} - set(sub.chunks), key=int
     )

@@ -10,8 +10,11 @@
 # so batch.sh can tell which rank failed first, and exits with it: under
 # torchrun, when it failed, the code of the worker that failed first.
 #
-# Signals: SLURM delivers a step's signals to every process of the step, so
-# the program receives USR1/TERM directly. torchrun forwards them too when it
+# Signals: with proctrack/linuxproc or pgid SLURM delivers a step's signals to
+# every process of the step, so the program receives USR1/TERM directly; with
+# proctrack/cgroup (production clusters) only this shell, the step's task,
+# receives them (SIGKILL aside), and it forwards them to the program
+# (signals_reach_task_only, lib.sh). torchrun forwards them too when it
 # supports --signals-to-handle (each torchrun flag is probed on its own); an
 # older torchrun is made to ignore the wall-time signal (USR1 unless --signal
 # says otherwise), so it does not tear its workers down while they checkpoint.
@@ -181,6 +184,33 @@ signal_before_start() {
   exit 143
 }
 
+# run_program: the trial's command in the runtime, replacing this (sub)shell;
+# an older torchrun ignores the wall-time signal (see the header).
+run_program() {
+  if ((ignore_wall_signal)) && [[ -n "$wall_signal" ]]; then
+    trap '' "$wall_signal"
+  fi
+  runtime_exec "${command_argv[@]}"
+}
+
+# forward_signal SIG: pass SIG on to the program (it may have ended).
+# shellcheck disable=SC2317 # called from traps
+forward_signal() {
+  kill -s "$1" "$program_pid" 2>/dev/null || true
+}
+
+# wait_program: the program's exit status, once it has ended; a trapped
+# signal interrupts 'wait', so wait again while the program is there.
+wait_program() {
+  local status=0
+  wait "$program_pid" || status=$?
+  while kill -0 "$program_pid" 2>/dev/null; do
+    status=0
+    wait "$program_pid" || status=$?
+  done
+  return "$status"
+}
+
 main() {
   local status=0
   command_argv=()
@@ -203,15 +233,22 @@ main() {
   build_command
   [[ -z "$pending_signal" ]] || signal_before_start
   # The program handles the signals; this shell only outlives it to record
-  # its status (traps run after the foreground program ends).
+  # its status (traps run after the foreground program ends). Where SLURM
+  # signals this shell alone, the program runs in the background and this
+  # shell passes the signals on; under job control (set -m), as bash 4.2
+  # would start a plain '(...) &' with SIGINT and SIGQUIT ignored.
   trap ':' TERM ${wall_signal:+"$wall_signal"}
-  if ((ignore_wall_signal)) && [[ -n "$wall_signal" ]]; then
-    (
-      trap '' "$wall_signal"
-      runtime_exec "${command_argv[@]}"
-    ) || status=$?
+  if signals_reach_task_only; then
+    set -m
+    (run_program) &
+    program_pid=$!
+    set +m
+    trap 'forward_signal TERM' TERM
+    # shellcheck disable=SC2064 # the signal's name is fixed now, on purpose
+    [[ -z "$wall_signal" ]] || trap "forward_signal $wall_signal" "$wall_signal"
+    wait_program || status=$?
   else
-    (runtime_exec "${command_argv[@]}") || status=$?
+    (run_program) || status=$?
   fi
   # The program has ended: a signal now (srun's TERM as it ends the other
   # tasks after one failed) must not cut the recording short; the subshells

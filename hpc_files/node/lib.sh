@@ -201,6 +201,15 @@ trial_command_line() {
   printf '%s' "$line"
 }
 
+# signals_reach_task_only: does SLURM signal only this step's task processes,
+# not their children? proctrack/cgroup does (SIGKILL aside), and puts each
+# step in a cgroup of its own: .../job_<id>/step_<id> in the v1 freezer
+# hierarchy, or under the unified one (v2). proctrack/linuxproc and pgid
+# signal every process of the step.
+signals_reach_task_only() {
+  grep -qE '^([0-9]+:freezer|0:):.*/job_[0-9]+/step_[^/]+' /proc/self/cgroup 2>/dev/null
+}
+
 # load_runtime: defines runtime_exec for the venv or the container.
 load_runtime() {
   # shellcheck source=/dev/null # chosen at submission: runtime_venv.sh or runtime_singularity.sh

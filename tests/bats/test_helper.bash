@@ -34,11 +34,18 @@ echo "--" >>"$STUB_SBATCH_LOG"
 echo "4242"
 STUB
   # The submitter asks scontrol for MaxArraySize before an array: answer as
-  # the local cluster does (without a cluster, scontrol waits on DNS).
+  # the local cluster does (without a cluster, scontrol waits on DNS); and
+  # sacctmgr for the user's accounts: as a cluster without accounting, so a
+  # production-shaped local cluster in SLURM_CONF does not answer for it.
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
 [[ "$*" == "show config" ]] || exit 1
 echo "MaxArraySize            = 1001"
+STUB
+  cat >"$bin/sacctmgr" <<'STUB'
+#!/usr/bin/env bash
+echo "sacctmgr: error: Problem talking to the database: Connection refused" >&2
+exit 1
 STUB
   # The submitter asks squeue for the experiment's queued jobs: none, unless
   # a test writes squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT.
@@ -47,7 +54,7 @@ STUB
 #!/usr/bin/env bash
 [[ ! -f "$STUB_SQUEUE_OUT" ]] || cat "$STUB_SQUEUE_OUT"
 STUB
-  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/squeue"
+  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/sacctmgr" "$bin/squeue"
   export PATH="$bin:$PATH"
 }
 

@@ -34,8 +34,10 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "scratch space"
     fabricate.fabricate(str(root), "proj")
     monkeypatch.setenv("SCRATCH", str(root))
-    # SLURM has forgotten every fabricated job: states come from the logs.
+    # SLURM has forgotten every fabricated job, and keeps no accounting: states come from
+    # the logs.
     monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    monkeypatch.setattr(results, "sacct_tasks", lambda job_id: {})
     return root
 
 
@@ -461,6 +463,75 @@ def test_unknown_experiment_names_the_known_ones(scratch, capsys) -> None:
     assert code == 2
     assert err.startswith("results.sh: error: no experiment or job id 'nope' under ")
     assert err.endswith("(experiments: configs, grid, single)\n")
+
+
+def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
+    scratch, capsys, monkeypatch
+) -> None:
+    # Task 2 ran twice (requeued once), task 1 failed, 3-7 never started (a pending range).
+    text = (
+        "500_0|COMPLETED|0:0|00:00:30\n"
+        "500_0.batch|COMPLETED|0:0|00:00:30\n"
+        "500_1|FAILED|3:0|00:00:09\n"
+        "500_2|REQUEUED|0:0|00:00:40\n"
+        "500_2|CANCELLED by 0|0:15|00:01:05\n"
+        "500_2.0|CANCELLED|0:15|00:01:05\n"
+        "500_[3-7%2]|PENDING|0:0|00:00:00\n"
+    )
+    calls = []
+
+    def fake(job_id: str) -> dict:
+        calls.append(job_id)
+        return results.parse_sacct(text)
+
+    monkeypatch.setattr(results, "sacct_tasks", fake)
+    code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
+    assert code == 0 and calls == ["500"]
+    assert lines[1].endswith("states from sacct")
+    table = rows(lines)
+    assert table[0][:4] == ["0", "COMPLETED", "0", "00:00:30"]
+    assert table[1][:4] == ["1", "FAILED (exit 3)", "0", "00:00:09"]
+    assert table[2][:4] == ["2", "CANCELLED (exit 0)", "1", "00:01:05"]
+    assert [r[1] for r in table[3:]] == ["PENDING"] * 5
+    # The controller's answer, while it has one, is taken first.
+    monkeypatch.setattr(
+        results,
+        "scontrol_tasks",
+        lambda job_id: results.parse_scontrol(
+            "JobId=500 ArrayJobId=500 ArrayTaskId=0-7 JobState=RUNNING Restarts=0 RunTime=1"
+        ),
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
+    assert lines[1].endswith("states from SLURM") and calls == ["500"]
+
+
+def test_a_step_the_cgroup_killed_for_memory_reads_out_of_memory(scratch, capsys, monkeypatch):
+    log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
+    log.write_text(
+        "hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n"
+        "srun: error: node1: task 0: Out Of Memory\n"
+        "slurmstepd-node1: error: Detected 1 oom-kill event(s) in StepId=600.0. Some of your "
+        "processes may have been killed by the cgroup out-of-memory handler.\n"
+        "hpc: training step ended with exit code 137 at 2026-11-23 12:00:42\n"
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][1] == "out of memory (exit 137)"
+    # While SLURM still knows the job (FAILED: the batch script exits with the step's code).
+    monkeypatch.setattr(
+        results,
+        "scontrol_tasks",
+        lambda job_id: results.parse_scontrol("JobId=600 JobState=FAILED ExitCode=137:0 RunTime=1"),
+    )
+    code, lines, _ = run(capsys, "status", "--project", "proj", "single")
+    assert rows(lines)[0][1] == "out of memory (exit 137)"
+    code, lines, _ = run(capsys, "results", "--project", "proj", "single")
+    assert "out of memory (exit 137)" in "\n".join(lines)
+
+
+def test_parse_sacct_plain_job_and_steps() -> None:
+    tasks = results.parse_sacct("7|TIMEOUT|0:0|00:05:00\n7.batch|CANCELLED|0:15|00:05:00\n")
+    assert list(tasks) == [0]
+    assert tasks[0]["JobState"] == "TIMEOUT" and tasks[0]["Restarts"] == "0"
 
 
 def test_parse_scontrol_expands_ranges_and_plain_jobs() -> None:

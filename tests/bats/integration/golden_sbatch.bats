@@ -5,7 +5,8 @@
 # versions accept every flag the submitter renders.
 # What this cluster cannot have is mapped, and only that: the dependency names
 # two held jobs of this test instead of 123 and 124; cedar's typed GPUs
-# (gpu:v100l:4) become gpu:4. The site's --constraint=ib is kept and must be
+# (gpu:v100l:4) become gpu:4, and its account (def-pi) one of this cluster's
+# (def-lab: a production-shaped cluster refuses an account the user lacks). The site's --constraint=ib is kept and must be
 # refused for the feature alone ("Invalid feature specification"), which
 # shows the controller parsed the flag.
 
@@ -30,7 +31,8 @@ teardown() {
   for file in "$FIXTURES"/golden/*.sbatch; do
     name=${file##*/}
     sed -e "s|@REPO@|$REPO_ROOT|g; s|@PROJECT@|$project|g; s|/scratch/golden|$scratch|g" \
-      -e "s|afterok:123:124|afterok:$first:$second|; s|gpu:v100l:4|gpu:4|" "$file" >"$dir/$name"
+      -e "s|afterok:123:124|afterok:$first:$second|; s|gpu:v100l:4|gpu:4|; s|--account=def-pi\$|--account=def-lab|" \
+      "$file" >"$dir/$name"
     out=$(cd "$BATS_TEST_TMPDIR" && sbatch --test-only "$dir/$name" 2>&1) && continue
     if [[ "$name" == sbatch_arg.sbatch && "$out" == *"Invalid feature specification"* ]]; then
       continue

@@ -111,11 +111,11 @@ setup() {
   keeper_step=$(squeue -h -s -j "$job_id" -o '%i|%j' | awk -F'|' '$2 == "hpc-keeper" { print $1 }')
   [[ "$keeper_step" == "$job_id".* ]] || fail "no hpc-keeper step in: $(squeue -s -j "$job_id")"
   scancel --signal=TERM "$keeper_step"
-  # The keepers leave the folder to the program's grace time (the partition's
-  # GraceTime, 30 s, less 3), then remove it while the program still sleeps.
-  local deadline=$((SECONDS + 50))
+  # At a TERM the keepers wait for the program up to the grace time (the
+  # partition's GraceTime, 30 s here) less a margin, then clean up.
+  local deadline=$((SECONDS + 60))
   while [[ -n "$(find "$HPC_DEMO_BASE" -mindepth 3 -maxdepth 3 -name 'node*')" ]]; do
-    ((SECONDS < deadline)) || fail "mimic folders still there 50 s after TERM: $(find "$HPC_DEMO_BASE")"
+    ((SECONDS < deadline)) || fail "mimic folders still there 60 s after TERM: $(find "$HPC_DEMO_BASE")"
     sleep 0.2
   done
   scancel "$job_id"

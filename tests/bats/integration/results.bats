@@ -107,11 +107,21 @@ array_done() {
   assert_success
   printf '%s\n' "$output" >"$BATS_TEST_TMPDIR/status_done.txt"
   assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
-  # Once SLURM has forgotten the job, the log alone tells the same.
+  # Once the controller has forgotten the job (MinJobAge), accounting tells
+  # the same where the cluster keeps it (the production shape)...
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   mkdir -p "$bin"
   printf '#!/usr/bin/env bash\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n' >"$bin/scontrol"
   chmod +x "$bin/scontrol"
+  if sacct -n -X -j "$live" 2>/dev/null | grep -q .; then
+    PATH="$bin:$PATH" run "$STATUS" live
+    assert_success
+    assert_line --index 1 "job $live, 1 task(s); states from sacct"
+    assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
+  fi
+  # ... and without accounting, the log alone.
+  printf '#!/usr/bin/env bash\necho "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1\n' >"$bin/sacct"
+  chmod +x "$bin/sacct"
   PATH="$bin:$PATH" run "$STATUS" live
   assert_success
   assert_line --index 1 "job $live, 1 task(s); states from logs"

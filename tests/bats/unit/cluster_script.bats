@@ -47,24 +47,40 @@ teardown() {
   [[ -z "${holder_pid:-}" ]] || { kill "$holder_pid" && wait "$holder_pid"; } 2>/dev/null || true
 }
 
-@test "cluster.sh ports: two clusters' folders get their own ports; each knob wins" {
-  unset HPC_CLUSTER_CTLD_PORT HPC_CLUSTER_NODE_PORT
+# ports_of DIR [VAR=VALUE...]: 'cluster.sh ports' for a cluster in DIR, one line.
+ports_of() {
+  local dir=$1
+  shift
+  env -u HPC_CLUSTER_CTLD_PORT -u HPC_CLUSTER_NODE_PORT HPC_CLUSTER_DIR="$dir" "$@" \
+    "$REPO_ROOT/local_cluster/cluster.sh" ports | tr '\n' ' '
+}
+
+@test "cluster.sh ports: two clusters' folders get their own block of ports, the same at every call; each knob wins" {
+  local a b
   # Folders whose hashes fall in different blocks (cksum is fixed).
-  HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_success
-  assert_output $'slurmctld 32048\nslurmd 32056-32057'
-  HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODES=3 run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 31920\nslurmd 31928-31930'
-  HPC_CLUSTER_DIR=/tmp/hpc-cluster-b HPC_CLUSTER_NODE_PORT=27001 run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 31920\nslurmd 27001-27002'
+  a=$(ports_of /tmp/hpc-cluster-a)
+  b=$(ports_of /tmp/hpc-cluster-b HPC_CLUSTER_NODES=3)
+  assert_regex "$a" '^slurmctld (3[0-9]{4}) slurmd 3[0-9]{4}-3[0-9]{4} slurmdbd 3[0-9]{4} mariadbd 3[0-9]{4} $'
+  assert_regex "$b" '^slurmctld (3[0-9]{4}) slurmd 3[0-9]{4}-3[0-9]{4} slurmdbd 3[0-9]{4} mariadbd 3[0-9]{4} $'
+  [[ "${a%% slurmd *}" != "${b%% slurmd *}" ]] || fail "both folders got $a"
+  assert_equal "$(ports_of /tmp/hpc-cluster-a)" "$a"
+  # slurmdbd and MariaDB take the two ports after slurmctld's; 3 nodes, 3 slurmd ports.
+  local ctld=${b#slurmctld }
+  ctld=${ctld%% *}
+  assert_equal "$b" "slurmctld $ctld slurmd $((ctld + 8))-$((ctld + 10)) slurmdbd $((ctld + 1)) mariadbd $((ctld + 2)) "
+  assert_equal "$(ports_of /tmp/hpc-cluster-b HPC_CLUSTER_NODE_PORT=27001)" \
+    "slurmctld $ctld slurmd 27001-27002 slurmdbd $((ctld + 1)) mariadbd $((ctld + 2)) "
 }
 
 @test "cluster.sh ports: a block another program holds a port of is skipped for the next" {
-  unset HPC_CLUSTER_CTLD_PORT HPC_CLUSTER_NODE_PORT
-  hold_port 32057
-  HPC_CLUSTER_DIR=/tmp/hpc-cluster-a run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_success
-  assert_output $'slurmctld 32176\nslurmd 32184-32185'
+  local before after node
+  before=$(ports_of /tmp/hpc-cluster-a)
+  node=${before#* slurmd }
+  node=${node%%-*}
+  hold_port $((node + 1))
+  after=$(ports_of /tmp/hpc-cluster-a)
+  [[ "$after" != "$before" ]] || fail "the held port $((node + 1)) is still in: $after"
+  assert_regex "$after" '^slurmctld 3[0-9]{4} '
 }
 
 @test "cluster.sh ports: the ports an earlier 'up' wrote into slurm.conf are kept, unless another program took one" {
@@ -73,11 +89,12 @@ teardown() {
   mkdir -p "$dir/etc"
   printf '%s\n' 'SlurmctldPort=30517' 'NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=30601-30602 CPUs=8' >"$dir/etc/slurm.conf"
   HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
-  assert_output $'slurmctld 30517\nslurmd 30601-30602'
+  assert_line --index 0 'slurmctld 30517'
+  assert_line --index 1 'slurmd 30601-30602'
   hold_port 30602
   HPC_CLUSTER_DIR=$dir run "$REPO_ROOT/local_cluster/cluster.sh" ports
   refute_output --partial 30517
-  assert_output --regexp $'^slurmctld 3[0-9]{4}\nslurmd 3[0-9]{4}-3[0-9]{4}$'
+  assert_output --regexp $'^slurmctld 3[0-9]{4}\nslurmd 3[0-9]{4}-3[0-9]{4}\n'
 }
 
 @test "cluster.sh up refuses a state folder slurm.conf cannot quote" {
@@ -112,4 +129,13 @@ teardown() {
   assert_failure 1
   assert_equal "${#stderr_lines[@]}" 1
   assert_regex "$stderr" "^cluster.sh: error: the local cluster runs its daemons as root"
+}
+
+@test "cluster.sh up refuses an unknown shape or cgroups knob in one line" {
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_SHAPE=huge run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "$stderr" "cluster.sh: error: HPC_CLUSTER_SHAPE must be production or friendly, got 'huge'"
+  HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_CGROUPS=yes run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
+  assert_failure 1
+  assert_equal "$stderr" "cluster.sh: error: HPC_CLUSTER_CGROUPS must be auto or no, got 'yes'"
 }
