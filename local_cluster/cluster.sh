@@ -367,6 +367,9 @@ JobCompType=jobcomp/none
 SlurmdTimeout=10
 ReturnToService=2
 MessageTimeout=10
+# A batch step slow to start on a loaded 2-core machine (the suites side by
+# side) is not taken for a lost node and requeued, as it is after 10 s.
+BatchStartTimeout=60
 KillWait=10
 InactiveLimit=0
 GresTypes=gpu
@@ -382,12 +385,14 @@ PartitionName=urgent Nodes=ALL $limits State=UP PriorityTier=10 PreemptMode=OFF
 EOF
   write_file "$CLUSTER_DIR/etc/cgroup.conf" 0644 <<EOF
 # Read by slurmd's cgroup plugins (production shape, where the kernel allows).
-# ConstrainDevices fences off the fake GPUs (/dev/tty*) a job was not given.
+# Devices stay unfenced: fenced, SLURM numbers each task's GPUs from 0 in its
+# CUDA_VISIBLE_DEVICES, and hpc_harness.dist still tells tasks' GPUs apart by
+# that variable (two tasks bound to different GPUs both read "0"; issue 37).
 CgroupPlugin=cgroup/v1
 CgroupMountpoint=/sys/fs/cgroup
 ConstrainCores=yes
 ConstrainRAMSpace=yes
-ConstrainDevices=yes
+ConstrainDevices=no
 EOF
   write_file "$CLUSTER_DIR/etc/gres.conf" 0644 <<EOF
 AutoDetect=off
@@ -690,7 +695,7 @@ cmd_up() {
   info "up ($SHAPE shape): $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
   if [[ "$SHAPE" == production ]]; then
     if [[ "$cgroup_mode" == cgroup ]]; then
-      info "cgroups: proctrack/cgroup, task/affinity,task/cgroup (cores, memory and fake GPU devices constrained)"
+      info "cgroups: proctrack/cgroup, task/affinity,task/cgroup (cores and memory constrained; fake GPU devices not: see cgroup.conf)"
     else
       info "cgroups: not available ($cgroup_reason); proctrack/linuxproc, task/none: nothing constrained"
     fi
