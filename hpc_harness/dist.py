@@ -221,8 +221,17 @@ def own_devices(info: DistContext, devices: list[int], sharers: list[int] | None
     return [devices[place]]
 
 
+def gpu_identities(count: int) -> str:
+    """The GPUs this process sees, by identity (UUID), in CUDA's order: where SLURM fences
+    each task's devices (cgroup ConstrainDevices) it numbers them from 0 in every task's
+    CUDA_VISIBLE_DEVICES, so tasks bound to different GPUs all read "0" there."""
+    import torch
+
+    return ",".join(str(torch.cuda.get_device_properties(i).uuid) for i in range(count))
+
+
 def local_ranks_seeing(info: DistContext, gpu_set: str, store: Any) -> list[int]:
-    """The local ranks of this node whose tasks see ``gpu_set`` (their CUDA_VISIBLE_DEVICES),
+    """The local ranks of this node whose tasks see ``gpu_set`` (:func:`gpu_identities`),
     learnt through the rendezvous ``store``: one key per task, read back once all are set;
     rank 0 returns once every rank has read."""
     key = f"hpc_harness/gpus/{info.node_rank}/"
@@ -270,8 +279,7 @@ def setup(
                 kwargs["store"] = dist.TCPStore(
                     info.master_addr, info.master_port, info.world_size, info.is_main, timeout
                 )
-                visible = e.get("CUDA_VISIBLE_DEVICES", "")
-                sharers = local_ranks_seeing(info, visible, kwargs["store"])
+                sharers = local_ranks_seeing(info, gpu_identities(cuda_n), kwargs["store"])
         devices = own_devices(info, devices, sharers)
     if devices:
         backend, device = "nccl", torch.device("cuda", devices[0])

@@ -385,14 +385,12 @@ PartitionName=urgent Nodes=ALL $limits State=UP PriorityTier=10 PreemptMode=OFF
 EOF
   write_file "$CLUSTER_DIR/etc/cgroup.conf" 0644 <<EOF
 # Read by slurmd's cgroup plugins (production shape, where the kernel allows).
-# Devices stay unfenced: fenced, SLURM numbers each task's GPUs from 0 in its
-# CUDA_VISIBLE_DEVICES, and hpc_harness.dist still tells tasks' GPUs apart by
-# that variable (two tasks bound to different GPUs both read "0"; issue 37).
+# ConstrainDevices fences off the fake GPUs (/dev/tty*) a job was not given.
 CgroupPlugin=cgroup/v1
 CgroupMountpoint=/sys/fs/cgroup
 ConstrainCores=yes
 ConstrainRAMSpace=yes
-ConstrainDevices=no
+ConstrainDevices=yes
 EOF
   write_file "$CLUSTER_DIR/etc/gres.conf" 0644 <<EOF
 AutoDetect=off
@@ -695,7 +693,7 @@ cmd_up() {
   info "up ($SHAPE shape): $NODE_COUNT nodes x $NODE_CPUS CPUs x $NODE_GPUS fake GPUs; partitions tmpdir (default, SLURM_TMPDIR), notmpdir, urgent"
   if [[ "$SHAPE" == production ]]; then
     if [[ "$cgroup_mode" == cgroup ]]; then
-      info "cgroups: proctrack/cgroup, task/affinity,task/cgroup (cores and memory constrained; fake GPU devices not: see cgroup.conf)"
+      info "cgroups: proctrack/cgroup, task/affinity,task/cgroup (cores, memory and fake GPU devices constrained)"
     else
       info "cgroups: not available ($cgroup_reason); proctrack/linuxproc, task/none: nothing constrained"
     fi

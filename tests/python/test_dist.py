@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 from conftest import NodeStore
@@ -166,6 +167,9 @@ def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> dict:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("device", d))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"GPU-fake-{i}")
+    )
     monkeypatch.setattr(tdist, "is_initialized", lambda: False)
 
     def init_process_group(*, device_id=None, **kw) -> None:

@@ -12,6 +12,7 @@ import datetime
 import inspect
 import os
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,6 +55,10 @@ def _fake_torch(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0 if cuda is None else cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+    # A GPU's identity: the node's GPU the task's CUDA_VISIBLE_DEVICES names (_srun's).
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=_VISIBLE[i])
+    )
     monkeypatch.setattr(tdist, "is_initialized", lambda: initialized)
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
@@ -344,11 +349,16 @@ def test_cleanup_lets_gloo_threads_take_the_gil_before_it_destroys_the_group(
     assert 0.05 <= dist.GIL_YIELD_S <= 0.5
 
 
+# The GPUs the task _srun made last sees, by their node's numbers: the fake torch's UUIDs.
+_VISIBLE: list[str] = []
+
+
 def _srun(local_rank: int, local_world: int, visible: str, on_node: int) -> dict[str, str]:
     """An srun task's variables as SLURM 24.11 sets them on the local cluster (one node):
     ``visible`` is the task's CUDA_VISIBLE_DEVICES, ``on_node`` SLURM_GPUS_ON_NODE (the
     step's GPUs on the node). Bound (--gpus-per-task, --gpu-bind=single:1): a task sees
     fewer than the node's; unbound (--gres=gpu:N): every task sees them all."""
+    _VISIBLE[:] = [v for v in visible.split(",") if v]
     return {
         "SLURM_JOB_ID": "7",
         "SLURM_STEP_ID": "0",
@@ -516,15 +526,16 @@ def test_in_a_group_made_before_a_bound_task_takes_the_first_of_its_gpus(
     assert seen["store"] == [] and seen["init"] == []
 
 
-def test_a_bound_task_without_cuda_visible_devices_publishes_an_empty_set(
+def test_tasks_whose_variables_read_alike_but_whose_gpus_differ_take_their_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen = _fake_torch(monkeypatch, gpus=1, node_sets={0: ""})
-    env = _srun(1, 2, "", 2)
-    del env["CUDA_VISIBLE_DEVICES"]
-    with pytest.raises(LaunchError, match=r"for local ranks \[0, 1\], bound to them"):
-        dist.setup(env=env, verbose=False)
-    assert seen["init"] == []
+    """Under ConstrainDevices SLURM numbers each task's GPUs from 0: two tasks bound to
+    different GPUs both read CUDA_VISIBLE_DEVICES=0. They tell them apart by UUID."""
+    seen = _fake_torch(monkeypatch, gpus=1, node_sets={0: "GPU-a"})
+    env = _srun(1, 2, "0", 2)
+    _VISIBLE[:] = ["GPU-b"]
+    assert str(dist.setup(env=env, verbose=False).device) == "cuda:0"
+    assert seen["set_device"] == [torch.device("cuda", 0)]
 
 
 def test_every_job_id_in_a_cycle_of_the_port_range_has_a_port_of_its_own() -> None:

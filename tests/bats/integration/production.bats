@@ -72,13 +72,21 @@ wait_sacct() {
   assert_equal "$stderr" "job_submitter.sh: error: --time 2-00:00:00 (172800 s) is over the MaxTime of partition 'notmpdir', 1-00:00:00 (86400 s); lower -t or pick another partition with -p"
 }
 
-@test "cgroups: a job over its memory is killed as OUT_OF_MEMORY" {
+@test "cgroups: a job over its memory is killed as OUT_OF_MEMORY, and sees only its own fake GPUs" {
   uses_cgroups || skip "this cluster runs without cgroups (see 'cluster.sh up')"
-  local job
+  local job out="$BATS_TEST_TMPDIR/gpu.out"
   job=$(sbatch --parsable --mem=64M -o /dev/null --wrap \
     "python3 -c 'import time; x = bytearray(512 * 1024 * 1024); time.sleep(5)'")
   wait_job_done "$job" 60
   assert_equal "$(job_state "$job")" OUT_OF_MEMORY
+  job=$(sbatch --parsable --gres=gpu:1 -o "$out" --wrap \
+    'echo "visible=$CUDA_VISIBLE_DEVICES"; for d in /dev/tty0 /dev/tty1 /dev/tty2 /dev/tty3; do if (: <"$d"); then echo "open $d"; else echo "denied $d"; fi; done 2>/dev/null')
+  wait_job_done "$job" 60
+  assert_equal "$(job_state "$job")" COMPLETED
+  # One device of the four opens (which one is the scheduler's choice). The
+  # test opens each in a subshell: in sh a failed redirection on ":" ends the shell.
+  assert_equal "$(grep -c '^open ' "$out")" 1
+  assert_equal "$(grep -c '^denied ' "$out")" 3
 }
 
 @test "cgroups: a submitted job over its memory fails, and status.sh says out of memory with its exit code" {
