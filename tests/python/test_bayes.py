@@ -28,6 +28,13 @@ from optuna.distributions import (  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_accounting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounds here are made up: SLURM's accounting (a cluster of the test machine) knows
+    none of their jobs, and is not asked (the tests fake what scontrol says)."""
+    monkeypatch.setattr(results, "sacct_tasks", lambda job_id: {})
+
+
 def _sweep(tmp_path: Path, body: str, name: str = "bayes.yml") -> str:
     path = tmp_path / name
     path.write_text(body)
@@ -350,6 +357,7 @@ def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
     capsys.readouterr()
     monkeypatch.undo()
     monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(results, "sacct_tasks", lambda job: {})
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bayes.py: error: round 2 ")

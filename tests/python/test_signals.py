@@ -183,10 +183,16 @@ def test_a_shielded_worker_outlives_every_signal_but_its_parents_sigterm() -> No
     import multiprocessing
     import subprocess
 
+    from hpc_harness.signals import signals_blocked
+
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
     worker = ctx.Process(target=_shielded_worker, args=(ready,), daemon=True)
-    worker.start()
+    # Born with the signals blocked, as a shielded loader starts its workers: threads that
+    # at-fork hooks start in the child before its init (wandb's OpenTelemetry exporters,
+    # once wandb ran in this process) inherit the block; born without it, they take a TERM.
+    with signals_blocked():
+        worker.start()
     assert ready.wait(30)
     subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # not its parent: SLURM's
     subprocess.run(["kill", "-USR1", str(worker.pid)], check=True)
