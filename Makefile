@@ -101,19 +101,23 @@ PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
 	@$(PYTEST)
 
-# Every suite at once, in three lines: the integration and the reliability
-# suites each mostly wait on SLURM's timers and their jobs' sleeps, on their
-# own clusters; the unit runs (two at once) and then pytest keep the cores
-# busy meanwhile. pytest needs no cluster and uses no file or port of the
-# cluster suites (jobs' MASTER_PORT is 15000-28999, torchrun --standalone
-# takes an ephemeral port). The cluster suites' output is printed when all
-# have ended. -o deps: the sub-makes do not check the dependencies again
-# (each check imports torch).
+# The suites in two lines, the unit runs (two at once) first: the cluster
+# suites, one after the other on their own clusters, mostly wait on SLURM's
+# timers and their jobs' sleeps, and pytest keeps the cores busy meanwhile.
+# More lines at once overload 2 cores: batch steps then start late and
+# SLURM fails their launch (JobLaunchFailure, seen in a clean-clone run).
+# pytest needs no cluster and uses no file or port of the cluster suites
+# (jobs' MASTER_PORT is 15000-28999, torchrun --standalone takes an ephemeral
+# port). The cluster suites' output is printed when both lines have ended.
+# -o deps: the sub-makes do not check the dependencies again (each check
+# imports torch).
 SUB_MAKE := $(MAKE) --no-print-directory -o deps
 suites: cluster-up cluster-up-reliability
-	@$(call beside,$(SUB_MAKE) cluster-suites,$(SUB_MAKE) bats-unit-both && $(SUB_MAKE) pytest)
+	@$(SUB_MAKE) bats-unit-both
+	@$(call beside,$(SUB_MAKE) cluster-suites,$(SUB_MAKE) pytest)
 cluster-suites: cluster-up cluster-up-reliability
-	@$(call beside,{ echo "reliability:"; $(SUB_MAKE) bats-reliability; },{ echo "integration:"; $(SUB_MAKE) bats-integration; })
+	@rc=0; echo "integration:"; $(SUB_MAKE) bats-integration || rc=$$?; \
+	  echo "reliability:"; $(SUB_MAKE) bats-reliability || rc=$$?; exit "$$rc"
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint suites bench-smoke

@@ -52,13 +52,14 @@ setup() {
 @test "the data tarball is reused while unchanged; a changed file builds another, and a job queued before stages the data it was submitted with" {
   submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- true
   assert_file_contains "$submit_err" "data: building data-"
-  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 --sbatch-arg=--hold -- \
+  # Other experiments (one is refused while another job of it is queued): the cache is the project's.
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache-held -d datasets/d1 --sbatch-arg=--hold -- \
     bash -c 'echo "read: $(cat "$SLURM_TMPDIR/datasets/d1/a.txt")"'
   assert_file_contains "$submit_err" "data: reusing data-"
   local queued=$job_id
   echo changed >"$SCRATCH/$project/datasets/d1/a.txt"
   touch -d '+1 minute' "$SCRATCH/$project/datasets/d1/a.txt"
-  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache -d datasets/d1 -- \
+  submit -n 1 -g 1 -W none -t 5 --signal-lead 60 -e cache-changed -d datasets/d1 -- \
     bash -c 'echo "read: $(cat "$SLURM_TMPDIR/datasets/d1/a.txt")"'
   assert_file_contains "$submit_err" "data: building data-"
   assert_file_contains "$submit_err" "1 earlier tarball(s) of these paths"

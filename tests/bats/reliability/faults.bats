@@ -187,15 +187,21 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   scancel "$dependent"
 }
 
-@test "two jobs of one user on one node with the same data and experiment name: separate folders and ports, no cross-talk, each cleans only its own" {
+@test "two jobs of one submission folder (sbatch job.sbatch twice) on one node, the same data and experiment: separate folders and ports, no cross-talk, each cleans only its own" {
   local dir="$SCRATCH/$project/datasets/shared"
   mkdir -p "$dir"
   echo payload >"$dir/x.txt"
-  local jobs=() k
+  local jobs=() k line out
+  # The submitter refuses a second submission while the first runs; the same
+  # folder sbatch-ed twice by hand still gives two jobs of one experiment.
+  run --separate-stderr "$SUBMITTER" --site local -p notmpdir -n 1 -g 1 -c 1 -W torchrun -t 5 -e same -d datasets/shared \
+    --sbatch-arg=--nodelist=node1 --no-submit -- \
+    bash -c 'echo "job=$SLURM_JOB_ID tmp=$SLURM_TMPDIR port=$MASTER_PORT data=$(cat "$SLURM_TMPDIR/datasets/shared/x.txt")"; touch "$SLURM_TMPDIR/mine"; sleep 3; ls "$SLURM_TMPDIR"' </dev/null
+  assert_success
+  line=${lines[-1]}
   for k in 1 2; do
-    submit -p notmpdir -n 1 -g 1 -c 1 -W torchrun -t 5 -e same -d datasets/shared --sbatch-arg=--nodelist=node1 -- \
-      bash -c 'echo "job=$SLURM_JOB_ID tmp=$SLURM_TMPDIR port=$MASTER_PORT data=$(cat "$SLURM_TMPDIR/datasets/shared/x.txt")"; touch "$SLURM_TMPDIR/mine"; sleep 3; ls "$SLURM_TMPDIR"'
-    jobs+=("$job_id")
+    out=$(eval "$line" 2>&1) || fail "'$line' failed: $out"
+    jobs+=("${out##* }")
   done
   for k in "${jobs[@]}"; do
     wait_job_done "$k" 120
