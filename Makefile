@@ -110,11 +110,13 @@ pytest: cluster-up
 # (jobs' MASTER_PORT is 15000-28999, torchrun --standalone takes an ephemeral
 # port). The cluster suites' output is printed when both lines have ended.
 # -o deps: the sub-makes do not check the dependencies again (each check
-# imports torch).
+# imports torch); -o cluster-up...: nor start the clusters, which suites has
+# started (two 'cluster.sh up' at once write the same files).
 SUB_MAKE := $(MAKE) --no-print-directory -o deps
+SUITE_MAKE := $(SUB_MAKE) -o cluster-up -o cluster-up-reliability
 suites: cluster-up cluster-up-reliability
-	@$(SUB_MAKE) bats-unit-both
-	@$(call beside,$(SUB_MAKE) cluster-suites,$(SUB_MAKE) pytest)
+	@$(SUITE_MAKE) bats-unit-both
+	@$(call beside,$(SUITE_MAKE) cluster-suites,$(SUITE_MAKE) pytest)
 cluster-suites: cluster-up cluster-up-reliability
 	@rc=0; echo "integration:"; $(SUB_MAKE) bats-integration || rc=$$?; \
 	  echo "reliability:"; $(SUB_MAKE) bats-reliability || rc=$$?; exit "$$rc"
