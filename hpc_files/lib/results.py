@@ -359,19 +359,24 @@ def parse_sacct(text: str) -> dict[int, dict[str, str]]:
 
 def sacct_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
     """One ``sacct`` call for the whole job; {} where accounting is off or does not know it."""
-    if not job_id or shutil.which("sacct") is None:
+    if not job_id:
         return {}
+    text = slurm_output(["sacct", "-n", "-P", "-D", "-j", job_id, "-o", SACCT_FORMAT])
+    return parse_sacct(text) if text is not None else {}
+
+
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed"
+
+
+def slurm_output(argv: list[str]) -> str | None:
+    """A SLURM command's output; None when it is not installed, failed or took over 30 s."""
+    if shutil.which(argv[0]) is None:
+        return None
     try:
-        out = subprocess.run(
-            ["sacct", "-n", "-P", "-D", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_sacct(out.stdout) if out.returncode == 0 else {}
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
 def slurm_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
@@ -382,19 +387,10 @@ def slurm_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
 
 def scontrol_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
     """One ``scontrol show job -o`` call for the whole job; {} when SLURM forgot it."""
-    if not job_id or shutil.which("scontrol") is None:
+    if not job_id:
         return {}
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_scontrol(out.stdout) if out.returncode == 0 else {}
+    text = slurm_output(["scontrol", "show", "job", "-o", job_id])
+    return parse_scontrol(text) if text is not None else {}
 
 
 @dataclass
