@@ -25,7 +25,9 @@ SUBMITTER = ROOT / "hpc_files" / "job_submitter.sh"
 OPTIONS_PAGE = ROOT / "docs" / "options.md"
 FENCE = re.compile(r"^```(.*)$")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-LONG_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
+LONG_OPTION = re.compile(r"(?<![\w=-])--[a-z][a-z0-9_-]*")
+SITE_LIB = ROOT / "hpc_files" / "lib" / "site.sh"
+SITES_PAGE = ROOT / "docs" / "sites.md"
 
 
 def pages() -> list[Path]:
@@ -107,12 +109,38 @@ def check_links() -> list[str]:
     return problems
 
 
+def logical_lines(path: Path) -> list[tuple[int, str]]:
+    """The page's lines, a line ending in a backslash joined with the next ones."""
+    joined: list[tuple[int, str]] = []
+    start, parts = 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        start = start or number
+        parts.append(line[:-1] if line.endswith("\\") else line)
+        if not line.endswith("\\"):
+            joined.append((start, " ".join(parts)))
+            start, parts = 0, []
+    return joined
+
+
+def check_site_keys() -> list[str]:
+    """Every key of SITE_KEYS in the profile reader is a row of docs/sites.md's table."""
+    keys = re.findall(r"^\s*\[([a-z_]+)\]=(?:scalar|list)", SITE_LIB.read_text(), re.MULTILINE)
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", SITES_PAGE.read_text(), re.MULTILINE))
+    if not keys:
+        return [f"no SITE_KEYS found in {SITE_LIB.relative_to(ROOT)}"]
+    return [
+        f"docs/sites.md: site-profile key '{key}' is not in the table"
+        for key in keys
+        if key not in rows
+    ]
+
+
 def check_spellings(help_options: set[str]) -> list[str]:
     problems: list[str] = []
     for page in pages():
         if page.parent.name == "reports":
             continue
-        for number, line in enumerate(page.read_text().splitlines(), 1):
+        for number, line in logical_lines(page):
             if "job_submitter.sh" not in line:
                 continue
             own = line.split(" -- ", 1)[0]
@@ -130,6 +158,7 @@ def check(help_file: Path | None) -> int:
     problems = check_spellings(set(LONG_OPTION.findall(text)))
     if help_file is None and OPTIONS_PAGE.read_text() != options_page(text):
         problems.append("docs/options.md differs from --help: run python3 tools/docs.py options")
+    problems += check_site_keys()
     problems += check_links()
     for problem in problems:
         print(f"docs.py: error: {problem}", file=sys.stderr)
