@@ -158,3 +158,7 @@ mutation: deps
 # Regenerate the golden batch scripts on purpose, then review the diff.
 golden: deps
 	@tests/bats/fixtures/golden/regenerate.sh
+
+# Rewrite docs/options.md from job_submitter.sh --help (tests/bats/cli/docs.bats checks it).
+docs-options:
+	@python3 tools/docs.py options
