@@ -7,11 +7,11 @@
 #               smoke run
 #   make test-portability  the integration suite with bash 4.2 first on PATH,
 #               then on a local SLURM 24.11 cluster beside the default one
-#   make bench  run the benchmarks (bench/) and rewrite BENCHMARKS.md
+#   make bench  run the benchmarks (bench/) and rewrite docs/reports/BENCHMARKS.md
 #   make gpu-check  on a machine with a CUDA GPU: the loop-overhead benchmark on
-#               it (rewrites BENCHMARKS_GPU.md) and the harness's tests with CUDA
+#               it (rewrites docs/reports/BENCHMARKS_GPU.md) and the harness's tests with CUDA
 #   make mutation  mutation testing of the training core (mutmut, fast
-#               tests only, under 60 min on 2 cores): rewrites MUTATION.md
+#               tests only, under 60 min on 2 cores): rewrites docs/reports/MUTATION.md
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -129,11 +129,11 @@ test: lint suites bench-smoke
 test-portability: cluster-up
 	@tools/test_portability.sh
 
-# The whole reliability suite (faults, security, load); writes RELIABILITY.md.
+# The whole reliability suite (faults, security, load); writes docs/reports/RELIABILITY.md.
 test-reliability: cluster-up
 	@tools/reliability_report.sh
 
-# Benchmarks (minutes; needs root for dropping the page cache): BENCHMARKS.md.
+# Benchmarks (minutes; needs root for dropping the page cache): docs/reports/BENCHMARKS.md.
 bench: cluster-up
 	@tools/install_deps.sh bench
 	@bench/run_all.sh
@@ -148,9 +148,9 @@ bench-smoke: cluster-up
 # The checks that need a CUDA GPU (CI has none; tools/gpu_check.sh says what they are).
 gpu-check:
 	@PYTHON=$${PYTHON:-$(PY)} tools/gpu_check.sh build/gpu_check
-	@cp build/gpu_check/BENCHMARKS_GPU.md BENCHMARKS_GPU.md
+	@cp build/gpu_check/BENCHMARKS_GPU.md docs/reports/BENCHMARKS_GPU.md
 
-# Mutation testing of the training core (tools/mutation.py): MUTATION.md.
+# Mutation testing of the training core (tools/mutation.py): docs/reports/MUTATION.md.
 mutation: deps
 	@tools/install_deps.sh mutation
 	@$(PY) tools/mutation.py
@@ -158,3 +158,7 @@ mutation: deps
 # Regenerate the golden batch scripts on purpose, then review the diff.
 golden: deps
 	@tests/bats/fixtures/golden/regenerate.sh
+
+# Rewrite docs/options.md from job_submitter.sh --help (tests/bats/cli/docs.bats checks it).
+docs-options:
+	@python3 tools/docs.py options

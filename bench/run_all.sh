@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016 # backticks in single quotes are Markdown code spans
-# Runs every benchmark in bench/ and writes BENCHMARKS.md (machine, versions,
+# Runs every benchmark in bench/ and writes docs/reports/BENCHMARKS.md (machine, versions,
 # load, one section per measure). Each benchmark runs under a 10-minute limit;
 # a broken one is reported in its section and makes this script exit 1.
 #
 # Usage: bench/run_all.sh [--smoke] [--only NAME[,NAME...]] [--no-load-wait] [--out FILE]
 #   --smoke         tiny sizes, 1 repetition: checks that the scripts still
-#                   work; writes a temporary file (printed), not BENCHMARKS.md
+#                   work; writes a temporary file (printed), not docs/reports/BENCHMARKS.md
 #   --only          a subset: harness_overhead, submit_latency, staging,
 #                   requeue_cost, startup, search_tpe, loop_overhead,
 #                   early_terminate
@@ -20,7 +20,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 smoke=""
 only=""
 load_wait=1
-out="$BENCH_ROOT/BENCHMARKS.md"
+out="$BENCH_ROOT/docs/reports/BENCHMARKS.md"
 while (($# > 0)); do
   case "$1" in
     --smoke) smoke=1 ;;
@@ -33,7 +33,7 @@ while (($# > 0)); do
   esac
   shift
 done
-if [[ -n "$smoke" && "$out" == "$BENCH_ROOT/BENCHMARKS.md" ]]; then
+if [[ -n "$smoke" && "$out" == "$BENCH_ROOT/docs/reports/BENCHMARKS.md" ]]; then
   out=$(mktemp "${TMPDIR:-/tmp}/BENCHMARKS.smoke.XXXXXX.md")
 fi
 

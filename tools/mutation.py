@@ -1,4 +1,4 @@
-"""Mutation testing of the training core with mutmut; writes MUTATION.md beside BENCHMARKS.md.
+"""Mutation testing of the training core with mutmut; writes docs/reports/MUTATION.md.
 
     make mutation                        # = the line below, after installing mutmut
     .venv/bin/python tools/mutation.py   # fresh run of every core file, then the report
@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
 EQUIVALENT = ROOT / "tests" / "mutation" / "equivalent.txt"
-REPORT = ROOT / "MUTATION.md"
+REPORT = ROOT / "docs" / "reports" / "MUTATION.md"
 PLUGIN = Path(__file__).resolve().parent / "mutation_plugin.py"
 TARGET = 0.85
 

@@ -4,12 +4,12 @@
 # was injected, what was asserted (the test name is "<injected>: <asserted>"),
 # the result and the duration. Exits non-zero when a test failed.
 #
-# Usage: tools/reliability_report.sh [OUTPUT]   (default: RELIABILITY.md)
+# Usage: tools/reliability_report.sh [OUTPUT]   (default: docs/reports/RELIABILITY.md)
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_ROOT
-output=${1:-$REPO_ROOT/RELIABILITY.md}
+output=${1:-$REPO_ROOT/docs/reports/RELIABILITY.md}
 tap=$(mktemp "${TMPDIR:-/tmp}/reliability-tap.XXXXXX")
 trap 'rm -f -- "$tap"' EXIT
 

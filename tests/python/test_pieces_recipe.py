@@ -1,5 +1,5 @@
 """The loop in hpc_harness.pieces' docstring, run as written (world size 1, in this process),
-and its copy in README.md, kept the same."""
+and its copy in docs/harness.md, kept the same."""
 
 from __future__ import annotations
 
@@ -145,9 +145,9 @@ def test_the_recipes_workers_seeds_differ_by_rank_and_epoch_and_resume_alike(
     assert resumed == seeds[0][:2] + seeds[0][1:]  # the resume starts in epoch 1 again
 
 
-def test_the_readme_shows_the_docstrings_recipe() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Your own loop: the pieces", 1)[1]
+def test_the_docs_show_the_docstrings_recipe() -> None:
+    page = (REPO / "docs" / "harness.md").read_text()
+    section = page.split("## Your own loop: the pieces", 1)[1]
     shown = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert shown is not None
     assert shown.group(1) == _recipe()

@@ -211,17 +211,17 @@ sync_ended() {
   refute_output --partial Traceback
 }
 
-# readme_lines: the commands of README.md's "Live W&B from offline compute nodes".
+# readme_lines: the commands of docs/sweeps.md's "Live W&B from offline compute nodes".
 readme_lines() {
-  sed -n '/^## Live W&B from offline compute nodes/,/^## /p' "$REPO_ROOT/README.md" |
+  sed -n '/^## Live W&B from offline compute nodes/,/^## /p' "$REPO_ROOT/docs/sweeps.md" |
     sed -n '/^```bash$/,/^```$/p' | grep -v '^```'
 }
 
-@test "README's example: the submitter line renders the trigger folder; the tmux line's command is the report's and runs" {
+@test "the docs' example: the submitter line renders the trigger folder; the tmux line's command is the report's and runs" {
   local submit_line tmux_line
   submit_line=$(readme_lines | grep 'job_submitter.sh')
   tmux_line=$(readme_lines | grep '^tmux new')
-  [[ -n "$submit_line" && -n "$tmux_line" ]] || fail "README example not found: $(readme_lines)"
+  [[ -n "$submit_line" && -n "$tmux_line" ]] || fail "docs example not found: $(readme_lines)"
   # The submitter line with --dry-run first, from the project's folder.
   run bash -c "cd \"\$1\" && ${submit_line/job_submitter.sh/job_submitter.sh --dry-run} </dev/null" _ "$REPO_ROOT"
   assert_success

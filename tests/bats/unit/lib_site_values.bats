@@ -64,7 +64,7 @@ refused() {
   assert_equal "$output" $'8\n10'
 }
 
-@test "inline comments are not part of values (the README's example)" {
+@test "inline comments are not part of values (the docs' example)" {
   site 'account = my-account        # default --account' \
     'partition = gpu   # default --partition' \
     'provides_tmpdir = no	# tab before the comment' \
@@ -150,9 +150,9 @@ auto'
   done
 }
 
-@test "the README's example profile loads as documented" {
-  sed -n '/^   account = def-mypi/,/^   command = /p' "$REPO_ROOT/README.md" >"$SITE_FILE"
-  [[ -s "$SITE_FILE" ]] || fail "README example not found"
+@test "the docs' example profile loads as documented" {
+  sed -n '/^account = def-mypi/,/^command = /p' "$REPO_ROOT/docs/sites.md" >"$SITE_FILE"
+  [[ -s "$SITE_FILE" ]] || fail "docs/sites.md example not found"
   in_libs 'parse_options --site "$SITE_FILE"; load_site
     printf "%s\n" "$site_account" "$site_partition" "$site_modules" "$site_provides_tmpdir" "$site_tmpdir_base" "$site_gpu_types" "$site_wandb_sync" "${site_env[@]}" "${site_sbatch[@]}" "${site_command[@]}"'
   assert_success
