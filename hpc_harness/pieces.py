@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
@@ -88,6 +88,7 @@ __all__ = [
     "on_rank0",
     "requeue_exit",
     "save_checkpoint",
+    "save_final",
     "setup",
     "shield_workers",
     "should_stop_trial",
@@ -178,11 +179,22 @@ def save_checkpoint(
     return path
 
 
+def save_final(ckpt_dir: str, state: dict[str, Any] | None, sharded: bool = False) -> str:
+    """The run's final model: rank 0 writes ``state`` (at least ``model`` and ``global_step``;
+    the others may pass None) atomically to ``<ckpt_dir>/last.pt``; with ``sharded`` every rank
+    writes its part of ``state["model"]`` into the folder ``last.dcp``. Returns the path once
+    it is written. Collective."""
+    if sharded:
+        return ckpt.save_final(ckpt_dir, state or {}, sharded=True)
+    return on_rank0(lambda: ckpt.save_final(ckpt_dir, state or {}))
+
+
 def load_checkpoint(
     ckpt_dir: str,
     restore_rng: bool = True,
     fingerprint: Mapping[str, Any] | None = None,
     rank0_only: tuple[str, ...] = (),
+    resume_free: Iterable[str] = (),
 ) -> dict[str, Any] | None:
     """The newest checkpoint that loads, as chosen and read by rank 0 alone (in its view of
     ``ckpt_dir``: a stale NFS listing elsewhere does not matter), on every rank; None if there
@@ -192,7 +204,8 @@ def load_checkpoint(
     ``("model", "optimizer")`` for ``Strategy.load``, which broadcasts them itself. With
     ``fingerprint`` (checkpoint.fingerprint of the run's arguments), a checkpoint or ``run.json``
     of another run raises checkpoint.RunMismatch on every rank, before anything is loaded into
-    the model. Collective: call on every rank."""
+    the model; keys in ``resume_free`` are not compared (checkpoint.identity_error).
+    Collective: call on every rank."""
     rank, world = _rank(), _group().get_world_size() if _group() else 1
     state: dict[str, Any] | None = None
 
@@ -206,7 +219,7 @@ def load_checkpoint(
                     f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
                     "wrote it): resuming without checking that it belongs to this run"
                 )
-            if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved):
+            if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved, resume_free):
                 raise ckpt.RunMismatch(mismatch)
             ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
         return path, {k: v for k, v in state.items() if k not in rank0_only} if state else None

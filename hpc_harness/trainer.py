@@ -79,7 +79,6 @@ import contextlib
 import functools
 import itertools
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -134,6 +133,18 @@ class TrainConfig:
     # requeue protocol: how often the ranks agree on the stop flag (signals.StopAgreement)
     signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
     signal_check_s: float = 0.5  # adaptive: seconds between checks
+    # the keys of hparams that may change across a resume (paths, logging flags); the fields
+    # of RESUME_FREE may change too
+    resume_free: tuple[str, ...] = ()
+
+
+# The TrainConfig fields that may change across a resume without making it another run: the
+# hardware, paths, where it stops (a finished run may be extended), logging, checkpoints.
+RESUME_FREE = frozenset(
+    "strategy fsdp_wrap sharded_checkpoint precision ckpt_dir run_dir max_steps epochs "
+    "log_every wandb wandb_project checkpoint_every checkpoint_every_s keep_last resume fresh "
+    "signal_check_every signal_check_s resume_free".split()
+)
 
 
 def seed_everything(seed: int) -> None:
@@ -231,7 +242,8 @@ class Trainer:
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of last_checkpoint
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
-        self.fingerprint = ckpt.fingerprint(self.run_config())
+        self.resume_free = RESUME_FREE | set(config.resume_free)
+        self.fingerprint = ckpt.fingerprint(self.run_config(), self.resume_free)
         self._warn_unsaved_state()
 
     def _agreed_steps_per_epoch(self) -> int | None:
@@ -259,8 +271,8 @@ class Trainer:
 
     def run_config(self) -> dict[str, Any]:
         """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
-        (checkpoint.fingerprint: minus the keys that may change across a resume) is stored in
-        every checkpoint and in ``run.json``; a resume with another one stops."""
+        (checkpoint.fingerprint: minus RESUME_FREE and ``resume_free``) is stored in every
+        checkpoint and in ``run.json``; a resume with another one stops."""
         config = asdict(self.cfg)
         config.update(config.pop("hparams"))
         try:  # what a position in an epoch is counted in: others would skip other samples
@@ -626,7 +638,7 @@ class Trainer:
             extra = {**(extra or {}), "states": [obj.state_dict() for obj in stateful]}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
-            state if (self.is_main or sharded) else None,
+            state,
             self.global_step,
             self.cfg.keep_last,
             extra,
@@ -638,13 +650,17 @@ class Trainer:
         return path
 
     def _write(self, state: dict[str, Any], path: str) -> None:
-        """Rank 0 writes a checkpoint (a test subclass pauses here, see testing.py)."""
+        """Rank 0 writes a checkpoint (a subclass may hold or count the write)."""
         ckpt.atomic_save(state, path)
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
         state = pieces.load_checkpoint(
-            self.cfg.ckpt_dir, False, self.fingerprint, rank0_only=("model", "optimizer")
+            self.cfg.ckpt_dir,
+            False,
+            self.fingerprint,
+            rank0_only=("model", "optimizer"),
+            resume_free=self.resume_free,
         )
         if state is None:
             return False
@@ -683,23 +699,15 @@ class Trainer:
             f"{self.step_in_epoch} of {self.world_size} ranks), {read - covered} read again"
         )
 
-    def _final_path(self) -> str:
-        return os.path.join(
-            self.cfg.ckpt_dir, "last.dcp" if self.cfg.sharded_checkpoint else "last.pt"
-        )
-
     def _save_final(self) -> None:
-        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}; with
-        ``sharded_checkpoint`` every rank writes its part of the model into ``last.dcp``
-        (checkpoint.save_sharded: the rest of the payload in its meta.pt). Collective."""
+        """``last.pt`` = {"model": plain state_dict, "global_step", "epoch", "metrics",
+        "hparams"}, or ``last.dcp`` with ``sharded_checkpoint`` (pieces.save_final).
+        Collective."""
         sharded = self.cfg.sharded_checkpoint
         model = self.strategy.state(self.model, self.optimizer, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
         payload.update(metrics=self.metrics, hparams=ckpt.plain(self.cfg.hparams))
-        if sharded:
-            ckpt.save_sharded(payload, self._final_path())
-        elif self.is_main:
-            ckpt.atomic_save(payload, self._final_path())
+        pieces.save_final(self.cfg.ckpt_dir, payload, sharded)
 
     # ------------------------------------------------------------------ the loop
 
@@ -799,8 +807,9 @@ class Trainer:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.
         ``last.pt`` (``last.dcp``) is written again only if it is missing or of another step
         (the job died between its last checkpoint and it)."""
-        path = self._final_path()
-        step = pieces.from_rank0(self._final_step() if self.is_main else None)
+        cfg = self.cfg
+        path = ckpt.final_path(cfg.ckpt_dir, cfg.sharded_checkpoint)
+        step = pieces.on_rank0(lambda: ckpt.final_step(cfg.ckpt_dir, cfg.sharded_checkpoint))
         kept = f"{self.last_checkpoint} and {path} are kept as they are"
         if step != self.global_step:
             self._save_final()
@@ -810,17 +819,6 @@ class Trainer:
             f"hpc_harness: already finished ({status}) at global step {self.global_step}: {kept}"
         )
         return status
-
-    def _final_step(self) -> int | None:
-        """The global step ``last.pt`` (``last.dcp``) holds; None if it is missing or unreadable."""
-        path = self._final_path()
-        meta = os.path.join(path, "meta.pt") if self.cfg.sharded_checkpoint else path
-        try:  # mmap: a model's tensors are not read
-            return int(
-                torch.load(meta, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-            )
-        except Exception:  # noqa: BLE001 - any unreadable file is written again
-            return None
 
     def _requeue(self) -> str:
         """Signal path: save, rank 0 writes the marker, every rank returns once it exists (the
