@@ -73,9 +73,8 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
     its end and load_latest tries it from the end.
 
     Two checkpoints of one step are a plain file and a sharded folder (an earlier run's, and a
-    run restarted over the folder with the other kind): the one written last is this run's, and
-    the name said nothing about that (``.dcp`` sorted first, so a save deleted the folder it had
-    just written). Equal times (a coarse clock) fall back to the name."""
+    run restarted over the folder with the other kind): the one written last is this run's,
+    whatever the names' order. Equal times (a coarse clock) fall back to the name."""
     names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
     found = []
     for m in filter(None, map(_NAME_RE.match, names)):
@@ -231,8 +230,8 @@ def prune(
     temporary file of an earlier (or the same) step belongs to a save that was killed. With
     ``saved_step`` (the step just saved) checkpoints of later steps go too, with a line each:
     they are not this run's newest (a run started over them with ``resume=False``, or they did
-    not load), and by step they would outrank it: kept, they took the newest places (the save
-    just written was deleted) and a resume would choose them.
+    not load), yet by step they outrank it: kept, they would take the newest places, pruning
+    the save just written, and a resume would choose them.
     """
     complete = list_checkpoints(ckpt_dir)
     later = [p for p in complete if saved_step is not None and _step(p) > saved_step]

@@ -20,13 +20,8 @@ Launch it any of these ways (the same file, no edits)::
 
 Exit codes: 0 finished, 42 checkpointed at SIGUSR1/SIGTERM (requeue me; see signals.py),
 anything else a failure. Re-running the same command resumes from the newest checkpoint in
-``--ckpt-dir``.
-
-Defaults that come from the job's environment:
-    --data-dir  $SLURM_TMPDIR/datasets/digits if that exists, else $scratch_dir/datasets/digits
-                if scratch_dir is set, else ./datasets/digits (written there if missing)
-    --ckpt-dir  $scratch_dir/$exp_name/checkpoints if both are set, else ./checkpoints
-    --wandb     auto: online with an API key, else disabled (HPC_WANDB overrides)
+``--ckpt-dir``. The defaults of ``--data-dir``, ``--ckpt-dir`` and ``--wandb`` come from the
+job's environment (``--help`` shows them).
 """
 
 from __future__ import annotations
@@ -40,6 +35,9 @@ from hpc_harness.examples import faults
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$SLURM_TMPDIR/datasets/digits`` if that exists (staged), else
+    ``$scratch_dir/datasets/digits`` if scratch_dir is set, else ``./datasets/digits`` (written
+    there if missing)."""
     env = os.environ if env is None else env
     if env.get("SLURM_TMPDIR"):
         staged = os.path.join(env["SLURM_TMPDIR"], "datasets", "digits")

@@ -1,10 +1,7 @@
 """A small Trainer (pytorch/examples DDP-series style) that survives SLURM's wall time.
 
-Optional: it is the pieces of :mod:`hpc_harness.pieces` (setup, ResumableSampler, the
-checkpoint files, StopAgreement, the requeue announcement) with the loop written for you. To
-keep your own loop, use those directly (hpc_harness/examples/charlm.py).
-
-Plug in your own model and data::
+Optional: it is the pieces of :mod:`hpc_harness.pieces` with the loop written for you. To keep
+your own loop, use those directly (hpc_harness/examples/charlm.py)::
 
     from hpc_harness import dist
     from hpc_harness.trainer import Trainer, TrainConfig
@@ -17,60 +14,11 @@ Plug in your own model and data::
                       eval_data=test_set)
     raise SystemExit(exit_code(trainer.train()))  # 0 finished, 42 checkpointed at a signal
 
-What it does for you:
-- wraps the model for the strategy (ddp, dp, ddp2, fsdp; see strategy.py) and swaps a
-  :class:`~hpc_harness.data.ResumableSampler` into the DataLoader (sharded by rank, order
-  fixed by (seed, epoch)), calling ``set_epoch`` every epoch;
-- autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
-- checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
-  0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
-  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
-  chosen by rank 0 for every rank (pieces.load_checkpoint). A resumed
-  run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
-  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
-  ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
-- run identity: every checkpoint and ``<ckpt_dir>/run.json`` hold the run's fingerprint
-  (``run_config()`` minus checkpoint.RESUME_FREE_KEYS); resuming with another raises
-  checkpoint.RunMismatch before training; ``fresh`` moves the old folder aside; a run resumed
-  at its end says "already finished" and keeps ``last.pt`` (writes it if missing or of
-  another step);
-- SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
-  ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
-  checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
-  code 42);
-- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict
-  (``{"model", "global_step", "epoch", "metrics", "hparams"}``); with ``sharded_checkpoint``
-  the folder ``last.dcp`` instead, every rank writing its part of the model (never gathered on
-  one rank; the rest in ``last.dcp/meta.pt``); ``python -m
-  torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
-
-The logged ``train_loss`` is the mean of the per-step losses (with ``accumulate``, a step's loss
-is the mean of its micro-batches') since the previous log line (or the resume; epoch boundaries
-do not reset it), averaged over all ranks: every
-``log_every`` steps one all-reduce of the summed loss, the only collective the logging adds.
-
-Per step it does no host synchronisation: the loss is read (``.item()``) only every
-``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
-asynchronously at each check: the reduction started at one check is read at the next, so
-training never waits for it and every rank acts at the same step. Checks are spaced by time,
-not by a step count, so a 5 ms step and a 10 s step both react to the wall-time signal within
-about ``2 * max(signal_check_s, one step)``: each rank proposes the step count that
-takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
-smallest wins), and every rank reads the same interval at the same step. A fixed
-``signal_check_every`` (steps) turns that off.
-Lightning-style hooks, without its weight:
-- ``_compute_loss(batch)``: override for batches that are not ``(inputs, targets)``;
-- ``eval_step(batch) -> {name: value}``: override for your own evaluation metrics (batch
-  means); :meth:`evaluate` averages them over every sample of ``eval_data`` and all ranks, and
-  they are printed, logged (metrics.csv, wandb) and kept in ``trainer.metrics`` and the
-  checkpoint. The default is ``test_loss`` (``loss_fn``) and ``test_acc`` for class scores;
-- ``self.log(name, value)`` in a step: a custom training metric, logged like ``train_loss``;
-- ``accumulate=k``: one optimizer step per ``k`` batches, the loss divided by ``k``; gradients
-  are synchronised only at the last micro-batch (DDP ``no_sync``, FSDP
-  ``set_requires_gradient_sync``);
-- a ``ReduceLROnPlateau`` scheduler is stepped with the metric ``monitor`` (default
-  ``test_loss``; checked on one evaluation batch before training) at each epoch end; the
-  others every optimizer step.
+It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
+atomically (by time, by steps, at a signal, at the end) and resumes the newest checkpoint: a
+resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks to
+override: ``_compute_loss(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
+training metric.
 """
 
 from __future__ import annotations
@@ -166,7 +114,11 @@ def duration(seconds: float) -> str:
 
 
 class Trainer:
-    """Training loop with exact resume and the requeue protocol (see module docstring)."""
+    """Training loop with exact resume and the requeue protocol.
+
+    A ``ReduceLROnPlateau`` scheduler is stepped with ``TrainConfig.monitor`` at each epoch's
+    end (checked on one evaluation batch before training); other schedulers every optimizer
+    step. ``train()`` returns "finished", "max_steps", "pruned" or "requeue" (exit 42)."""
 
     def __init__(
         self,
@@ -229,6 +181,8 @@ class Trainer:
                 config.epochs * self.steps_per_epoch, config.max_steps or math.inf
             )
         self._exhausted = False  # the epoch's batches ran out (the end of an unsized epoch)
+        # SIGUSR1/SIGTERM set a flag; about every signal_check_s the ranks agree on it (and on
+        # a timed checkpoint) through an all-reduce read at the next check: no host sync per step
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -297,6 +251,9 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _compute_loss(self, batch: Any) -> torch.Tensor:
+        """The loss of one batch (override for batches that are not ``(inputs, targets)``);
+        with ``accumulate=k`` it is divided by ``k`` and gradients are synchronised at the last
+        micro-batch only (DDP ``no_sync``, FSDP ``set_requires_gradient_sync``)."""
         inputs, targets = batch
         return self.loss_fn(self.model(inputs), targets)
 
@@ -506,8 +463,10 @@ class Trainer:
         return [g for g in found if isinstance(g, torch.Generator)]
 
     def _log_progress(self, epoch: int) -> None:
-        """Log the mean of every self.log() metric since the last log line over all ranks.
-        Collective (one all-reduce): every rank calls it at the same steps."""
+        """Log the mean of every self.log() metric since the last log line (or the resume;
+        epoch boundaries do not reset it) over all ranks. ``train_loss`` is a step's loss (with
+        ``accumulate``, the mean of its micro-batches'). Collective (one all-reduce, the only
+        collective and host sync the logging adds): every rank calls it at the same steps."""
         now = time.perf_counter()
         names = sorted(self._logged)
         f32 = functools.partial(torch.as_tensor, dtype=torch.float32, device=self.device)
@@ -701,8 +660,10 @@ class Trainer:
 
     def _save_final(self) -> None:
         """``last.pt`` = {"model": plain state_dict, "global_step", "epoch", "metrics",
-        "hparams"}, or ``last.dcp`` with ``sharded_checkpoint`` (pieces.save_final).
-        Collective."""
+        "hparams"}, or with ``sharded_checkpoint`` the folder ``last.dcp``, every rank writing
+        its part of the model (pieces.save_final); ``python -m
+        torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file
+        of it. Collective."""
         sharded = self.cfg.sharded_checkpoint
         model = self.strategy.state(self.model, self.optimizer, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
