@@ -17,7 +17,7 @@ your own loop, use those directly (hpc_harness/examples/charlm.py)::
 It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
 atomically (by time, by steps, at a signal, at the end) and resumes the newest checkpoint: a
 resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks to
-override: ``_compute_loss(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
+override: ``training_step(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
 training metric.
 """
 
@@ -250,7 +250,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def _compute_loss(self, batch: Any) -> torch.Tensor:
+    def training_step(self, batch: Any) -> torch.Tensor:
         """The loss of one batch (override for batches that are not ``(inputs, targets)``);
         with ``accumulate=k`` it is divided by ``k`` and gradients are synchronised at the last
         micro-batch only (DDP ``no_sync``, FSDP ``set_requires_gradient_sync``)."""
@@ -283,7 +283,7 @@ class Trainer:
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
                 with self.precision.autocast():
-                    loss = self._compute_loss(self._to_device(batch))
+                    loss = self.training_step(self._to_device(batch))
                 loss = loss / len(batches) if len(batches) > 1 else loss
                 self.scaler.scale(loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
@@ -494,9 +494,9 @@ class Trainer:
     def eval_step(self, batch: Any) -> dict[str, Any]:
         """Metrics of one evaluation batch, as batch means (override for your own; every rank
         must return the same names). Default: ``test_loss`` by ``loss_fn`` and ``test_acc`` for
-        class scores; a subclass that overrides ``_compute_loss`` gets its loss alone."""
-        if type(self)._compute_loss is not Trainer._compute_loss:
-            return {"test_loss": self._compute_loss(batch)}
+        class scores; a subclass that overrides ``training_step`` gets its loss alone."""
+        if type(self).training_step is not Trainer.training_step:
+            return {"test_loss": self.training_step(batch)}
         inputs, targets = batch
         out = self.model(inputs)
         metrics = {"test_loss": self.loss_fn(out.float(), targets)}
@@ -506,7 +506,7 @@ class Trainer:
 
     def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
         batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
-        self._evaluating = True  # self.log() in a _compute_loss that eval_step calls: ignored
+        self._evaluating = True  # self.log() in a training_step that eval_step calls: ignored
         try:
             with self.precision.autocast():
                 return self.eval_step(self._to_device(batch))

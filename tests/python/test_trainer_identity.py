@@ -56,7 +56,7 @@ class NumpyShuffle(Sampler):
 class Ordered(Trainer):
     """Records the samples of each training batch (the third tensor of IndexedData)."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         x, y, idx = batch
         self.order.extend(idx.tolist())
         return self.loss_fn(self.model(x), y)
