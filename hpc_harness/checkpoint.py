@@ -1,23 +1,18 @@
-"""Atomic checkpoints, keep-last-K, resume from the newest one that loads, RNG capture.
+"""The checkpoint format, and the one module that knows it: file names, atomic writes,
+keep-last-K, resume from the newest checkpoint that loads, run identity, RNG capture.
 
-Files are ``<ckpt_dir>/ckpt_step<global step, 8 digits>.pt``. Each is written to a temporary
-file in the same folder (``.ckpt_step....pt.tmp.<pid>``), flushed and fsync'ed, then renamed
-with ``os.replace`` (atomic on POSIX), and the folder is fsync'ed. A process killed mid-save
-leaves only a temporary file, never a half checkpoint under the final name; the next save that
-completes past that step removes it (``prune``). On resume the
-newest checkpoint that loads wins; a corrupt or partial newest is skipped with a warning.
+A folder holds one run: ``ckpt_step<step, 8 digits>.pt`` (sharded: the folder ``.dcp``, see
+:func:`save_sharded`), ``run.json`` (:func:`write_run_file`) and the final model ``last.pt``
+(``last.dcp``, :func:`save_final`). Every file is written under a temporary name beside it
+and renamed once complete (:func:`atomic_write`): a process killed mid-save leaves a
+temporary file, never half a checkpoint. :func:`load_latest` resumes the newest checkpoint
+that loads and skips a damaged one with a warning.
 
-Checkpoint dict keys (``FORMAT_VERSION`` 1): model, optimizer, scheduler, scaler, epoch,
-step_in_epoch, global_step, sampler ({"epoch", "start_batch", "seed"}), rng (a list with one
-entry per rank: torch, cuda, numpy, python states), world_size, fingerprint, extra.
-
-Run identity: a checkpoint folder belongs to one run. Its ``fingerprint`` (the run's
-arguments minus :data:`RESUME_FREE_KEYS`) is stored in every checkpoint and in ``run.json``
-beside them; resuming with another fingerprint raises :class:`RunMismatch` before training
-(the example exits 2 naming the keys). :func:`move_aside` is ``--fresh``: it renames the
-folder to ``<folder>.old-<UTC time>`` and never deletes anything. ``run.json`` also holds the
-mark of the process that claimed the folder (:data:`RUN_MARK`); a run whose folder another run
-has taken over since stops at its next save (:func:`takeover_error`).
+A checkpoint is a dict with at least ``model`` and ``global_step`` (:data:`REQUIRED_KEYS`),
+plus ``rng`` (one entry per rank, :func:`capture_rng`) and ``fingerprint``: the run's
+arguments minus those its caller names resume-free (:func:`fingerprint`). A resume with
+another fingerprint raises :class:`RunMismatch` before training; :func:`move_aside`
+(``--fresh``) renames the folder and never deletes anything.
 """
 
 from __future__ import annotations
@@ -33,10 +28,11 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, BinaryIO
 
 FORMAT_VERSION = 1
+META_FILE = "meta.pt"  # a sharded checkpoint's non-tensor part, inside its folder
 _NAME_RE = re.compile(r"^ckpt_step(\d+)\.(pt|dcp)$")
 _TEMP_RE = re.compile(r"^\.ckpt_step(\d+)\.(pt|dcp)\.tmp\.\d+$")
 
@@ -46,15 +42,39 @@ def checkpoint_path(ckpt_dir: str, global_step: int, sharded: bool = False) -> s
     return os.path.join(ckpt_dir, f"ckpt_step{global_step:08d}.{'dcp' if sharded else 'pt'}")
 
 
+def final_path(ckpt_dir: str, sharded: bool = False) -> str:
+    """The run's final model: ``last.pt``, or the folder ``last.dcp`` (:func:`save_sharded`)."""
+    return os.path.join(ckpt_dir, "last.dcp" if sharded else "last.pt")
+
+
+def save_final(ckpt_dir: str, payload: dict[str, Any], sharded: bool = False) -> str:
+    """Write ``payload`` (at least ``model`` and ``global_step``) to :func:`final_path`
+    atomically and return the path; ``sharded``: every rank its part of ``payload["model"]``
+    (:func:`save_sharded`, collective), else one process (``pieces.save_final``: rank 0)."""
+    path = final_path(ckpt_dir, sharded)
+    (save_sharded if sharded else atomic_save)(payload, path)
+    return path
+
+
+def final_step(ckpt_dir: str, sharded: bool = False) -> int | None:
+    """The global step the final model (:func:`final_path`) holds; None if it is missing or
+    unreadable (memory-mapped: the model's tensors are not read)."""
+    path = final_path(ckpt_dir, sharded)
+    meta = os.path.join(path, META_FILE) if sharded else path
+    try:
+        return int(_load_safely(meta, mmap=True)["global_step"])
+    except Exception:  # noqa: BLE001 - any unreadable file is written again
+        return None
+
+
 def list_checkpoints(ckpt_dir: str) -> list[str]:
     """Complete checkpoints in ``ckpt_dir``, oldest first (temporary files are not listed): by
     step, and of one step by the time each was written. The one order of "newest": prune keeps
     its end and load_latest tries it from the end.
 
     Two checkpoints of one step are a plain file and a sharded folder (an earlier run's, and a
-    run restarted over the folder with the other kind): the one written last is this run's, and
-    the name said nothing about that (``.dcp`` sorted first, so a save deleted the folder it had
-    just written). Equal times (a coarse clock) fall back to the name."""
+    run restarted over the folder with the other kind): the one written last is this run's,
+    whatever the names' order. Equal times (a coarse clock) fall back to the name."""
     names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
     found = []
     for m in filter(None, map(_NAME_RE.match, names)):
@@ -76,16 +96,11 @@ def _fsync_dir(folder: str) -> None:
 def atomic_write(
     path: str,
     write: Callable[[BinaryIO], Any],
-    pause_before_rename: float = 0.0,
     check: Callable[[str], None] | None = None,
 ) -> None:
     """Write ``path`` through ``write(file)`` into a temp file in the same folder, fsync,
     ``check(temp file)`` (raises to keep the old file), ``os.replace``, fsync the folder:
-    readers see the old file or the new one, never half.
-
-    ``pause_before_rename`` (seconds) is a testing aid: it holds the written temp file
-    before the rename, so a test can kill the process mid-save at a known moment.
-    """
+    readers see the old file or the new one, never half."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
@@ -96,8 +111,6 @@ def atomic_write(
             os.fsync(f.fileno())
         if check is not None:
             check(tmp)
-        if pause_before_rename > 0:
-            time.sleep(pause_before_rename)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -106,7 +119,7 @@ def atomic_write(
     _fsync_dir(folder)
 
 
-def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
+def atomic_save(obj: Any, path: str) -> None:
     """``torch.save`` through :func:`atomic_write`, checked to load with ``weights_only`` (as
     :func:`load_file` loads it; memory-mapped: the tensors are not read) before it takes the
     name: a state that would not load stops the save, not a resume that then starts over."""
@@ -124,7 +137,7 @@ def atomic_save(obj: Any, path: str, pause_before_rename: float = 0.0) -> None:
                 "keep to tensors and plain python types (float(x) for a numpy number)"
             ) from None
 
-    atomic_write(path, lambda f: torch.save(obj, f), pause_before_rename, check_it_loads)
+    atomic_write(path, lambda f: torch.save(obj, f), check_it_loads)
 
 
 def _load_safely(path: str, mmap: bool = False) -> Any:
@@ -155,8 +168,9 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     """Collective: every rank's ``state["model"]`` and ``state["optimizer"]`` (sharded state
     dicts, ``Strategy.state(..., sharded=True)``) go through ``torch.distributed.checkpoint``
     into the folder ``path``, each rank writing its own part; rank 0 writes the rest of its
-    ``state`` to ``path/meta.pt``. Atomic like :func:`atomic_save`: everything is written into
-    ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete, before any rank returns."""
+    ``state`` to :data:`META_FILE` in it. Atomic like :func:`atomic_save`: everything is
+    written into ``.<name>.tmp.0`` beside it, renamed to ``path`` once complete, before any
+    rank returns."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -173,7 +187,7 @@ def save_sharded(state: dict[str, Any], path: str) -> None:
     parts = {k: state.pop(k) for k in ("model", "optimizer") if k in state}
     dcp.save(parts, checkpoint_id=tmp, planner=planner)
     if main:  # dcp.save returned: every rank's part is written
-        atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, "meta.pt"))
+        atomic_save({**state, "model": None, "optimizer": None}, os.path.join(tmp, META_FILE))
         old = _rename_aside(path)
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
@@ -216,8 +230,8 @@ def prune(
     temporary file of an earlier (or the same) step belongs to a save that was killed. With
     ``saved_step`` (the step just saved) checkpoints of later steps go too, with a line each:
     they are not this run's newest (a run started over them with ``resume=False``, or they did
-    not load), and by step they would outrank it: kept, they took the newest places (the save
-    just written was deleted) and a resume would choose them.
+    not load), yet by step they outrank it: kept, they would take the newest places, pruning
+    the save just written, and a resume would choose them.
     """
     complete = list_checkpoints(ckpt_dir)
     later = [p for p in complete if saved_step is not None and _step(p) > saved_step]
@@ -263,13 +277,13 @@ def _numpy_globals() -> list[Any]:
 
 
 def check_shards(folder: str) -> None:
-    """Raise ValueError when a sharded checkpoint's ``.metadata`` or ``meta.pt`` is missing, or
-    a file that ``.metadata`` names is missing or shorter than the data it holds: damaged after
-    the save (which is atomic), found before the checkpoint is chosen rather than in
-    ``dcp.load`` at every requeue (or as a FileNotFoundError, which stops the resume)."""
+    """Raise ValueError when a sharded checkpoint's ``.metadata`` or :data:`META_FILE` is
+    missing, or a file that ``.metadata`` names is missing or shorter than the data it holds:
+    damaged after the save (which is atomic), found before the checkpoint is chosen rather
+    than in ``dcp.load`` at every requeue (or as a FileNotFoundError, which stops the resume)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    for name in (".metadata", "meta.pt"):
+    for name in (".metadata", META_FILE):
         if not os.path.isfile(os.path.join(folder, name)):
             raise ValueError(f"damaged: {name} is missing")
     sizes: dict[str, int] = {}
@@ -294,7 +308,7 @@ def load_file(path: str) -> dict[str, Any]:
 
     if os.path.isdir(path):
         check_shards(path)
-        return {**load_file(os.path.join(path, "meta.pt")), "sharded": path}
+        return {**load_file(os.path.join(path, META_FILE)), "sharded": path}
 
     try:
         state = _load_safely(path)
@@ -340,32 +354,18 @@ RUN_FILE = "run.json"
 RUN_MARK = secrets.token_hex(8)
 _claimed: set[str] = set()  # the folders this process wrote run.json into
 
-# Arguments that may change across a resume without making it another run (README "Resuming,
-# and starting fresh"). The world size is not an argument; it may change too.
-RESUME_FREE_KEYS = frozenset(
-    " ".join(
-        [
-            "gpus strategy fsdp_wrap sharded_checkpoint precision num_workers",  # hardware
-            "ckpt_dir data_dir run_dir",  # paths (a requeued job stages its data elsewhere)
-            "max_steps steps epochs",  # where it stops: a finished run may be extended
-            "log_every wandb wandb_project",  # logging
-            "checkpoint_every checkpoint_every_s keep_last resume no_resume fresh",
-            "signal_check_every signal_check_s signal_check_seconds",  # requeue protocol
-            "fail_at_step fail_rank step_sleep pause_in_save_at_step",  # testing aids
-        ]
-    ).split()
-)
-
 
 class RunMismatch(ValueError):
     """The checkpoints in a folder belong to a run with other arguments (message says which)."""
 
 
-def fingerprint(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What defines the run: ``config`` without :data:`RESUME_FREE_KEYS`, as plain JSON types
-    (:func:`plain`: a class of ``fsdp_wrap`` becomes its ``repr``), so it is compared as JSON
-    and loads with ``weights_only=True``."""
-    return plain({k: v for k, v in config.items() if k not in RESUME_FREE_KEYS})
+def fingerprint(config: Mapping[str, Any], resume_free: Iterable[str] = ()) -> dict[str, Any]:
+    """What defines the run: ``config`` without the keys in ``resume_free`` (the caller's
+    arguments that may change across a resume: paths, logging, hardware, where it stops), as
+    plain JSON types (:func:`plain`: a class of ``fsdp_wrap`` becomes its ``repr``), so it is
+    compared as JSON and loads with ``weights_only=True``."""
+    free = set(resume_free)
+    return plain({k: v for k, v in config.items() if k not in free})
 
 
 def plain(obj: Any) -> Any:
@@ -441,21 +441,24 @@ def takeover_error(ckpt_dir: str) -> str | None:
 
 
 def identity_error(
-    ckpt_dir: str, fp: Mapping[str, Any], saved: Mapping[str, Any] | None
+    ckpt_dir: str,
+    fp: Mapping[str, Any],
+    saved: Mapping[str, Any] | None,
+    resume_free: Iterable[str] = (),
 ) -> str | None:
     """The one-line message naming every key whose value differs (or exists in one only)
     between ``saved`` (a checkpoint's fingerprint, or ``run.json``'s when None) and ``fp``;
-    None when they agree or nothing was recorded."""
+    None when they agree or nothing was recorded. Keys in ``resume_free`` are not compared:
+    a saved fingerprint may hold one that its writer did not leave out."""
     if saved is None:
         saved = (read_run_file(ckpt_dir) or {}).get("fingerprint")
     if saved is None:
         return None
-    missing = "<unset>"
+    missing, free = "<unset>", set(resume_free)
     diff = [
         f"{k} ({saved.get(k, missing)!r} -> {fp.get(k, missing)!r})"
-        for k in sorted(set(saved) | set(fp))
+        for k in sorted((set(saved) | set(fp)) - free)
         if saved.get(k, missing) != fp.get(k, missing)
-        and k not in RESUME_FREE_KEYS  # an older harness's fingerprint held ``epochs``
     ]
     if not diff:
         return None

@@ -1,27 +1,7 @@
 """Who am I in the job? The one table from launcher variables to ranks, and process-group setup.
 
-Three ways a training process is started, and what each one tells us:
-
-    launcher  how it is started                         variables read
-    --------  ----------------------------------------  --------------------------------------
-    torchrun  torchrun --nproc-per-node=G train.py      RANK, LOCAL_RANK, WORLD_SIZE,
-              (alone, or one per node under srun)       LOCAL_WORLD_SIZE, GROUP_RANK,
-                                                        MASTER_ADDR, MASTER_PORT
-    srun      srun --ntasks-per-node=G python train.py  SLURM_PROCID -> rank,
-              (one process per task; SLURM_STEP_ID set  SLURM_LOCALID -> local rank,
-              and more than one task)                   SLURM_STEP_NUM_TASKS or SLURM_NTASKS
-                                                        -> world size, SLURM_NODEID -> node rank,
-                                                        MASTER_ADDR <- first host of
-                                                        SLURM_STEP_NODELIST (else the job's),
-                                                        MASTER_PORT <- 15000 + (SLURM_JOB_ID
-                                                        + 1000 * SLURM_STEP_ID) % 14000,
-                                                        services' ports stepped over
-    single    python train.py (laptop, or one task)     nothing: world size 1, no process group
-
-Variables already in the environment always win (the batch script exports MASTER_ADDR and
-MASTER_PORT itself). torchrun variables win over SLURM ones (``srun torchrun`` sets both). A
-batch script that runs ``python train.py`` directly in an allocation of several tasks, not
-under srun, is refused with a message, instead of waiting forever for peers that never come.
+:func:`detect_launch` holds the table: torchrun's variables, srun's (``SLURM_PROCID`` and the
+rest), or none (world size 1).
 
 Backend: nccl when CUDA is available, else gloo. Device: ``cuda:<local rank>`` (mapped through
 ``--gpus``), or when SLURM bound GPUs to tasks (``--gpus-per-task``, ``--gpu-bind``) one of
@@ -112,7 +92,31 @@ def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
 
 
 def detect_launch(env: Mapping[str, str] | None = None) -> DistContext:
-    """Read the launcher's variables (see the module table). Pure."""
+    """Read the launcher's variables. Pure.
+
+    Three ways a training process is started, and what each one tells us:
+
+        launcher  how it is started                     variables read
+        --------  ------------------------------------  --------------------------------------
+        torchrun  torchrun --nproc-per-node=G train.py  RANK, LOCAL_RANK, WORLD_SIZE,
+                  (alone, or one per node under srun)   LOCAL_WORLD_SIZE, GROUP_RANK,
+                                                        MASTER_ADDR, MASTER_PORT
+        srun      srun --ntasks-per-node=G python ...   SLURM_PROCID -> rank,
+                  (a process per task; SLURM_STEP_ID  SLURM_LOCALID -> local rank,
+                  set, more than one task)              SLURM_STEP_NUM_TASKS or SLURM_NTASKS
+                                                        -> world size, SLURM_NODEID -> node rank,
+                                                        MASTER_ADDR <- first host of
+                                                        SLURM_STEP_NODELIST (else the job's),
+                                                        MASTER_PORT <- 15000 + (SLURM_JOB_ID
+                                                        + 1000 * SLURM_STEP_ID) % 14000,
+                                                        services' ports stepped over
+        single    python train.py (one process)         nothing: world size 1, no process group
+
+    Variables already in the environment always win (the batch script exports MASTER_ADDR and
+    MASTER_PORT itself). torchrun variables win over SLURM ones (``srun torchrun`` sets both). A
+    batch script that runs ``python train.py`` directly in an allocation of several tasks, not
+    under srun, is refused with a message, instead of waiting forever for peers that never come.
+    """
     env = os.environ if env is None else env
 
     def num(name: str, default: int | None = None) -> int:

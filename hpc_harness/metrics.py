@@ -7,36 +7,11 @@ readers (``hpc_files/lib/results.py``: results.sh's tables and ``--curves``) kee
 row for each (name, step). A run that resumes no checkpoint (``new_run``) renames an earlier
 run's metrics.csv and W&B run id aside and starts its own.
 
-wandb modes (``--wandb``):
-    auto      (default) online when wandb is importable and an API key is configured
-              (``WANDB_API_KEY`` or ``wandb login``'s netrc entry for the server),
-              otherwise disabled; ``WANDB_MODE=disabled`` (``offline``, ``dryrun``) in the
-              environment makes it disabled (offline);
-              ``HPC_WANDB`` in the environment overrides the default.
-    online    needs a key and a reachable server (``WANDB_BASE_URL`` for a self-hosted one,
-              else api.wandb.ai; through ``HTTPS_PROXY`` when set, as wandb goes); otherwise
-              falls back to offline.
-    offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
-    disabled  no wandb at all (it is not even imported).
-The run id is kept in ``<run_dir>/wandb_run_id`` and reused with ``resume="allow"``, so a
-requeued job continues the same wandb run. In a sweep (``wandb agent`` set ``WANDB_SWEEP_ID``
-and ``WANDB_RUN_ID``) the run id is the agent's: a preempted run that W&B hands out again
-resumes under its own id.
-
-Live sync from offline nodes (``--wandb-sync login`` of the submitter): the job's
-``HPC_WANDB_SYNC_DIR`` names a folder on the shared filesystem; the run is then offline
-(``auto`` and ``online`` become offline) and after each ``log()`` and at ``close()`` the
-harness leaves a wandb-osh trigger file there (``trigger_wandb_sync``), which
-``hpc_files/wandb_sync.sh`` on the login node turns into ``wandb sync``. A program outside the
-Trainer does the same after its own ``wandb.log``::
-
-    hpc_harness.metrics.trigger_wandb_sync(os.path.dirname(wandb.run.dir))
-
-Preemption: before the harness exits 42 for a requeue, ``mark_preempting()`` tells W&B the run
-is being preempted (``wandb.Run.mark_preempting``) and the run is then finished with exit code
-42, so W&B marks it *preempted* (not finished, not crashed); a sweep hands a preempted run, with
-its id and parameters, to the next agent that asks for work. Errors from wandb here never change
-the exit code: a TERM sent to the whole job also ends wandb's own service process.
+The W&B mode is :func:`resolve_wandb_mode`'s. The run id is kept in ``<run_dir>/wandb_run_id``
+and reused with ``resume="allow"``, so a requeued job continues the same wandb run; in a sweep
+(``wandb agent`` set ``WANDB_SWEEP_ID`` and ``WANDB_RUN_ID``) the run id is the agent's. A
+requeue ends the run *preempted* (:meth:`MetricsLogger.mark_preempting`), an exception
+*failed*; live sync from offline nodes is :func:`trigger_wandb_sync`.
 """
 
 from __future__ import annotations
@@ -118,7 +93,20 @@ def _has_api_key() -> bool:
 
 
 def resolve_wandb_mode(requested: str | None) -> tuple[str, str]:
-    """Decide the wandb mode; returns ``(mode, reason)`` with mode online/offline/disabled."""
+    """Decide the wandb mode; returns ``(mode, reason)`` with mode online/offline/disabled.
+
+    wandb modes (``--wandb``):
+        auto      (default) online when wandb is importable and an API key is configured
+                  (``WANDB_API_KEY`` or ``wandb login``'s netrc entry for the server),
+                  otherwise disabled; ``WANDB_MODE=disabled`` (``offline``, ``dryrun``) in the
+                  environment makes it disabled (offline);
+                  ``HPC_WANDB`` in the environment overrides the default.
+        online    needs a key and a reachable server (``WANDB_BASE_URL`` for a self-hosted one,
+                  else api.wandb.ai; through ``HTTPS_PROXY`` when set, as wandb goes); otherwise
+                  falls back to offline.
+        offline   writes ``<run_dir>/wandb/offline-run-*``; prints the ``wandb sync`` command.
+        disabled  no wandb at all (it is not even imported).
+    """
     requested = requested or os.environ.get("HPC_WANDB") or "auto"
     if requested not in WANDB_MODES:
         raise ValueError(f"--wandb expects one of {', '.join(WANDB_MODES)}, got '{requested}'")
@@ -293,7 +281,12 @@ class MetricsLogger:
             self._trigger_sync()
 
     def mark_preempting(self, exit_code: int) -> None:
-        """Tell W&B the run is being preempted; ``close()`` then finishes it with ``exit_code``."""
+        """Tell W&B the run is being preempted; ``close()`` then finishes it with ``exit_code``.
+
+        Before the harness exits 42 for a requeue: W&B marks the run *preempted* (not
+        finished, not crashed), and a sweep hands it, with its id and parameters, to the next
+        agent that asks for work. Errors from wandb here never change the exit code: a TERM
+        sent to the whole job also ends wandb's own service process."""
         if self.wandb_run is None:
             return
         self.wandb_exit_code = exit_code
@@ -335,7 +328,17 @@ def trigger_wandb_sync(run_dir: str, folder: str | None = None) -> None:
     """Leave wandb-osh's trigger for the offline run in ``run_dir`` (the folder of its .wandb
     file) in ``folder`` (default ``$HPC_WANDB_SYNC_DIR``), under wandb-osh's own name, written
     whole: wandb-osh's hook creates the file empty and then writes it, and its syncer, reading
-    in between, syncs its own folder and deletes the trigger, losing that sync."""
+    in between, syncs its own folder and deletes the trigger, losing that sync.
+
+    Live sync from offline nodes (``--wandb-sync login`` of the submitter): the job's
+    ``HPC_WANDB_SYNC_DIR`` names a folder on the shared filesystem; the run is then offline
+    (``auto`` and ``online`` become offline) and after each ``log()`` and at ``close()`` the
+    harness leaves a wandb-osh trigger file there (``trigger_wandb_sync``), which
+    ``hpc_files/wandb_sync.sh`` on the login node turns into ``wandb sync``. A program outside the
+    Trainer does the same after its own ``wandb.log``::
+
+        hpc_harness.metrics.trigger_wandb_sync(os.path.dirname(wandb.run.dir))
+    """
     from wandb_osh.util.hash_id import hash_id
 
     where = Path(folder or os.environ[SYNC_DIR_ENV])

@@ -1,5 +1,4 @@
 """The pieces that make your own training loop survive SLURM (the user keeps the loop).
-
 About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
 
     from hpc_harness import pieces as hp
@@ -27,32 +26,13 @@ About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
                 path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
                 hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
             if step >= total_steps: break                 # the end may fall mid-epoch
-
-This loop's position is its step count (``steps_per_epoch`` depends on the world size): it
-resumes with as many ranks as saved (charlm.py stores ``world_size`` and refuses another; the
-Trainer rescales). A checkpoint is a dict with at least ``model`` and ``global_step``; plain
-tensors and python types only (it is loaded with ``weights_only=True``).
-:func:`save_checkpoint` adds every rank's RNG states and :func:`load_checkpoint` restores this
-rank's, so randomness in the model (dropout) continues as if uninterrupted, provided nothing
-else draws from the global RNG between the load and the step (give the DataLoader its own
-``generator``: an epoch's iterator draws its workers' base seed from it, else from the global
-RNG). Seeded with ``sampler.worker_seed()`` at each epoch's start, it gives the workers'
-randomness (augmentations) another seed on each rank and in each epoch, and a resumed process
-the one the uninterrupted run drew (the generator itself is not saved).
-:class:`~hpc_harness.trainer.Trainer` is the same pieces with the loop written for you.
-In a sweep with ``early_terminate``, call :func:`should_stop_trial` with your metric after each
-evaluation: True means pruned (save a checkpoint, exit 0).
-``load_checkpoint(ckpt_dir, fingerprint=fp)`` (fp from ``checkpoint.fingerprint(your_args)``,
-also stored in your checkpoints) refuses, on every rank, to resume another run's checkpoints
-(``checkpoint.RunMismatch``); :func:`start_fresh` before it (your ``--fresh``) moves the earlier
-run's folder aside instead.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
@@ -88,6 +68,7 @@ __all__ = [
     "on_rank0",
     "requeue_exit",
     "save_checkpoint",
+    "save_final",
     "setup",
     "shield_workers",
     "should_stop_trial",
@@ -146,8 +127,10 @@ def save_checkpoint(
     write: Callable[[dict[str, Any], str], None] = ckpt.atomic_save,
     sharded: bool = False,
 ) -> str:
-    """Rank 0 writes ``state`` (other ranks may pass None) with every rank's RNG states
-    atomically to ``<ckpt_dir>/ckpt_step<step>.pt`` and keeps the newest ``keep_last``; returns
+    """Rank 0 writes ``state`` (other ranks may pass None; at least ``model`` and
+    ``global_step``, plain tensors and python types: it is loaded with ``weights_only=True``)
+    with every rank's RNG states atomically to ``<ckpt_dir>/ckpt_step<step>.pt`` (the name is
+    checkpoint.checkpoint_path's) and keeps the newest ``keep_last``; returns
     the path once every rank is past the write. With ``sharded`` every rank passes its own part
     of ``model`` and ``optimizer`` (``Strategy.state(..., sharded=True)``) and writes it into the
     folder ``ckpt_step<step>.dcp`` (checkpoint.save_sharded). Collective: call on every rank at
@@ -178,21 +161,36 @@ def save_checkpoint(
     return path
 
 
+def save_final(ckpt_dir: str, state: dict[str, Any] | None, sharded: bool = False) -> str:
+    """The run's final model: rank 0 writes ``state`` (at least ``model`` and ``global_step``;
+    the others may pass None) atomically to ``<ckpt_dir>/last.pt``; with ``sharded`` every rank
+    writes its part of ``state["model"]`` into the folder ``last.dcp``. Returns the path once
+    it is written. Collective."""
+    if sharded:
+        return ckpt.save_final(ckpt_dir, state or {}, sharded=True)
+    return on_rank0(lambda: ckpt.save_final(ckpt_dir, state or {}))
+
+
 def load_checkpoint(
     ckpt_dir: str,
     restore_rng: bool = True,
     fingerprint: Mapping[str, Any] | None = None,
     rank0_only: tuple[str, ...] = (),
+    resume_free: Iterable[str] = (),
 ) -> dict[str, Any] | None:
     """The newest checkpoint that loads, as chosen and read by rank 0 alone (in its view of
     ``ckpt_dir``: a stale NFS listing elsewhere does not matter), on every rank; None if there
     is none. ``state["path"]`` is its path and ``state["rng"]`` this rank's RNG states, restored
     (unless ``restore_rng`` is False) when the world size is the one that saved them, else None
-    with a warning. The keys in ``rank0_only`` are not sent (None on the other ranks):
-    ``("model", "optimizer")`` for ``Strategy.load``, which broadcasts them itself. With
+    with a warning: dropout then goes on as if uninterrupted, provided nothing else draws from
+    the global RNG before the next step (give the DataLoader a ``generator`` of its own, seeded
+    with ``sampler.worker_seed()`` at each epoch's start). The keys in ``rank0_only`` are not
+    sent (None on the other ranks): ``("model", "optimizer")`` for ``Strategy.load``, which
+    broadcasts them itself. With
     ``fingerprint`` (checkpoint.fingerprint of the run's arguments), a checkpoint or ``run.json``
     of another run raises checkpoint.RunMismatch on every rank, before anything is loaded into
-    the model. Collective: call on every rank."""
+    the model; keys in ``resume_free`` are not compared (checkpoint.identity_error).
+    Collective: call on every rank."""
     rank, world = _rank(), _group().get_world_size() if _group() else 1
     state: dict[str, Any] | None = None
 
@@ -206,7 +204,7 @@ def load_checkpoint(
                     f"hpc_harness: warning: {path} has no run fingerprint (an older hpc_harness "
                     "wrote it): resuming without checking that it belongs to this run"
                 )
-            if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved):
+            if mismatch := ckpt.identity_error(ckpt_dir, fingerprint, saved, resume_free):
                 raise ckpt.RunMismatch(mismatch)
             ckpt.write_run_file(ckpt_dir, fingerprint)  # claimed: see save_checkpoint
         return path, {k: v for k, v in state.items() if k not in rank0_only} if state else None

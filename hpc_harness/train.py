@@ -20,13 +20,8 @@ Launch it any of these ways (the same file, no edits)::
 
 Exit codes: 0 finished, 42 checkpointed at SIGUSR1/SIGTERM (requeue me; see signals.py),
 anything else a failure. Re-running the same command resumes from the newest checkpoint in
-``--ckpt-dir``.
-
-Defaults that come from the job's environment:
-    --data-dir  $SLURM_TMPDIR/datasets/digits if that exists, else $scratch_dir/datasets/digits
-                if scratch_dir is set, else ./datasets/digits (written there if missing)
-    --ckpt-dir  $scratch_dir/$exp_name/checkpoints if both are set, else ./checkpoints
-    --wandb     auto: online with an API key, else disabled (HPC_WANDB overrides)
+``--ckpt-dir``. The defaults of ``--data-dir``, ``--ckpt-dir`` and ``--wandb`` come from the
+job's environment (``--help`` shows them).
 """
 
 from __future__ import annotations
@@ -35,10 +30,14 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from functools import partial
+
+from hpc_harness.examples import faults
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$SLURM_TMPDIR/datasets/digits`` if that exists (staged), else
+    ``$scratch_dir/datasets/digits`` if scratch_dir is set, else ``./datasets/digits`` (written
+    there if missing)."""
     env = os.environ if env is None else env
     if env.get("SLURM_TMPDIR"):
         staged = os.path.join(env["SLURM_TMPDIR"], "datasets", "digits")
@@ -136,20 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="adaptive: seconds between stop-flag checks (a signal is acted on within ~2x this)",
     )
-    add_testing_flags(p)
+    faults.add_flags(p)
     return p
 
 
-TESTING_FLAGS = ("fail_at_step", "fail_rank", "step_sleep", "pause_in_save_at_step")
-
-
-def add_testing_flags(p: argparse.ArgumentParser) -> None:
-    """Hidden flags for the tests (hpc_harness/testing.py): not in --help."""
-    hide = argparse.SUPPRESS
-    p.add_argument("--fail-at-step", type=int, default=None, help=hide)  # raise after it
-    p.add_argument("--fail-rank", type=int, default=0, help=hide)  # the rank that raises
-    p.add_argument("--step-sleep", type=float, default=0.0, help=hide)  # seconds per step
-    p.add_argument("--pause-in-save-at-step", type=int, default=None, help=hide)  # hold 120 s
+# The flags that may change across a resume without making it another run; the Trainer
+# adds its own settings of the same kind (trainer.RESUME_FREE: where it stops, checkpoints,
+# logging, strategy, precision).
+RESUME_FREE = ("gpus", "num_workers", "data_dir", "no_resume", "signal_check_seconds")
 
 
 def make_model(layers: int, hidden: int, n_in: int = 64, n_out: int = 10):  # -> nn.Module
@@ -187,8 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpc_harness.precision import PrecisionError
     from hpc_harness.signals import exit_code
     from hpc_harness.strategy import StrategyError
-    from hpc_harness.testing import TestingHooks, TestingTrainer
-    from hpc_harness.trainer import TrainConfig, Trainer
+    from hpc_harness.trainer import TrainConfig
 
     try:
         ctx = dist.setup(gpus=args.gpus)
@@ -227,15 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir=args.run_dir,
             log_every=args.log_every,
             wandb=args.wandb,
-            hparams={k: v for k, v in vars(args).items() if k not in TESTING_FLAGS},
+            hparams={k: v for k, v in vars(args).items() if k not in faults.FLAGS},
             signal_check_every=args.signal_check_every,
             signal_check_s=args.signal_check_seconds,
+            resume_free=RESUME_FREE,
         )
         steps_total = args.epochs * -(-len(train_set) // (args.batch_size * ctx.world_size))
-        hooks = TestingHooks(**{k: getattr(args, k) for k in TESTING_FLAGS})
-        make = partial(TestingTrainer, hooks=hooks) if hooks.active else Trainer
         try:
-            trainer = make(
+            trainer = faults.trainer(
+                faults.Faults.from_args(args),
                 model,
                 lambda params: torch.optim.AdamW(params, lr=args.lr),
                 loader,

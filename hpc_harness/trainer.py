@@ -1,10 +1,7 @@
 """A small Trainer (pytorch/examples DDP-series style) that survives SLURM's wall time.
 
-Optional: it is the pieces of :mod:`hpc_harness.pieces` (setup, ResumableSampler, the
-checkpoint files, StopAgreement, the requeue announcement) with the loop written for you. To
-keep your own loop, use those directly (hpc_harness/examples/charlm.py).
-
-Plug in your own model and data::
+Optional: it is the pieces of :mod:`hpc_harness.pieces` with the loop written for you. To keep
+your own loop, use those directly (hpc_harness/examples/charlm.py)::
 
     from hpc_harness import dist
     from hpc_harness.trainer import Trainer, TrainConfig
@@ -17,60 +14,11 @@ Plug in your own model and data::
                       eval_data=test_set)
     raise SystemExit(exit_code(trainer.train()))  # 0 finished, 42 checkpointed at a signal
 
-What it does for you:
-- wraps the model for the strategy (ddp, dp, ddp2, fsdp; see strategy.py) and swaps a
-  :class:`~hpc_harness.data.ResumableSampler` into the DataLoader (sharded by rank, order
-  fixed by (seed, epoch)), calling ``set_epoch`` every epoch;
-- autocast + GradScaler for ``16-mixed`` / ``bf16-mixed`` (precision.py);
-- checkpoints every ``checkpoint_every_s`` seconds of training (default 600, decided by rank
-  0's clock) and/or every ``checkpoint_every`` steps, at a signal, at ``max_steps`` and at the
-  end, atomically, keeping the last ``keep_last``; resumes from the newest one that loads, as
-  chosen by rank 0 for every rank (pieces.load_checkpoint). A resumed
-  run ends bitwise equal to an uninterrupted one (CPU, same world size): model, optimizer,
-  scheduler, scaler, epoch and position in it, and every rank's RNG states are restored (with
-  ``replace_sampler=False`` too: the epoch's order is replayed and the trained batches skipped);
-- run identity: every checkpoint and ``<ckpt_dir>/run.json`` hold the run's fingerprint
-  (``run_config()`` minus checkpoint.RESUME_FREE_KEYS); resuming with another raises
-  checkpoint.RunMismatch before training; ``fresh`` moves the old folder aside; a run resumed
-  at its end says "already finished" and keeps ``last.pt`` (writes it if missing or of
-  another step);
-- SIGUSR1/SIGTERM set a flag; about every ``signal_check_s`` seconds (or every
-  ``signal_check_every`` steps when that is set) the ranks agree on it (and on whether a timed
-  checkpoint is due) and then save, write the requeue marker, and return ``"requeue"`` (exit
-  code 42);
-- rank-0 progress lines and metrics.csv (+ wandb), final ``last.pt`` with the plain state_dict
-  (``{"model", "global_step", "epoch", "metrics", "hparams"}``); with ``sharded_checkpoint``
-  the folder ``last.dcp`` instead, every rank writing its part of the model (never gathered on
-  one rank; the rest in ``last.dcp/meta.pt``); ``python -m
-  torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file of it.
-
-The logged ``train_loss`` is the mean of the per-step losses (with ``accumulate``, a step's loss
-is the mean of its micro-batches') since the previous log line (or the resume; epoch boundaries
-do not reset it), averaged over all ranks: every
-``log_every`` steps one all-reduce of the summed loss, the only collective the logging adds.
-
-Per step it does no host synchronisation: the loss is read (``.item()``) only every
-``log_every`` steps, and the control flags (stop, timed checkpoint due) are all-reduced
-asynchronously at each check: the reduction started at one check is read at the next, so
-training never waits for it and every rank acts at the same step. Checks are spaced by time,
-not by a step count, so a 5 ms step and a 10 s step both react to the wall-time signal within
-about ``2 * max(signal_check_s, one step)``: each rank proposes the step count that
-takes ``signal_check_s`` at its measured pace, the proposals ride in the same all-reduce (the
-smallest wins), and every rank reads the same interval at the same step. A fixed
-``signal_check_every`` (steps) turns that off.
-Lightning-style hooks, without its weight:
-- ``_compute_loss(batch)``: override for batches that are not ``(inputs, targets)``;
-- ``eval_step(batch) -> {name: value}``: override for your own evaluation metrics (batch
-  means); :meth:`evaluate` averages them over every sample of ``eval_data`` and all ranks, and
-  they are printed, logged (metrics.csv, wandb) and kept in ``trainer.metrics`` and the
-  checkpoint. The default is ``test_loss`` (``loss_fn``) and ``test_acc`` for class scores;
-- ``self.log(name, value)`` in a step: a custom training metric, logged like ``train_loss``;
-- ``accumulate=k``: one optimizer step per ``k`` batches, the loss divided by ``k``; gradients
-  are synchronised only at the last micro-batch (DDP ``no_sync``, FSDP
-  ``set_requires_gradient_sync``);
-- a ``ReduceLROnPlateau`` scheduler is stepped with the metric ``monitor`` (default
-  ``test_loss``; checked on one evaluation batch before training) at each epoch end; the
-  others every optimizer step.
+It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
+atomically (by time, by steps, at a signal, at the end) and resumes the newest checkpoint: a
+resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks to
+override: ``training_step(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
+training metric.
 """
 
 from __future__ import annotations
@@ -79,7 +27,6 @@ import contextlib
 import functools
 import itertools
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -134,6 +81,18 @@ class TrainConfig:
     # requeue protocol: how often the ranks agree on the stop flag (signals.StopAgreement)
     signal_check_every: int = 0  # steps between checks; 0 = adaptive (every signal_check_s)
     signal_check_s: float = 0.5  # adaptive: seconds between checks
+    # the keys of hparams that may change across a resume (paths, logging flags); the fields
+    # of RESUME_FREE may change too
+    resume_free: tuple[str, ...] = ()
+
+
+# The TrainConfig fields that may change across a resume without making it another run: the
+# hardware, paths, where it stops (a finished run may be extended), logging, checkpoints.
+RESUME_FREE = frozenset(
+    "strategy fsdp_wrap sharded_checkpoint precision ckpt_dir run_dir max_steps epochs "
+    "log_every wandb wandb_project checkpoint_every checkpoint_every_s keep_last resume fresh "
+    "signal_check_every signal_check_s resume_free".split()
+)
 
 
 def seed_everything(seed: int) -> None:
@@ -155,7 +114,11 @@ def duration(seconds: float) -> str:
 
 
 class Trainer:
-    """Training loop with exact resume and the requeue protocol (see module docstring)."""
+    """Training loop with exact resume and the requeue protocol.
+
+    A ``ReduceLROnPlateau`` scheduler is stepped with ``TrainConfig.monitor`` at each epoch's
+    end (checked on one evaluation batch before training); other schedulers every optimizer
+    step. ``train()`` returns "finished", "max_steps", "pruned" or "requeue" (exit 42)."""
 
     def __init__(
         self,
@@ -218,6 +181,8 @@ class Trainer:
                 config.epochs * self.steps_per_epoch, config.max_steps or math.inf
             )
         self._exhausted = False  # the epoch's batches ran out (the end of an unsized epoch)
+        # SIGUSR1/SIGTERM set a flag; about every signal_check_s the ranks agree on it (and on
+        # a timed checkpoint) through an all-reduce read at the next check: no host sync per step
         self.agreement = StopAgreement(
             ctx, config.signal_check_s, config.signal_check_every, config.checkpoint_every_s
         )
@@ -231,7 +196,8 @@ class Trainer:
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of last_checkpoint
         self.metrics: dict[str, float] = {}
         self.logger: MetricsLogger | None = None
-        self.fingerprint = ckpt.fingerprint(self.run_config())
+        self.resume_free = RESUME_FREE | set(config.resume_free)
+        self.fingerprint = ckpt.fingerprint(self.run_config(), self.resume_free)
         self._warn_unsaved_state()
 
     def _agreed_steps_per_epoch(self) -> int | None:
@@ -259,8 +225,8 @@ class Trainer:
 
     def run_config(self) -> dict[str, Any]:
         """The run's arguments: TrainConfig's fields updated with ``hparams``. Its fingerprint
-        (checkpoint.fingerprint: minus the keys that may change across a resume) is stored in
-        every checkpoint and in ``run.json``; a resume with another one stops."""
+        (checkpoint.fingerprint: minus RESUME_FREE and ``resume_free``) is stored in every
+        checkpoint and in ``run.json``; a resume with another one stops."""
         config = asdict(self.cfg)
         config.update(config.pop("hparams"))
         try:  # what a position in an epoch is counted in: others would skip other samples
@@ -284,7 +250,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def _compute_loss(self, batch: Any) -> torch.Tensor:
+    def training_step(self, batch: Any) -> torch.Tensor:
+        """The loss of one batch (override for batches that are not ``(inputs, targets)``);
+        with ``accumulate=k`` it is divided by ``k`` and gradients are synchronised at the last
+        micro-batch only (DDP ``no_sync``, FSDP ``set_requires_gradient_sync``)."""
         inputs, targets = batch
         return self.loss_fn(self.model(inputs), targets)
 
@@ -314,7 +283,7 @@ class Trainer:
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
                 with self.precision.autocast():
-                    loss = self._compute_loss(self._to_device(batch))
+                    loss = self.training_step(self._to_device(batch))
                 loss = loss / len(batches) if len(batches) > 1 else loss
                 self.scaler.scale(loss).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
@@ -494,8 +463,10 @@ class Trainer:
         return [g for g in found if isinstance(g, torch.Generator)]
 
     def _log_progress(self, epoch: int) -> None:
-        """Log the mean of every self.log() metric since the last log line over all ranks.
-        Collective (one all-reduce): every rank calls it at the same steps."""
+        """Log the mean of every self.log() metric since the last log line (or the resume;
+        epoch boundaries do not reset it) over all ranks. ``train_loss`` is a step's loss (with
+        ``accumulate``, the mean of its micro-batches'). Collective (one all-reduce, the only
+        collective and host sync the logging adds): every rank calls it at the same steps."""
         now = time.perf_counter()
         names = sorted(self._logged)
         f32 = functools.partial(torch.as_tensor, dtype=torch.float32, device=self.device)
@@ -523,9 +494,9 @@ class Trainer:
     def eval_step(self, batch: Any) -> dict[str, Any]:
         """Metrics of one evaluation batch, as batch means (override for your own; every rank
         must return the same names). Default: ``test_loss`` by ``loss_fn`` and ``test_acc`` for
-        class scores; a subclass that overrides ``_compute_loss`` gets its loss alone."""
-        if type(self)._compute_loss is not Trainer._compute_loss:
-            return {"test_loss": self._compute_loss(batch)}
+        class scores; a subclass that overrides ``training_step`` gets its loss alone."""
+        if type(self).training_step is not Trainer.training_step:
+            return {"test_loss": self.training_step(batch)}
         inputs, targets = batch
         out = self.model(inputs)
         metrics = {"test_loss": self.loss_fn(out.float(), targets)}
@@ -535,7 +506,7 @@ class Trainer:
 
     def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
         batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
-        self._evaluating = True  # self.log() in a _compute_loss that eval_step calls: ignored
+        self._evaluating = True  # self.log() in a training_step that eval_step calls: ignored
         try:
             with self.precision.autocast():
                 return self.eval_step(self._to_device(batch))
@@ -626,7 +597,7 @@ class Trainer:
             extra = {**(extra or {}), "states": [obj.state_dict() for obj in stateful]}
         path = pieces.save_checkpoint(
             self.cfg.ckpt_dir,
-            state if (self.is_main or sharded) else None,
+            state,
             self.global_step,
             self.cfg.keep_last,
             extra,
@@ -638,13 +609,17 @@ class Trainer:
         return path
 
     def _write(self, state: dict[str, Any], path: str) -> None:
-        """Rank 0 writes a checkpoint (a test subclass pauses here, see testing.py)."""
+        """Rank 0 writes a checkpoint (a subclass may hold or count the write)."""
         ckpt.atomic_save(state, path)
 
     def _resume(self) -> bool:
         """Load the newest usable checkpoint, the one rank 0 chose (collective). True if resumed."""
         state = pieces.load_checkpoint(
-            self.cfg.ckpt_dir, False, self.fingerprint, rank0_only=("model", "optimizer")
+            self.cfg.ckpt_dir,
+            False,
+            self.fingerprint,
+            rank0_only=("model", "optimizer"),
+            resume_free=self.resume_free,
         )
         if state is None:
             return False
@@ -683,23 +658,17 @@ class Trainer:
             f"{self.step_in_epoch} of {self.world_size} ranks), {read - covered} read again"
         )
 
-    def _final_path(self) -> str:
-        return os.path.join(
-            self.cfg.ckpt_dir, "last.dcp" if self.cfg.sharded_checkpoint else "last.pt"
-        )
-
     def _save_final(self) -> None:
-        """Rank 0 writes ``<ckpt_dir>/last.pt`` = {"model": plain state_dict, ...}; with
-        ``sharded_checkpoint`` every rank writes its part of the model into ``last.dcp``
-        (checkpoint.save_sharded: the rest of the payload in its meta.pt). Collective."""
+        """``last.pt`` = {"model": plain state_dict, "global_step", "epoch", "metrics",
+        "hparams"}, or with ``sharded_checkpoint`` the folder ``last.dcp``, every rank writing
+        its part of the model (pieces.save_final); ``python -m
+        torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file
+        of it. Collective."""
         sharded = self.cfg.sharded_checkpoint
         model = self.strategy.state(self.model, self.optimizer, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
         payload.update(metrics=self.metrics, hparams=ckpt.plain(self.cfg.hparams))
-        if sharded:
-            ckpt.save_sharded(payload, self._final_path())
-        elif self.is_main:
-            ckpt.atomic_save(payload, self._final_path())
+        pieces.save_final(self.cfg.ckpt_dir, payload, sharded)
 
     # ------------------------------------------------------------------ the loop
 
@@ -799,8 +768,9 @@ class Trainer:
         """The resumed checkpoint is the end of the run: keep its results, train nothing.
         ``last.pt`` (``last.dcp``) is written again only if it is missing or of another step
         (the job died between its last checkpoint and it)."""
-        path = self._final_path()
-        step = pieces.from_rank0(self._final_step() if self.is_main else None)
+        cfg = self.cfg
+        path = ckpt.final_path(cfg.ckpt_dir, cfg.sharded_checkpoint)
+        step = pieces.on_rank0(lambda: ckpt.final_step(cfg.ckpt_dir, cfg.sharded_checkpoint))
         kept = f"{self.last_checkpoint} and {path} are kept as they are"
         if step != self.global_step:
             self._save_final()
@@ -810,17 +780,6 @@ class Trainer:
             f"hpc_harness: already finished ({status}) at global step {self.global_step}: {kept}"
         )
         return status
-
-    def _final_step(self) -> int | None:
-        """The global step ``last.pt`` (``last.dcp``) holds; None if it is missing or unreadable."""
-        path = self._final_path()
-        meta = os.path.join(path, "meta.pt") if self.cfg.sharded_checkpoint else path
-        try:  # mmap: a model's tensors are not read
-            return int(
-                torch.load(meta, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-            )
-        except Exception:  # noqa: BLE001 - any unreadable file is written again
-            return None
 
     def _requeue(self) -> str:
         """Signal path: save, rank 0 writes the marker, every rank returns once it exists (the

@@ -19,7 +19,7 @@ Re-running the same command resumes from the newest checkpoint in ``--ckpt-dir``
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import random
 import sys
 from collections.abc import Sequence
@@ -36,8 +36,11 @@ from hpc_harness.checkpoint import (
     fingerprint,
     past_end_error,
 )
-from hpc_harness.testing import TestingHooks
-from hpc_harness.train import TESTING_FLAGS, add_testing_flags, default_ckpt_dir
+from hpc_harness.examples import faults
+from hpc_harness.train import default_ckpt_dir
+
+# The flags that may change across a resume without making it another run.
+RESUME_FREE = ("steps", "ckpt_dir", "fresh", "checkpoint_every_s", "log_every", *faults.FLAGS)
 
 # --------------------------------------------------------------------------- data
 
@@ -132,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-every", type=int, default=20, help="steps between progress lines, 0: none"
     )
-    add_testing_flags(p)
+    faults.add_flags(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    hooks = TestingHooks(**{k: getattr(args, k) for k in TESTING_FLAGS})
+    provoked = faults.Faults.from_args(args)
     ckpt_dir = args.ckpt_dir or default_ckpt_dir()
     ctx = hp.setup()
     try:
@@ -153,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data, args.batch_size, sampler=sampler, drop_last=True, generator=torch.Generator()
         )
         steps_per_epoch = len(loader)
-        run = fingerprint(vars(args))  # a resume with other arguments stops (RunMismatch)
+        run = fingerprint(vars(args), RESUME_FREE)  # other arguments: RunMismatch at a resume
         if args.fresh:  # not this job's own folder at a requeue
             hp.start_fresh(ckpt_dir)
         try:
@@ -188,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         def save() -> str:
             keep = {"model": model.state_dict(), "optimizer": opt.state_dict()}
             saved = {**keep, "global_step": step, "fingerprint": run, "world_size": ctx.world_size}
-            path = hp.save_checkpoint(ckpt_dir, saved, step)
+            write = functools.partial(provoked.write, step=step)  # faults.py: a held save
+            path = hp.save_checkpoint(ckpt_dir, saved, step, write=write)
             stop.saved()
             return path
 
@@ -211,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 step += 1
                 loss_sum += loss.detach()
                 summed += 1
-                hooks.after_step(step, ctx.rank)
+                provoked.after_step(step, ctx.rank)
                 if args.log_every and step % args.log_every == 0:
                     if ctx.is_main:  # rank 0's mean loss since the last line (or the resume)
                         hp.say(
@@ -227,11 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
         if state is None or state["global_step"] != step:
             save()
+        last = hp.save_final(ckpt_dir, {"model": model.state_dict(), "global_step": step})
         if ctx.is_main:
-            last = os.path.join(ckpt_dir, "last.pt")
-            torch.save({"model": model.state_dict(), "global_step": step}, last)
             hp.say(f"hpc_harness: finished at global step {step}; model in {last}")
-        hp.barrier()
         return 0
     finally:
         hp.cleanup()

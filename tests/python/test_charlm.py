@@ -221,6 +221,16 @@ def test_a_resume_with_other_arguments_stops_before_training(tmp_path, monkeypat
     assert "starting fresh; the earlier run's files are in " in capsys.readouterr().out
 
 
+def test_the_examples_resume_free_flags_may_change_across_a_resume(tmp_path, monkeypatch) -> None:
+    """charlm.RESUME_FREE: more --steps, another --log-every and a testing flag resume."""
+    args = ["--checkpoint-every-s", "0", "--ckpt-dir", str(tmp_path)]
+    assert _run_in_process(monkeypatch, ["--steps", "3", *args], []) == 0
+    losses: list[float] = []
+    more = ["--steps", "5", "--log-every", "0", "--step-sleep", "0.001", *args]
+    assert _run_in_process(monkeypatch, more, losses) == 0
+    assert len(losses) == 2
+
+
 def test_a_checkpoint_past_steps_stops_before_training(tmp_path, monkeypatch, capsys) -> None:
     # --steps may grow across a resume, but a checkpoint already past it is a longer run's:
     # its model must not become this run's last.pt.

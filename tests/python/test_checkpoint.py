@@ -130,9 +130,11 @@ def test_prune_removes_temp_files_of_killed_saves_once_a_later_save_completes(tm
 def test_fingerprint_leaves_out_what_may_change_across_a_resume() -> None:
     a = {"lr": 0.1, "hidden": 8, "precision": "32", "strategy": "ddp", "ckpt_dir": "a"}
     b = {"lr": 0.1, "hidden": 8, "precision": "bf16-mixed", "strategy": "fsdp", "ckpt_dir": "b"}
-    assert ckpt.fingerprint(a) == ckpt.fingerprint(b) == {"hidden": 8, "lr": 0.1}
-    c = ckpt.fingerprint({**a, "lr": 0.2, "layers": 3})
-    error = ckpt.identity_error("ck", c, ckpt.fingerprint(a))
+    free = ("precision", "strategy", "ckpt_dir")  # the caller's, nothing built in
+    assert ckpt.fingerprint(a, free) == ckpt.fingerprint(b, free) == {"hidden": 8, "lr": 0.1}
+    assert ckpt.fingerprint(a) == ckpt.plain(a)
+    c = ckpt.fingerprint({**a, "lr": 0.2, "layers": 3}, free)
+    error = ckpt.identity_error("ck", c, ckpt.fingerprint(a, free))
     assert error.startswith("ck holds checkpoints of another run: layers ('<unset>' -> 3), lr ")
     assert "lr (0.1 -> 0.2) differ; " in error
     assert ckpt.identity_error("ck", c, c) is None

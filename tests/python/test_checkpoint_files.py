@@ -119,7 +119,7 @@ def test_the_fingerprint_is_plain_json_with_sorted_keys_and_classes_as_their_rep
         "betas": (0.9, 0.99),
         "sched": {"warmup": 5, "kind": "cos"},
     }
-    fp = ckpt.fingerprint(config)
+    fp = ckpt.fingerprint(config, resume_free=["ckpt_dir"])
     assert fp == {
         "betas": [0.9, 0.99],
         "lr": 0.1,
@@ -211,15 +211,6 @@ def test_a_sharded_folder_that_cannot_be_emptied_does_not_stop_the_run(
 # --------------------------------------------------------------------------- atomic_write
 
 
-def _record_sleeps(monkeypatch: pytest.MonkeyPatch, folder: str) -> list:
-    """time.sleep faked: records each pause with the folder's listing at that moment."""
-    sleeps: list = []
-    monkeypatch.setattr(
-        ckpt.time, "sleep", lambda s: sleeps.append((s, sorted(os.listdir(folder))))
-    )
-    return sleeps
-
-
 def test_the_temp_file_is_beside_the_target_whatever_the_current_folder(
     tmp_path, monkeypatch
 ) -> None:
@@ -240,21 +231,25 @@ def test_the_temp_file_is_beside_the_target_whatever_the_current_folder(
     assert os.listdir(tmp_path) == ["ck"]
 
 
-def test_no_pause_by_default_and_the_pause_asked_for_before_the_rename(
-    tmp_path, monkeypatch
-) -> None:
-    """pause_before_rename holds the complete temp file (the target not there yet) for that
-    many seconds, also through atomic_save; by default there is no pause at all."""
+def test_the_check_sees_the_complete_temp_file_before_the_rename(tmp_path) -> None:
+    """check(temp file) runs once the data is written and before the target takes the name;
+    a check that raises keeps the old file."""
     d = str(tmp_path)
+    seen: list = []
+
+    def check(tmp: str) -> None:
+        seen.append((os.path.basename(tmp), open(tmp, "rb").read(), sorted(os.listdir(d))))
+
+    ckpt.atomic_write(os.path.join(d, "x.pt"), lambda f: f.write(b"1"), check)
     tmp = f".x.pt.tmp.{os.getpid()}"
-    sleeps = _record_sleeps(monkeypatch, d)
-    ckpt.atomic_write(os.path.join(d, "x.pt"), lambda f: f.write(b"1"))
-    ckpt.atomic_save({"a": 1}, os.path.join(d, "x.pt"))
-    assert sleeps == []
-    ckpt.atomic_write(os.path.join(d, "x.pt"), lambda f: f.write(b"2"), 0.5)
-    ckpt.atomic_save({"a": 2}, os.path.join(d, "y.pt"), pause_before_rename=0.25)
-    assert sleeps == [(0.5, [tmp, "x.pt"]), (0.25, [f".y.pt.tmp.{os.getpid()}", "x.pt"])]
-    assert torch.load(os.path.join(d, "y.pt")) == {"a": 2}
+    assert seen == [(tmp, b"1", [tmp])]
+
+    def refuse(tmp: str) -> None:
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        ckpt.atomic_write(os.path.join(d, "x.pt"), lambda f: f.write(b"2"), refuse)
+    assert os.listdir(d) == ["x.pt"] and open(os.path.join(d, "x.pt"), "rb").read() == b"1"
 
 
 def test_a_failed_write_leaves_no_temp_file_and_raises(tmp_path) -> None:

@@ -13,13 +13,13 @@ import torch
 from conftest import PY, clean_env, job_log, run_example
 
 from hpc_harness import signals
+from hpc_harness.examples import faults
 from hpc_harness.signals import (
     REQUEUE_EXIT_CODE,
     StopAgreement,
     exit_code,
     write_requeue_marker,
 )
-from hpc_harness.testing import TestingHooks, TestingTrainer
 from hpc_harness.trainer import TrainConfig, Trainer
 
 
@@ -143,13 +143,13 @@ def _tiny_trainer(tmp_path, step_sleep: float = 0.0, **config) -> Trainer:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     ctx = hdist.setup(gpus=None, env={}, verbose=False)
-    return TestingTrainer(
+    return faults.trainer(
+        faults.Faults(step_sleep=step_sleep),
         torch.nn.Linear(4, 2),
         lambda params: torch.optim.SGD(params, lr=0.1),
         DataLoader(data, batch_size=4, shuffle=True),
         ctx,
         TrainConfig(epochs=1, ckpt_dir=str(tmp_path), log_every=0, **config),
-        hooks=TestingHooks(step_sleep=step_sleep),
     )
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpc_harness.examples.faults import FLAGS as TESTING_FLAGS
 from hpc_harness.strategy import StrategyError, check_strategy
 from hpc_harness.train import (
-    TESTING_FLAGS,
     build_parser,
     default_ckpt_dir,
     default_data_dir,

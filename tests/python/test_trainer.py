@@ -17,7 +17,7 @@ from hpc_harness.trainer import TrainConfig, Trainer
 class KnownLossTrainer(Trainer):
     """The loss of global step s (1-based) on rank r is ``s + 10 r``: known values to log."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         inputs, _ = batch
         value = float(self.global_step + 1 + 10 * self.rank)
         return self.model(inputs).sum() * 0.0 + value
@@ -99,7 +99,7 @@ class RecordingTrainer(Trainer):
 
     seen: list[int]
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         inputs, idx = batch
         self.seen.extend(idx.tolist())
         return self.model(inputs).pow(2).mean()
@@ -345,9 +345,9 @@ class MaeTrainer(Trainer):
         inputs, targets = batch
         return {"test_mae": (self.model(inputs) - targets).abs().mean(), "test_const": 3.0}
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         self.log("known", float(self.global_step + 1))  # 1, 2, 3, ... at steps 1, 2, 3, ...
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 class Augmented(torch.utils.data.Dataset):
@@ -361,9 +361,9 @@ class Augmented(torch.utils.data.Dataset):
 
 
 class RecordsInputs(Trainer):
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         self.seen = [*getattr(self, "seen", []), batch[0].tolist()]
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 def _augmentations(rank: int, world_size: int, ck: str) -> list:
@@ -407,11 +407,11 @@ def test_dataloader_workers_draw_other_augmentations_in_every_epoch_whatever_the
 
 
 class LogsInItsLoss(Trainer):
-    """Logs a training metric in ``_compute_loss``, which the default eval_step also calls."""
+    """Logs a training metric in ``training_step``, which the default eval_step also calls."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         self.log("in_training", 1.0 if self.model.training else 0.0)
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 def test_the_evaluation_adds_nothing_to_a_training_metric(tmp_path) -> None:

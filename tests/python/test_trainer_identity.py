@@ -56,7 +56,7 @@ class NumpyShuffle(Sampler):
 class Ordered(Trainer):
     """Records the samples of each training batch (the third tensor of IndexedData)."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         x, y, idx = batch
         self.order.extend(idx.tolist())
         return self.loss_fn(self.model(x), y)
@@ -372,8 +372,27 @@ def test_a_sampler_with_random_state_no_checkpoint_saves_is_warned_of_once(
 
 
 def test_a_fingerprint_of_an_older_harness_with_epochs_in_it_still_resumes(tmp_path) -> None:
-    """Saved by a harness whose fingerprint held epochs: refused as another run ("epochs (2
-    -> <unset>)") once epochs may change across a resume."""
-    fp = ckpt.fingerprint({"lr": 0.1, "epochs": 2})
-    assert ckpt.identity_error(str(tmp_path), fp, {"lr": 0.1, "epochs": 1}) is None
-    assert "lr (0.2 -> 0.1)" in ckpt.identity_error(str(tmp_path), fp, {"lr": 0.2, "epochs": 1})
+    """A saved fingerprint that holds a key of trainer.RESUME_FREE (epochs, from a harness
+    that left it in) resumes: the Trainer does not compare those keys."""
+    ck = str(tmp_path / "ck")
+    assert build(ck, epochs=2, max_steps=2).train() == "max_steps"
+    (path,) = ckpt.list_checkpoints(ck)
+    state = ckpt.load_file(path)
+    state["fingerprint"]["epochs"] = 1  # as that harness wrote it
+    ckpt.atomic_save(state, path)
+    ckpt.write_run_file(ck, state["fingerprint"])
+    resumed = build(ck, epochs=2)
+    assert resumed.train() == "finished" and resumed.global_step == 8
+    other = build(str(tmp_path / "other"), epochs=2, hparams={"lr": 0.1})
+    error = ckpt.identity_error(ck, other.fingerprint, state["fingerprint"], other.resume_free)
+    assert error.endswith("lr ('<unset>' -> 0.1) differ; " + ckpt.WAYS_OUT)
+
+
+def test_the_callers_resume_free_keys_may_change_across_a_resume(tmp_path) -> None:
+    """hparams keys named in TrainConfig.resume_free may change; any other stops the resume."""
+    ck = str(tmp_path / "ck")
+    free = {"resume_free": ("data_dir",)}
+    assert build(ck, max_steps=2, hparams={"data_dir": "a"}, **free).train() == "max_steps"
+    with pytest.raises(ckpt.RunMismatch, match=r"data_dir \('<unset>' -> 'b'\)"):
+        build(ck, hparams={"data_dir": "b"}).train()
+    assert build(ck, hparams={"data_dir": "b"}, **free).train() == "finished"

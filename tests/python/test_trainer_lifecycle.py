@@ -569,10 +569,10 @@ def test_a_state_already_saved_is_not_saved_again(tmp_path) -> None:
 
 
 class SignalAtStep4(Trainer):
-    def _compute_loss(self, batch: Any) -> torch.Tensor:
+    def training_step(self, batch: Any) -> torch.Tensor:
         if self.global_step == 3:
             self.agreement.signum = signal.SIGUSR1
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 def test_the_end_of_an_epoch_is_saved_at_the_same_step_again(tmp_path) -> None:
@@ -692,10 +692,10 @@ def test_a_run_resumed_at_max_steps_on_an_epochs_end_evaluates_with_the_checkpoi
 class RecordsBatches(Trainer):
     """Keeps every (epoch, inputs) it trains on (not those it evaluates)."""
 
-    def _compute_loss(self, batch: Any) -> torch.Tensor:
+    def training_step(self, batch: Any) -> torch.Tensor:
         if not self._evaluating:
             self.seen = [*getattr(self, "seen", []), (self.epoch, batch[0].clone())]
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 def test_each_epoch_is_another_order_of_every_sample(tmp_path) -> None:

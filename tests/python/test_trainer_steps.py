@@ -85,11 +85,11 @@ class OnlyFirstStepUsesExtra(nn.Module):
 class BranchTrainer(Trainer):
     extra_before_step_2: torch.Tensor
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         self.model.use_extra = self.global_step == 0
         if self.global_step == 1:
             self.extra_before_step_2 = self.model.extra.detach().clone()
-        return super()._compute_loss(batch)
+        return super().training_step(batch)
 
 
 def test_a_parameter_without_a_gradient_in_a_step_is_not_moved_by_momentum(tmp_path) -> None:
@@ -178,7 +178,7 @@ def test_log_does_no_tensor_work_per_step_and_nothing_without_log_lines(tmp_path
 class DictBatchTrainer(Trainer):
     """A user loss for batches that are not (inputs, targets): eval_step uses it alone."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         return (self.model(batch[0]) - 1.0).pow(2).mean() + 100.0
 
 
@@ -249,7 +249,7 @@ def test_ddp2_averages_gradients_once_per_step_after_its_last_micro_batch(
 class CountingLoss(Trainer):
     """The k-th micro-batch's loss is k (1, 2, 3, ...), tied to the model for a backward."""
 
-    def _compute_loss(self, batch):
+    def training_step(self, batch):
         self.k = getattr(self, "k", 0) + 1
         return self.model(batch[0]).sum() * 0.0 + self.k
 
