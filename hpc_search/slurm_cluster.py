@@ -1,50 +1,23 @@
 """test-tube's SlurmCluster + HyperOptArgumentParser, as a door onto job_submitter.sh.
 
-The Lightning docs' recipe keeps working, but nothing here writes a batch script:
-the search space becomes a sweep file in the format ``sweeper.yml`` uses, and
-``hpc_files/job_submitter.sh --sweep FILE --trials N ...`` submits it, so the
-trials are exactly what ``python3 hpc_files/lib/trials.py --sweep FILE --list``
-prints (``SlurmCluster.plan()`` shows them without submitting)::
+The Lightning docs' recipe keeps working, but nothing here writes a batch script: the
+search space becomes a sweep file in the format ``sweeper.yml`` uses, and
+``hpc_files/job_submitter.sh --sweep FILE --trials N ...`` submits it, so the trials are
+exactly what ``python3 -m hpc_tools.trials --sweep FILE --list`` prints (hpc_files/ on
+PYTHONPATH; ``SlurmCluster.plan()`` shows them without submitting)::
 
     from hpc_search.test_tube import HyperOptArgumentParser, SlurmCluster
 
-    def main(hparams):
-        ...  # train with hparams.learning_rate, hparams.layers
+    parser = HyperOptArgumentParser(strategy="grid_search")
+    parser.opt_list("--learning_rate", type=float, options=[1e-3, 1e-2, 1e-1], tunable=True)
+    parser.opt_list("--layers", type=int, options=[16, 32, 64], tunable=True)
+    cluster = SlurmCluster(hyperparam_optimizer=parser.parse_args(), log_path="/unused")
+    cluster.per_experiment_nb_gpus = 2
+    cluster.optimize_parallel_cluster_gpu(main, nb_trials=9, job_name="lr_layers")
 
-    if __name__ == "__main__":
-        parser = HyperOptArgumentParser(strategy="grid_search")
-        parser.opt_list("--learning_rate", default=0.001, type=float,
-                        options=[1e-3, 1e-2, 1e-1], tunable=True)
-        parser.opt_list("--layers", default=1, type=int, options=[16, 32, 64], tunable=True)
-        hparams = parser.parse_args()
-        cluster = SlurmCluster(hyperparam_optimizer=hparams, log_path="/unused")
-        cluster.per_experiment_nb_nodes = 1
-        cluster.per_experiment_nb_gpus = 2
-        cluster.optimize_parallel_cluster_gpu(main, nb_trials=9, job_name="lr_layers")
-
-On the login node that call submits a 9-task array job; each task runs this file
-again as ``python FILE --hpc-trial --learning_rate=0.01 --layers=32`` and there the
-same call runs ``main(hparams)`` instead of submitting.
-
-Mapping of settings onto submitter options (only settings you set are passed):
-per_experiment_nb_nodes -> ``--num-nodes``, per_experiment_nb_gpus -> ``--gpus``
-(``optimize_parallel_cluster_cpu`` passes ``--gpus=0``), per_experiment_nb_cpus ->
-``--cpus``, job_time -> ``--time`` (as given), job_name -> ``--exp-name``,
-load_modules -> ``--modules "a b"``, memory_mb_per_node -> ``--sbatch-arg=--mem=NM``,
-mem_per_gpu -> ``--mem-per-gpu=X``, add_slurm_cmd -> ``--sbatch-arg=--CMD=V``,
-notify_job_status -> ``--sbatch-arg=--mail-user=..`` and ``--mail-type=END,FAIL``,
-add_command("export NAME=VALUE") -> the submitter's environment (sbatch's default
-``--export=ALL`` carries it into the job); other add_command lines are refused.
-log_path is accepted and unused: logs go where the submitter puts them.
-The trials run the script (the file defining ``main``, or the path given) from the
-submission's code snapshot: the sweep names it relative to the project; a script outside
-the project runs as it is when a trial starts, and a warning says so.
-
-grid_search: opt_list options become ``values``; opt_range becomes nb_samples evenly
-spaced values (geometric with log_base); the first nb_trials grid points run, the
-first option varying slowest. random_search: opt_list -> ``values``, opt_range ->
-``uniform`` / ``int_uniform`` / ``log_uniform_values`` (log_base given); nb_trials
-draws, seeded by ``SlurmCluster(sweep_seed=...)`` (default 0).
+On the login node that call submits a 9-task array job; each task runs this file again as
+``python FILE --hpc-trial --learning_rate=0.01 --layers=32``, where the same call runs
+``main(hparams)`` instead of submitting.
 """
 
 from __future__ import annotations
@@ -64,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 REPO = Path(__file__).resolve().parent.parent
-TRIALS_PY = REPO / "hpc_files" / "lib" / "trials.py"
+HPC_FILES = REPO / "hpc_files"  # the folder of the hpc_tools package (python -m hpc_tools.trials)
 SUBMITTER_ENV = "HPC_JOB_SUBMITTER"
 TRIAL_FLAG = "--hpc-trial"
 
@@ -121,7 +94,14 @@ class HyperOptArgumentParser(argparse.ArgumentParser):
         tunable: bool = True,
         **kwargs: Any,
     ) -> argparse.Action:
-        """add_argument(*args, **kwargs); if tunable, search over [low, high]."""
+        """add_argument(*args, **kwargs); if tunable, search over [low, high].
+
+        grid_search: nb_samples evenly spaced values (geometric with log_base).
+        random_search: ``uniform`` / ``int_uniform`` / ``log_uniform_values`` (log_base
+        given); nb_trials draws, seeded by ``SlurmCluster(sweep_seed=...)`` (default 0).
+        In both, opt_list's options become ``values``; a grid runs its first nb_trials
+        points, the first option varying slowest.
+        """
         action = self.add_argument(*args, **kwargs)
         if not tunable:
             return action
@@ -322,12 +302,13 @@ class SlurmCluster:
     def plan(
         self, main_or_script: MainOrScript, nb_trials: int, seeds: int | None = None
     ) -> list[dict]:
-        """The trials a submission would run: ``trials.py --sweep FILE --list``, parsed."""
+        """The trials a submission would run: ``hpc_tools.trials --sweep FILE --list``, parsed."""
 
         def run(path: str) -> list[dict]:
             argv = [
                 sys.executable,
-                str(TRIALS_PY),
+                "-m",
+                "hpc_tools.trials",
                 "--prog",
                 "SlurmCluster.plan",
                 "--sweep",
@@ -335,7 +316,9 @@ class SlurmCluster:
                 *self._trials_args(nb_trials, seeds),
                 "--list",
             ]
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            path_env = os.pathsep.join(filter(None, [str(HPC_FILES), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONPATH": path_env}
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
             if proc.returncode != 0:
                 raise ValueError(proc.stderr.strip())
             return [json.loads(line) for line in proc.stdout.splitlines()]
@@ -353,7 +336,19 @@ class SlurmCluster:
         list_trials: bool = False,
         extra_args: Sequence[str] = (),
     ) -> list[str]:
-        """The job_submitter.sh command line (an argv list, never a shell string)."""
+        """The job_submitter.sh command line (an argv list, never a shell string).
+
+        Only settings you set are passed: per_experiment_nb_nodes -> ``--num-nodes``,
+        per_experiment_nb_gpus -> ``--gpus`` (``optimize_parallel_cluster_cpu`` passes
+        ``--gpus=0``), per_experiment_nb_cpus -> ``--cpus``, job_time -> ``--time`` (as
+        given), job_name -> ``--exp-name``, load_modules -> ``--modules "a b"``,
+        memory_mb_per_node -> ``--sbatch-arg=--mem=NM``, mem_per_gpu ->
+        ``--mem-per-gpu=X``, add_slurm_cmd -> ``--sbatch-arg=--CMD=V``, notify_job_status ->
+        ``--sbatch-arg=--mail-user=..`` and ``--mail-type=END,FAIL``. add_command("export
+        NAME=VALUE") goes to the submitter's environment (sbatch's default ``--export=ALL``
+        carries it into the job). log_path is accepted and unused: logs go where the
+        submitter puts them.
+        """
         argv = [self._submitter_path(), "--sweep", sweep_file, *self._trials_args(nb_trials, seeds)]
         if self.per_experiment_nb_nodes is not None:
             argv.append(f"--num-nodes={int(self.per_experiment_nb_nodes)}")
@@ -390,11 +385,7 @@ class SlurmCluster:
         return argv
 
     def _submitter_path(self) -> str:
-        path = (
-            self.submitter
-            or os.environ.get(SUBMITTER_ENV)
-            or (REPO / "hpc_files" / "job_submitter.sh")
-        )
+        path = self.submitter or os.environ.get(SUBMITTER_ENV) or (HPC_FILES / "job_submitter.sh")
         return str(path)
 
     def _optimize(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 
-from hpc_tools.errors import ToolError
+from hpc_tools.errors import ToolError, quoted
 from hpc_tools.files import read_source
 
 UNQUOTED_OPERATORS = ";&|<>()"
@@ -118,7 +118,7 @@ def _scan_experiment(lines: list[str], i: int, path: str, label: str | None) -> 
             depth -= 1
         elif c in UNQUOTED_OPERATORS and not depth:
             raise ToolError(
-                f"{place(path, i + 1, label)}: unquoted {quote(c)} at column {pos + 1} would end "
+                f"{place(path, i + 1, label)}: unquoted {quoted(c)} at column {pos + 1} would end "
                 "or redirect the command on the node; quote it"
             )
         out.append(c)

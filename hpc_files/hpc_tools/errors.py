@@ -13,7 +13,7 @@ class ToolError(Exception):
         self.code = code
 
 
-def quote(text: object) -> str:
+def quoted(text: object) -> str:
     """Quote a user value for a one-line message."""
     s = str(text)
     if s.isprintable():

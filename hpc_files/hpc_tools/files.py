@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hpc_tools.errors import ToolError, quote
+from hpc_tools.errors import ToolError, quoted
 
 
 def read_source(path: str, what: str, label: str | None = None) -> str:
@@ -14,7 +14,7 @@ def read_source(path: str, what: str, label: str | None = None) -> str:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
-        raise ToolError(f"{what}: cannot read {quote(path)}: {exc.strerror}") from None
+        raise ToolError(f"{what}: cannot read {quoted(path)}: {exc.strerror}") from None
     try:
         # utf-8-sig: a byte-order mark (Windows editors) is not part of the first line.
         text = data.decode("utf-8-sig")
@@ -38,4 +38,4 @@ def write_atomic(path: str, text: str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise ToolError(f"cannot write {quote(path)}: {exc.strerror}", 1) from None
+        raise ToolError(f"cannot write {quoted(path)}: {exc.strerror}", 1) from None

@@ -20,7 +20,7 @@ import re
 import shlex
 
 from hpc_tools.configs import place, read_configs
-from hpc_tools.errors import ToolError, quote
+from hpc_tools.errors import ToolError, quoted
 
 MAX_TRIALS = 1_000_000
 
@@ -48,7 +48,9 @@ def check_programs(trials: list[dict], path: str, label: str | None = None) -> N
         while n < len(argv) and ASSIGNMENT.match(argv[n]):
             n += 1
         if n == len(argv):
-            what = f"only environment assignments ({quote(' '.join(argv))})" if argv else "no words"
+            what = (
+                f"only environment assignments ({quoted(' '.join(argv))})" if argv else "no words"
+            )
             raise ToolError(f"{_where(trial, path, label)}: {what}, no program to run")
         if not argv[n]:
             raise ToolError(f"{_where(trial, path, label)}: the program to run is an empty word")

@@ -13,7 +13,7 @@ import json
 import math
 
 from hpc_tools import early_terminate
-from hpc_tools.errors import ToolError, quote
+from hpc_tools.errors import ToolError, quoted
 from hpc_tools.files import read_source
 from hpc_tools.manifest import MAX_TRIALS
 
@@ -78,7 +78,7 @@ def load_sweep(path: str) -> dict:
         )
     method = doc.get("method")
     if method not in ("grid", "random", "bayes"):
-        raise ToolError(f"{path}: method must be grid, random or bayes, got {quote(method)}")
+        raise ToolError(f"{path}: method must be grid, random or bayes, got {quoted(method)}")
     metric = doc.get("metric")
     metric_name = goal = None
     if method == "bayes" and metric is None:
@@ -98,7 +98,7 @@ def load_sweep(path: str) -> dict:
         metric_name = metric["name"]
         goal = metric.get("goal", "minimize")
         if goal not in ("minimize", "maximize"):
-            raise ToolError(f"{path}: metric goal must be minimize or maximize, got {quote(goal)}")
+            raise ToolError(f"{path}: metric goal must be minimize or maximize, got {quoted(goal)}")
     program = doc.get("program")
     if not isinstance(program, str) or not program:
         raise ToolError(f"{path}: program missing (the script wandb would run, e.g. train.py)")
@@ -108,7 +108,7 @@ def load_sweep(path: str) -> dict:
         raise ToolError(f"{path}: no parameters (parameters: must be a non-empty mapping)")
     for name in params:
         if not isinstance(name, str):
-            raise ToolError(f"{path}: parameter names must be strings, got {quote(name)}")
+            raise ToolError(f"{path}: parameter names must be strings, got {quoted(name)}")
     specs = [_parameter(path, name, params[name], method) for name in sorted(params)]
     command = doc.get("command", DEFAULT_COMMAND)
     if not isinstance(command, list) or not command:
@@ -116,12 +116,12 @@ def load_sweep(path: str) -> dict:
     words = []
     for word in command:
         if word is None or isinstance(word, (bool, list, dict)):
-            raise ToolError(f"{path}: command items must be strings or numbers, got {quote(word)}")
+            raise ToolError(f"{path}: command items must be strings or numbers, got {quoted(word)}")
         word = str(word)
         _check_text(path, "command", word)
         if "${envvar:" in word:
             raise ToolError(
-                f"{path}: {quote(word)}: ${{envvar:...}} is not supported; put "
+                f"{path}: {quoted(word)}: ${{envvar:...}} is not supported; put "
                 "the line in a configs file, where $VAR expands on the node"
             )
         if word.startswith("${") and word.endswith("}"):
@@ -129,7 +129,7 @@ def load_sweep(path: str) -> dict:
             if macro == "args_json_file":
                 raise ToolError(f"{path}: ${{args_json_file}} is not supported; use ${{args_json}}")
             if macro not in ("env", "interpreter", "program") + ARG_MACROS:
-                raise ToolError(f"{path}: unknown macro {quote(word)} in command")
+                raise ToolError(f"{path}: unknown macro {quoted(word)} in command")
         words.append(word)
     return {
         "method": method,
@@ -145,7 +145,7 @@ def load_sweep(path: str) -> dict:
 
 def _check_text(path: str, what: str, text: str) -> None:
     if "\n" in text or "\r" in text or "\0" in text:
-        raise ToolError(f"{path}: {what} contains a newline or NUL: {quote(text)}")
+        raise ToolError(f"{path}: {what} contains a newline or NUL: {quoted(text)}")
 
 
 def _json_value(path: str, name: str, value: object) -> object:
@@ -162,7 +162,7 @@ def _json_value(path: str, name: str, value: object) -> object:
         return [_json_value(path, name, v) for v in value]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _json_value(path, name, v) for k, v in value.items()}
-    raise ToolError(f"{path}: parameter {name!r}: {quote(value)} is not a JSON value")
+    raise ToolError(f"{path}: parameter {name!r}: {quoted(value)} is not a JSON value")
 
 
 def _number(path: str, name: str, spec: dict, key: str, default: object = None) -> float:
@@ -170,7 +170,7 @@ def _number(path: str, name: str, spec: dict, key: str, default: object = None) 
     if value is None:
         raise ToolError(f"{path}: parameter {name!r} ({spec.get('distribution')}) needs {key}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ToolError(f"{path}: parameter {name!r}: {key} must be a number, got {quote(value)}")
+        raise ToolError(f"{path}: parameter {name!r}: {key} must be a number, got {quoted(value)}")
     if value != value or value in (float("inf"), float("-inf")):
         raise ToolError(f"{path}: parameter {name!r}: {key} must be finite")
     return value
@@ -193,13 +193,13 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
     """
     if not isinstance(name, str) or not name or "=" in name:
         raise ToolError(
-            f"{path}: parameter names must be non-empty strings without '=', got {quote(name)}"
+            f"{path}: parameter names must be non-empty strings without '=', got {quoted(name)}"
         )
     _check_text(path, "a parameter name", name)
     if not isinstance(spec, dict):
         raise ToolError(
             f"{path}: parameter {name!r} must be a mapping (value:, values:, or "
-            f"distribution: with min/max), got {quote(spec)}"
+            f"distribution: with min/max), got {quoted(spec)}"
         )
     if "parameters" in spec:
         raise ToolError(f"{path}: parameter {name!r}: nested parameters are not supported")
@@ -222,7 +222,7 @@ def _parameter(path: str, name: object, spec: object, method: str) -> dict:
             )
     if dist not in DISTRIBUTIONS:
         raise ToolError(
-            f"{path}: parameter {name!r}: unknown distribution {quote(dist)} "
+            f"{path}: parameter {name!r}: unknown distribution {quoted(dist)} "
             f"(supported: {', '.join(DISTRIBUTIONS)})"
         )
     out: dict = {"name": name, "dist": dist}

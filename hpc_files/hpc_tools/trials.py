@@ -25,7 +25,7 @@ import os
 import sys
 
 from hpc_tools.configs import read_configs
-from hpc_tools.errors import ToolError, quote, report
+from hpc_tools.errors import ToolError, quoted, report
 from hpc_tools.files import write_atomic
 from hpc_tools.manifest import (
     MAX_TRIALS,
@@ -91,7 +91,7 @@ def parse_cli(argv: list[str]) -> dict:
         i += 1
         if arg == "--":
             if i < len(argv):
-                raise ToolError(f"unexpected argument {quote(argv[i])}")
+                raise ToolError(f"unexpected argument {quoted(argv[i])}")
             break
         if arg in ("-h", "--help"):
             opts["help"] = True
@@ -109,8 +109,8 @@ def parse_cli(argv: list[str]) -> dict:
             opts[name[2:].replace("-", "_")] = value
             continue
         if arg.startswith("-"):
-            raise ToolError(f"unknown option {quote(arg)} (see --help)")
-        raise ToolError(f"unexpected argument {quote(arg)}")
+            raise ToolError(f"unknown option {quoted(arg)} (see --help)")
+        raise ToolError(f"unexpected argument {quoted(arg)}")
     if opts["help"]:
         return opts
     for key in ("trials", "seeds", "rounds", "round", "count"):
@@ -142,7 +142,7 @@ def parse_cli(argv: list[str]) -> dict:
 
 def _whole(name: str, value: str, low: int) -> int:
     if not (value.isascii() and value.isdigit()) or int(value) < low:
-        raise ToolError(f"{name} expects a whole number >= {low}, got {quote(value)}")
+        raise ToolError(f"{name} expects a whole number >= {low}, got {quoted(value)}")
     return int(value)
 
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as exc:
             raise ToolError(
-                f"--out-dir: cannot create {quote(out_dir)}: {exc.strerror}", 1
+                f"--out-dir: cannot create {quoted(out_dir)}: {exc.strerror}", 1
             ) from None
         write_atomic(os.path.join(out_dir, "trials.jsonl"), jsonl)
         write_atomic(os.path.join(out_dir, "commands.txt"), commands)
