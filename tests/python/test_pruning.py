@@ -10,11 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from hpc_tools import prune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "hpc_files", "lib"))
-
-import prune  # noqa: E402
 
 optuna = pytest.importorskip("optuna")
 

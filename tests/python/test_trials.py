@@ -677,7 +677,10 @@ def test_stdlib_only_for_configs_and_clear_error_without_yaml(write):
     assert no_site.returncode == 0, no_site.stderr
     sweep = write("s.yml", GRID)
     probe = subprocess.run(
-        [sys.executable, "-S", "-c", "import yaml"], capture_output=True, env=tools_env(), check=False
+        [sys.executable, "-S", "-c", "import yaml"],
+        capture_output=True,
+        env=tools_env(),
+        check=False,
     )
     if probe.returncode == 0:
         pytest.skip("yaml importable without site-packages here")
