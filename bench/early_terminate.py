@@ -31,9 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hpc_tools import early_terminate, sampling, sweep  # noqa: E402
-
 from hpc_harness import pruning  # noqa: E402
+from hpc_tools import early_terminate, sampling, sweep  # noqa: E402
 
 BLOCK = {"type": "hyperband", "min_iter": 3, "eta": 3}
 NOISE = 0.004  # per-epoch noise (sd) of val_acc

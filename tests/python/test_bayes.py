@@ -13,6 +13,13 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from optuna.distributions import (  # noqa: E402
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState  # noqa: E402
+
 from hpc_tools import bayes, slurm, trials  # noqa: E402
 from hpc_tools.errors import ToolError  # noqa: E402
 from hpc_tools.manifest import render  # noqa: E402
@@ -24,12 +31,6 @@ from hpc_tools.study import (  # noqa: E402
     tell_round,
 )
 from hpc_tools.sweep import load_sweep  # noqa: E402
-from optuna.distributions import (  # noqa: E402
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-from optuna.trial import TrialState  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

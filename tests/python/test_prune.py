@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import tools_env
+
 from hpc_tools import early_terminate
 from hpc_tools.errors import ToolError
 

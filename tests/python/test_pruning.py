@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from hpc_tools import prune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

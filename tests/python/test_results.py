@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
 from hpc_tools import collect, logs, metrics, plots, results, slurm, submissions
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from hpc_tools import metrics, results
 
 from hpc_harness.strategy import StrategyError, check_strategy
 from hpc_harness.train import (
@@ -20,6 +19,7 @@ from hpc_harness.train import (
     main,
 )
 from hpc_harness.trainer import TrainConfig
+from hpc_tools import metrics, results
 
 
 def test_example_reaches_90_percent_and_writes_outputs(tmp_path, digits_dir, capsys) -> None:
