@@ -165,7 +165,7 @@ def run_fingerprint(run_dir: str) -> dict[str, Any]:
 
 
 def bayes_round_jobs(sub: Submission) -> dict[str, dict[int, tuple[str | None, dict | None]]]:
-    """A method-bayes round lists the trials of every round so far (hpc_files/lib/bayes.py);
+    """A method-bayes round lists the trials of every round so far (bayes.py);
     the earlier rounds ran as other jobs: {"bayes:round R": task_jobs of that round's
     folder} for the other rounds of the same study."""
     try:

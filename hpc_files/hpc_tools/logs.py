@@ -17,19 +17,14 @@ from hpc_tools.submissions import read_text
 
 START = re.compile(r"^hpc: job (\S+) \(trial (\d+)\) on (\S+), restart (\d+), started (.+)$")
 
-
 ENDED = re.compile(r"^hpc: training step ended with exit code (\d+) at (.+)$")
-
 
 REQUEUED = re.compile(r"^hpc: requeued (\S+) \(restart (\d+)")
 
-
 KILLED = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
-
 
 # slurmstepd's line when the cgroup's memory limit killed a task of a step.
 OOM_KILLED = re.compile(r"^slurmstepd\S*: error: Detected \d+ oom[_-]kill event")
-
 
 PROGRESS = re.compile(r"^hpc_harness: step (\d+)/(\d+) epoch (\d+) loss (\S+)")
 

@@ -24,7 +24,6 @@ from hpc_tools.errors import ToolError, quoted
 
 MAX_TRIALS = 1_000_000
 
-
 # A leading word the node takes as the program's environment (launch.sh build_command).
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 

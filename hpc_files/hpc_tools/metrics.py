@@ -19,7 +19,6 @@ from hpc_tools.submissions import STAMP, Submission, read_text
 # task ended. A later job's first row comes seconds after its start, at the earliest.
 ROW_CLOCK_SLACK_S = 2.0
 
-
 LOWER_IS_BETTER = re.compile(r"loss|err|perplex|mse|mae|rmse|time|regret", re.IGNORECASE)
 
 

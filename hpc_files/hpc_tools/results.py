@@ -30,6 +30,7 @@ from hpc_tools.errors import ToolError, report
 from hpc_tools.metrics import find_metrics_csv, lower_is_better, read_metrics
 from hpc_tools.plots import IMAGE_TYPES, plot_curves, plot_results
 from hpc_tools.submissions import find_submission, read_text
+from hpc_tools.sweep import DEFAULT_GOAL
 from hpc_tools.tables import render_table, results_table
 
 # results.sh's help, beside the parser it describes ({project}: as status.USAGE's).
@@ -213,7 +214,7 @@ def sweep_metric(path: str) -> tuple[str | None, str | None]:
         return None, None
     if not isinstance(metric, dict) or not metric.get("name"):
         return None, None
-    goal = str(metric.get("goal", "minimize"))  # W&B's default, and trials.py's
+    goal = str(metric.get("goal", DEFAULT_GOAL))
     return str(metric["name"]), ("min" if goal.startswith("min") else "max")
 
 

@@ -10,9 +10,7 @@ import subprocess
 # SLURM states of a task that may still write its metrics.csv.
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING")
 
-
 SCONTROL_FIELDS = ("JobId", "ArrayJobId", "ArrayTaskId", "JobState", "Restarts", "RunTime")
-
 
 SACCT_FORMAT = "JobID,State,ExitCode,Elapsed"
 

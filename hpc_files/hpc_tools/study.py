@@ -166,7 +166,7 @@ def rounds_manifest(
     journal: str | None = None,
     study_name: str = "bayes",
 ) -> list[dict]:
-    """Trials of rounds 1..round_ (asking round_'s if needed), as trials.py's records.
+    """Trials of rounds 1..round_ (asking round_'s if needed), as manifest records.
 
     Without a journal (--list-trials, --dry-run, checks before anything is written)
     round 1 is asked from a study in memory: the same seeded startup sampler gives the

@@ -17,8 +17,10 @@ from hpc_tools.errors import ToolError, quoted
 from hpc_tools.files import read_source
 from hpc_tools.manifest import MAX_TRIALS
 
-DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
+# A metric without goal: is minimized, as in W&B (results.sh sorts by it the same way).
+DEFAULT_GOAL = "minimize"
 
+DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 
 ARG_MACROS = (
     "args",
@@ -29,7 +31,6 @@ ARG_MACROS = (
     "args_append_hydra",
     "args_override_hydra",
 )
-
 
 DISTRIBUTIONS = (
     "constant",
@@ -86,7 +87,7 @@ def load_sweep(path: str) -> dict:
             f"{path}: method bayes needs metric: with name: (a metric the program "
             "logs to metrics.csv) and goal: minimize or maximize"
         )
-    if metric is not None:  # results.sh ranks by it too: W&B's default goal, minimize
+    if metric is not None:  # results.sh ranks by it too
         if (
             not isinstance(metric, dict)
             or not isinstance(metric.get("name"), str)
@@ -96,7 +97,7 @@ def load_sweep(path: str) -> dict:
                 f"{path}: metric must be a mapping with name: (and goal: minimize or maximize)"
             )
         metric_name = metric["name"]
-        goal = metric.get("goal", "minimize")
+        goal = metric.get("goal", DEFAULT_GOAL)
         if goal not in ("minimize", "maximize"):
             raise ToolError(f"{path}: metric goal must be minimize or maximize, got {quoted(goal)}")
     program = doc.get("program")

@@ -64,7 +64,6 @@ Turn a configs file or a wandb sweep file (+ --seeds) into a trials manifest.
   -h, --help        show this help
 """
 
-
 VALUE_OPTIONS = (
     "--configs",
     "--configs-label",

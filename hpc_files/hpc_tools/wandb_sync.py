@@ -38,6 +38,8 @@ PROG = "wandb_sync.sh"
 # the KeyboardInterrupt traceback of every normal end would read as a failure.
 OSH_CLI = """import sys
 from wandb_osh.cli import main
+
+
 try:
     main(sys.argv[1:])
 except KeyboardInterrupt:
