@@ -3,10 +3,10 @@
 
 No cluster, no GPU: a trial is a seeded learning curve whose shape depends on its learning
 rate (too low: slow; too high: fast then a low plateau), with per-epoch noise. Per seed, the
-same trials (random search's draws from trials.py over a log-uniform lr) run three ways:
+same trials (random search's draws from hpc_tools/sampling.py over a log-uniform lr) run three ways:
 
 * early termination: ``early_terminate: {type: hyperband, min_iter: 1, eta: 3}`` parsed by
-  hpc_files/lib/prune.py, each trial reporting every epoch to an Optuna study through
+  hpc_tools/early_terminate.py, each trial reporting every epoch to an Optuna study through
   hpc_harness/pruning.py's pruner and ``prune_now`` (what a trial on a node runs), CONCURRENT
   trials advancing together (an array job's tasks);
 * every trial to the end (no early termination);
@@ -14,7 +14,7 @@ same trials (random search's draws from trials.py over a log-uniform lr) run thr
 
 Paired seeds; the table gives medians (min-max) of epochs spent and of the best final metric::
 
-    .venv/bin/python bench/early_terminate.py [--smoke] [--out FRAGMENT.md]
+    PYTHONPATH=hpc_files .venv/bin/python bench/early_terminate.py [--smoke] [--out FRAGMENT.md]
 """
 
 from __future__ import annotations
@@ -29,13 +29,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "hpc_files", "lib"))
 sys.path.insert(0, ROOT)
 
-import prune  # noqa: E402
-import trials  # noqa: E402
-
 from hpc_harness import pruning  # noqa: E402
+from hpc_tools import early_terminate, sampling, sweep  # noqa: E402
 
 BLOCK = {"type": "hyperband", "min_iter": 3, "eta": 3}
 NOISE = 0.004  # per-epoch noise (sd) of val_acc
@@ -45,7 +42,7 @@ FAMILIES = (("curves that do not cross", 0.0), ("crossing curves", 0.35))
 SPEC = {
     "method": "random",
     "program": "curve.py",
-    "command": list(trials.DEFAULT_COMMAND),
+    "command": list(sweep.DEFAULT_COMMAND),
     "metric": "val_acc",
     "goal": "maximize",
     "params": [{"name": "lr", "dist": "log_uniform_values", "min": 1.0e-5, "max": 1.0}],
@@ -69,7 +66,7 @@ def with_pruning(curves: list[list[float]], concurrent: int) -> tuple[int, float
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    cfg = prune.parse("bench", BLOCK, SPEC["metric"])
+    cfg = early_terminate.parse("bench", BLOCK, SPEC["metric"])
     study = optuna.create_study(direction=SPEC["goal"], pruner=pruning.pruner(cfg))
     spent, best, best_i = 0, -math.inf, -1
     for first in range(0, len(curves), concurrent):
@@ -93,7 +90,7 @@ def family(speed: float, seeds: int, n_trials: int, epochs: int, concurrent: int
     same best trial?, random search's trials in the same epochs, its best final)."""
     rows = []
     for seed in range(seeds):
-        draws = trials.expand_sweep(SPEC, n_trials, seed, "bench")
+        draws = sampling.expand_sweep(SPEC, n_trials, seed, "bench")
         lrs = [d["params"]["lr"] for d in draws]
         curves = [
             curve(lr, epochs, speed, random.Random(seed * 100_003 + i)) for i, lr in enumerate(lrs)
@@ -125,7 +122,7 @@ def main() -> int:
         (name, family(speed, seeds, n_trials, epochs, concurrent)) for name, speed in FAMILIES
     ]
     elapsed = time.perf_counter() - start
-    cfg = prune.parse("bench", BLOCK, SPEC["metric"])
+    cfg = early_terminate.parse("bench", BLOCK, SPEC["metric"])
     steps = [cfg["min_resource"] * cfg["reduction_factor"] ** k for k in range(epochs)]
     rungs = ", ".join(str(s) for s in steps if s < epochs)
     import optuna
@@ -136,7 +133,8 @@ def main() -> int:
         f"Synthetic learning curves (val_acc, maximize; plateau set by a log-uniform lr, best "
         f"at 10^-2.5; noise sd {NOISE} per epoch), {n_trials} trials x {epochs} epochs per "
         f"seed, {seeds} paired seeds (the same trials and curves on every side). Early "
-        f"termination: `early_terminate: {json.dumps(BLOCK)}` through prune.py and "
+        f"termination: `early_terminate: {json.dumps(BLOCK)}` through "
+        "hpc_tools/early_terminate.py and "
         f"hpc_harness/pruning.py (Optuna's SuccessiveHalvingPruner: rungs at epochs {rungs}), "
         f"{concurrent} trials at a time, as array tasks. Random search: the first trials of the "
         f"same draws, whole, in as many epochs as early termination spent. Optuna "

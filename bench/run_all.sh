@@ -41,8 +41,9 @@ BENCHES=(harness_overhead submit_latency staging requeue_cost startup search_tpe
 bench_command() {
   case "$1" in
     harness_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/harness_overhead.py" ;;
-    search_tpe) echo "$BENCH_PY $BENCH_ROOT/bench/search_tpe.py" ;;
-    early_terminate) echo "$BENCH_PY $BENCH_ROOT/bench/early_terminate.py" ;;
+    # The login-node tools' package, hpc_files/hpc_tools, on PYTHONPATH.
+    search_tpe) echo "env PYTHONPATH=$BENCH_ROOT/hpc_files $BENCH_PY $BENCH_ROOT/bench/search_tpe.py" ;;
+    early_terminate) echo "env PYTHONPATH=$BENCH_ROOT/hpc_files $BENCH_PY $BENCH_ROOT/bench/early_terminate.py" ;;
     loop_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/loop_overhead.py" ;;
     *) echo "bash $BENCH_ROOT/bench/$1.sh" ;;
   esac

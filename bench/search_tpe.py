@@ -4,38 +4,34 @@
 The Branin function (2-D, minimum 0.397887) stands in for a training run. Both sides
 use the toolkit's own code paths for a sweep file with two uniform parameters:
 
-* ``method: bayes``: hpc_files/lib/bayes.py as the controller drives it, in rounds of
+* ``method: bayes``: hpc_tools/study.py as the controller drives it, in rounds of
   5: ``ensure_round`` asks 5 trials (round 1 is TPE's random startup), every trial is
   evaluated, ``tell_round`` tells the results, then the next round (a study in memory;
   the controller's is the same study in a journal file);
-* ``method: random``: hpc_files/lib/trials.py's seeded draws (``expand_sweep``).
+* ``method: random``: hpc_tools/sampling.py's seeded draws (``expand_sweep``).
 
 Best value found after 30 trials, per seed; the table gives medians over 10 seeds (and
 min-max) and how often TPE beat random on the same seed::
 
-    .venv/bin/python bench/search_tpe.py [--smoke] [--out FRAGMENT.md]
+    PYTHONPATH=hpc_files .venv/bin/python bench/search_tpe.py [--smoke] [--out FRAGMENT.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "hpc_files", "lib"))
-
-import bayes  # noqa: E402
-import trials  # noqa: E402
+from hpc_tools import sampling, sweep
+from hpc_tools.study import ensure_round, open_study, sampler, search_space, tell_round
 
 BRANIN_MIN = 0.397887
 SPEC = {
     "method": "bayes",
     "program": "branin.py",
-    "command": list(trials.DEFAULT_COMMAND),
+    "command": list(sweep.DEFAULT_COMMAND),
     "metric": "branin",
     "goal": "minimize",
     "params": [
@@ -54,25 +50,25 @@ def branin(x1: float, x2: float) -> float:
 def best_tpe(seed: int, n_trials: int, per_round: int) -> float:
     study = None
     best = math.inf
-    space = bayes.search_space(SPEC)
+    space = search_space(SPEC)
     for round_ in range(1, n_trials // per_round + 1):
-        smp = bayes.sampler(seed, round_, per_round)
+        smp = sampler(seed, round_, per_round)
         if study is None:
-            study = bayes.open_study(None, "bench", SPEC["goal"], smp)
+            study = open_study(None, "bench", SPEC["goal"], smp)
         study.sampler = smp  # the controller of each round opens the study with its own
-        asked = bayes.ensure_round(study, space, round_, per_round)
+        asked = ensure_round(study, space, round_, per_round)
         values = {}
         for t in asked:
             value = branin(t.params["x1"], t.params["x2"])
             values[int(t.user_attrs["trial"])] = value
             best = min(best, value)
-        bayes.tell_round(study, round_, values)
+        tell_round(study, round_, values)
     return best
 
 
 def best_random(seed: int, n_trials: int) -> float:
     spec = dict(SPEC, method="random")
-    rows = trials.expand_sweep(spec, n_trials, seed, "bench")
+    rows = sampling.expand_sweep(spec, n_trials, seed, "bench")
     return min(branin(r["params"]["x1"], r["params"]["x2"]) for r in rows)
 
 
@@ -98,8 +94,9 @@ def main() -> int:
         "",
         f"Branin (minimum {BRANIN_MIN}), best value after {n_trials} trials, "
         f"{seeds} seeds; TPE asked and told in rounds of {per_round} through "
-        "hpc_files/lib/bayes.py (round 1: its random startup), random search through "
-        f"trials.py's seeded draws. Optuna {optuna.__version__}; {elapsed:.1f} s in all.",
+        "hpc_tools/study.py (round 1: its random startup), random search through "
+        "hpc_tools/sampling.py's seeded draws. "
+        f"Optuna {optuna.__version__}; {elapsed:.1f} s in all.",
         "",
         "| search | median best | min-max | regret (median - minimum) |",
         "| --- | --- | --- | --- |",

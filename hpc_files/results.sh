@@ -12,7 +12,7 @@
 #   hpc_files/results.sh EXP --csv results.csv --plot results.png --curves curves.png
 #   hpc_files/results.sh --run checkpoints --curves curves.png
 #
-# The work is hpc_files/lib/results.py (matplotlib for the PNGs), run by
+# The work is hpc_files/hpc_tools/results.py (matplotlib for the PNGs), run by
 # the python login_python (lib/common.sh) chooses.
 set -euo pipefail
 

@@ -9,7 +9,7 @@
 #   hpc_files/status.sh JOBID           the submission whose job id is JOBID (or JOBID_TASK)
 #   hpc_files/status.sh EXP --watch 10  redraw every 10 s (a terminal only)
 #
-# The table work is hpc_files/lib/results.py (standard library), run by the
+# The table work is hpc_files/hpc_tools/status.py (standard library), run by the
 # python login_python (lib/common.sh) chooses.
 set -euo pipefail
 

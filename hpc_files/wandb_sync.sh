@@ -8,7 +8,7 @@
 #   hpc_files/wandb_sync.sh                 the newest submission's experiment
 #   hpc_files/wandb_sync.sh EXP --poll 30   ask squeue every 30 s
 #
-# The work and the help (-h, --help) are hpc_files/lib/wandb_sync.py's, run by
+# The work and the help (-h, --help) are hpc_tools/wandb_sync.py's, run by
 # the python login_python (lib/common.sh) chooses: it needs wandb-osh.
 set -euo pipefail
 
@@ -17,4 +17,4 @@ HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HPC_FILES_DIR/lib/common.sh"
 
 project_paths
-HPC_PROJECT_NAME=$project_name exec "$(login_python)" "$HPC_FILES_DIR/lib/wandb_sync.py" "$@"
+HPC_PROJECT_NAME=$project_name PYTHONPATH=$(hpc_tools_path) exec "$(login_python)" -m hpc_tools.wandb_sync "$@"

@@ -3,7 +3,7 @@
 Rank 0 only. The CSV ``<run_dir>/metrics.csv`` is appended to across requeues, one row per
 value: ``time,step,epoch,name,value`` (long format, so new metric names need no new columns).
 Rows logged after the last checkpoint of an interrupted attempt appear again after resume;
-readers (``hpc_files/lib/results.py``: results.sh's tables and ``--curves``) keep the last
+readers (``hpc_files/hpc_tools/metrics.py``: results.sh's tables and ``--curves``) keep the last
 row for each (name, step). A run that resumes no checkpoint (``new_run``) renames an earlier
 run's metrics.csv and W&B run id aside and starts its own.
 

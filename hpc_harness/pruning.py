@@ -6,7 +6,7 @@ Once per epoch, on every rank, with the sweep's metric (a number, or a dict that
         save_checkpoint(...); sys.exit(0)          # pruned: the sweep goes on without it
 
 The Trainer calls it itself. Outside a sweep with ``early_terminate`` it is False at once. In
-one, the submission folder holds ``early_terminate.json`` (hpc_files/lib/prune.py): rank 0
+one, the submission folder holds ``early_terminate.json`` (hpc_files/hpc_tools/prune.py): rank 0
 reports the value to this trial's Optuna trial in the experiment's journal file, and Optuna's
 SuccessiveHalvingPruner compares it with the other trials' values at the same rung. A pruned
 trial is told PRUNED, and ``$HPC_TRIAL_DIR/pruned`` holds ``STEP VALUE`` (status.sh and
@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-CONFIG = "early_terminate.json"  # written by hpc_files/lib/prune.py into the submission folder
+CONFIG = "early_terminate.json"  # written by hpc_files/hpc_tools/prune.py into the submission folder
 MARKER = "pruned"  # in $HPC_TRIAL_DIR: "STEP VALUE" of the step the trial was pruned at
 REPORTS = "reports"  # in $HPC_TRIAL_DIR: the "STEP VALUE" lines a watched program appends
 REPORTED = "reported"  # in $HPC_TRIAL_DIR: the last step watch has judged

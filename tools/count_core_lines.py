@@ -5,7 +5,7 @@
 
 The core is what every training job runs (issue 12): setup, strategy, checkpoint, sampler,
 stop agreement, precision, metrics and the optional Trainer. Examples, login-node
-tools (trials.py, results.py and its curves are in hpc_files/lib/) and the digits dataset
+tools (trials.py, results.py and its curves are in hpc_files/hpc_tools/) and the digits dataset
 writer are not counted.
 """
 

@@ -131,9 +131,8 @@ project_paths() {
   project_name=${source_dir##*/}
 }
 
-# login_python: the python that runs the login-node tools beside this file
-# (trials.py, bayes.py, results.py): HPC_PYTHON, else the --venv's, else the
-# project's .venv, else python3.
+# login_python: the python that runs the login-node tools (hpc_files/hpc_tools/):
+# HPC_PYTHON, else the --venv's, else the project's .venv, else python3.
 login_python() {
   if [[ -n "${HPC_PYTHON:-}" ]]; then
     printf '%s' "$HPC_PYTHON"
@@ -146,13 +145,19 @@ login_python() {
   fi
 }
 
+# hpc_tools_path: the PYTHONPATH of 'python -m hpc_tools.MODULE': hpc_files/
+# (the package's folder) first, then the caller's own.
+hpc_tools_path() {
+  printf '%s' "$HPC_FILES_DIR${PYTHONPATH:+:$PYTHONPATH}"
+}
+
 # run_results_py MODE ARG...: status.sh and results.sh, whose work and help
-# (-h, --help) are results.py MODE's, for this project (project_paths).
+# (-h, --help) are hpc_tools.results MODE's, for this project (project_paths).
 run_results_py() {
   local mode=$1
   shift
   project_paths
-  exec "$(login_python)" "$HPC_FILES_DIR/lib/results.py" "$mode" --project "$project_name" "$@"
+  PYTHONPATH=$(hpc_tools_path) exec "$(login_python)" -m hpc_tools.results "$mode" --project "$project_name" "$@"
 }
 
 # The long sbatch options the submitter sets itself (sbatch_option_owner).

@@ -193,7 +193,7 @@ retry_failed() {
   plan_dependency=""
   [[ -d "$plan_exp_dir" ]] || usage_error "--retry-failed: no experiment '$opt_exp_name' in $plan_scratch_dir"
   python=$(login_python)
-  listing=$(HPC_PROG=$HPC_PROG "$python" "$HPC_FILES_DIR/lib/results.py" failed --project "$project_name" "$opt_exp_name") ||
+  listing=$(HPC_PROG=$HPC_PROG PYTHONPATH=$(hpc_tools_path) "$python" -m hpc_tools.results failed --project "$project_name" "$opt_exp_name") ||
     exit $?
   mapfile -t trials <<<"$listing"
   retry_dir=${trials[0]}

@@ -1,12 +1,12 @@
 # shellcheck shell=bash
 # Experiments -> trials. A configs file, a sweep file, '--seeds', a wandb
 # sweep id and a command after '--' become one manifest, written by
-# lib/trials.py alone: trials.jsonl (one JSON object per trial) and
+# hpc_tools/trials.py alone: trials.jsonl (one JSON object per trial) and
 # commands.txt (line K+1: trial K's command as shell words, the one file the
 # node reads). One exception is written here: a command after '--' without
 # --seeds, one trial whose commands.txt line is its words quoted (a python
 # start is ~30 ms, half of such a submission: bench/submit_latency.sh); for
-# results.py, trials.py's manifest_of reads that commands.txt. Sourced.
+# results.sh, hpc_tools/manifest.py's manifest_of reads that commands.txt. Sourced.
 
 # require_trials_python PYTHON: stop with one line unless PYTHON runs and is
 # 3.9+ (an old login node's python3 would die on trials.py with a traceback).
@@ -67,7 +67,7 @@ trials_py_command() {
   trials_args
   python=$(login_python)
   require_trials_python "$python"
-  trials_command=("$python" "$HPC_FILES_DIR/lib/trials.py" "${trials_argv[@]}")
+  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$python" -m hpc_tools.trials "${trials_argv[@]}")
 }
 
 # list_trials: print the manifest to stdout; writes nothing.
@@ -132,7 +132,7 @@ prune_start() {
   grep -qE '^[^#]*early_terminate' "$submission_dir/sweep.yml" || return 0
   local python
   python=$(login_python)
-  "$python" "$HPC_FILES_DIR/lib/prune.py" start --submission "$submission_dir" \
+  PYTHONPATH=$(hpc_tools_path) "$python" -m hpc_tools.prune start --submission "$submission_dir" \
     --journal "$(bayes_journal)" --study "$(study_name)" ||
     die "early_terminate: cannot write $submission_dir/early_terminate.json"
 }
@@ -146,7 +146,7 @@ bayes_start() {
   local python round=${HPC_BAYES_ROUND:-1}
   bayes_study=$(study_name)
   python=$(login_python)
-  "$python" "$HPC_FILES_DIR/lib/bayes.py" start --submission "$submission_dir" \
+  PYTHONPATH=$(hpc_tools_path) "$python" -m hpc_tools.bayes start --submission "$submission_dir" \
     --journal "$(bayes_journal)" --study "$bayes_study" --round "$round" \
     --rounds "${opt_rounds:-1}" --trials "$opt_trials" --sweep-seed "$opt_sweep_seed" \
     --cwd "$PWD" -- "$HPC_FILES_DIR/job_submitter.sh" "$@" ||
@@ -164,7 +164,9 @@ submit_bayes_controller() {
   [[ -z "$plan_account" ]] || args+=(--account="$plan_account")
   [[ -z "$plan_partition" ]] || args+=(--partition="$plan_partition")
   python=$(login_python)
-  shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
+  # From hpc_files/ (python -m finds hpc_tools there), not on PYTHONPATH: the
+  # submitter it runs for the next round passes its environment to those jobs.
+  wrap="$(shell_quote cd "$HPC_FILES_DIR") && exec $(shell_quote "$python" -m hpc_tools.bayes controller --submission "$submission_dir" --project "$project_name")"
   output=$(sbatch_from_submission "${args[@]}" --wrap="$wrap") ||
     die "sbatch refused the method-bayes controller job (round job $job_id is queued; run: $wrap): ${output//$'\n'/ }"
   bayes_controller_id=${output%%;*}

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The folder of the login-node tools' package, hpc_tools: on sys.path here (pyproject's pytest
+# pythonpath), on PYTHONPATH for a subprocess (tools_env).
+HPC_FILES = REPO / "hpc_files"
 
 # Subprocesses run with OMP_NUM_THREADS=1; in-process runs must use the same thread count,
 # because CPU matmuls round differently with another number of threads (bitwise comparisons).
@@ -53,6 +56,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["WANDB_MODE"] = env.get("WANDB_MODE", "disabled")
     env.update(extra)
     return env
+
+
+def tools_env(**extra: str) -> dict[str, str]:
+    """os.environ with hpc_files/ alone on PYTHONPATH, for ``python -m hpc_tools.MODULE``."""
+    return {**os.environ, "PYTHONPATH": str(HPC_FILES), **extra}
 
 
 def fit_processes(nproc: int) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Loopback only (127.0.0.1, an ephemeral port), standard library only, with a bounded
 lifetime (it shuts itself down after ``lifetime`` seconds). The grid points come from
-``hpc_files/lib/trials.py --sweep FILE --list``, so an agent gets the same trials, in the
+``python -m hpc_tools.trials --sweep FILE --list``, so an agent gets the same trials, in the
 same order, as the array job built from the same file. Seen with wandb 0.31.0:
 
 * ``POST /graphql``: ``Viewer`` (login), ``SweepWithRuns`` (the agent reads the sweep's
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
+HPC_FILES = REPO / "hpc_files"  # the folder of the hpc_tools package
 DUMMY_KEY = "k" * 40
 
 
@@ -92,7 +93,8 @@ class FakeWandb:
         proc = subprocess.run(
             [
                 sys.executable,
-                str(TRIALS),
+                "-m",
+                "hpc_tools.trials",
                 "--prog",
                 "fake_wandb",
                 "--sweep",
@@ -101,6 +103,7 @@ class FakeWandb:
             ],
             capture_output=True,
             text=True,
+            env={**os.environ, "PYTHONPATH": str(HPC_FILES)},
             check=False,
         )
         if proc.returncode != 0:

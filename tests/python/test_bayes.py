@@ -1,12 +1,11 @@
-"""hpc_files/lib/bayes.py: method bayes offline (Optuna TPE rounds, journal file storage),
-on fabricated submission folders and metrics.csv files (no cluster)."""
+"""hpc_tools.bayes and hpc_tools.study: method bayes offline (Optuna TPE rounds, journal
+file storage), on fabricated submission folders and metrics.csv files (no cluster)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,6 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "hpc_files" / "lib"))
-
-import bayes  # noqa: E402
-import results  # noqa: E402
-import trials  # noqa: E402
 from optuna.distributions import (  # noqa: E402
     CategoricalDistribution,
     FloatDistribution,
@@ -27,12 +20,26 @@ from optuna.distributions import (  # noqa: E402
 )
 from optuna.trial import TrialState  # noqa: E402
 
+from hpc_tools import bayes, slurm, trials  # noqa: E402
+from hpc_tools.errors import ToolError  # noqa: E402
+from hpc_tools.manifest import render  # noqa: E402
+from hpc_tools.study import (  # noqa: E402
+    open_study,
+    rounds_manifest,
+    sampler,
+    search_space,
+    tell_round,
+)
+from hpc_tools.sweep import load_sweep  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(autouse=True)
 def _no_accounting(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rounds here are made up: SLURM's accounting (a cluster of the test machine) knows
     none of their jobs, and is not asked (the tests fake what scontrol says)."""
-    monkeypatch.setattr(results, "sacct_tasks", lambda job_id: {})
+    monkeypatch.setattr(slurm, "sacct_tasks", lambda job_id: {})
 
 
 def _sweep(tmp_path: Path, body: str, name: str = "bayes.yml") -> str:
@@ -52,7 +59,7 @@ parameters:
 
 
 def test_search_space_maps_wandb_distributions(tmp_path: Path) -> None:
-    spec = trials.load_sweep(
+    spec = load_sweep(
         _sweep(
             tmp_path,
             """\
@@ -72,7 +79,7 @@ parameters:
         )
     )
     assert spec["goal"] == "minimize"  # wandb's default goal
-    space = bayes.search_space(spec)
+    space = search_space(spec)
     assert space["opt"] == CategoricalDistribution(["adam", "sgd"])
     assert space["fixed"] == CategoricalDistribution([3])
     assert space["layers"] == IntDistribution(1, 4)
@@ -95,23 +102,23 @@ parameters:
 def test_search_space_refuses_what_optuna_cannot_sample(
     tmp_path: Path, param: str, message: str
 ) -> None:
-    spec = trials.load_sweep(
+    spec = load_sweep(
         _sweep(
             tmp_path,
             f"program: t.py\nmethod: bayes\nmetric: {{name: m}}\nparameters:\n  x: {param}\n",
         )
     )
-    with pytest.raises(bayes.BayesError, match=message):
-        bayes.search_space(spec)
+    with pytest.raises(ToolError, match=message):
+        search_space(spec)
 
 
 def test_bayes_needs_a_metric_and_a_known_goal(tmp_path: Path) -> None:
-    with pytest.raises(trials.TrialsError, match="needs metric"):
-        trials.load_sweep(
+    with pytest.raises(ToolError, match="needs metric"):
+        load_sweep(
             _sweep(tmp_path, "program: t.py\nmethod: bayes\nparameters: {x: {values: [1]}}\n")
         )
-    with pytest.raises(trials.TrialsError, match="goal must be minimize or maximize"):
-        trials.load_sweep(
+    with pytest.raises(ToolError, match="goal must be minimize or maximize"):
+        load_sweep(
             _sweep(
                 tmp_path,
                 "program: t.py\nmethod: bayes\nmetric: {name: m, goal: up}\n"
@@ -121,44 +128,44 @@ def test_bayes_needs_a_metric_and_a_known_goal(tmp_path: Path) -> None:
 
 
 def test_round_one_in_memory_equals_round_one_in_the_journal(tmp_path: Path) -> None:
-    spec = trials.load_sweep(_sweep(tmp_path, SWEEP))
-    memory = bayes.manifest(spec, 3, 7)
+    spec = load_sweep(_sweep(tmp_path, SWEEP))
+    memory = rounds_manifest(spec, 3, 7)
     journal = str(tmp_path / "optuna.journal")
-    stored = bayes.manifest(spec, 3, 7, 1, journal, "s1")
+    stored = rounds_manifest(spec, 3, 7, 1, journal, "s1")
     assert memory == stored
     assert len({json.dumps(t["params"], sort_keys=True) for t in stored}) == 3
     assert stored[0]["argv"][:3] == ["/usr/bin/env", "python", "train.py"]
     assert stored[0]["argv"][3].startswith("--hidden=")
     # Asking again (a re-run) adds no trial.
-    assert bayes.manifest(spec, 3, 7, 1, journal, "s1") == stored
-    study = bayes.open_study(journal, "s1", "maximize", bayes.sampler(7, 1, 3))
+    assert rounds_manifest(spec, 3, 7, 1, journal, "s1") == stored
+    study = open_study(journal, "s1", "maximize", sampler(7, 1, 3))
     assert len(study.get_trials()) == 3
 
 
 def test_tell_is_idempotent_and_failed_trials_are_told_as_fail(tmp_path: Path) -> None:
-    spec = trials.load_sweep(_sweep(tmp_path, SWEEP))
+    spec = load_sweep(_sweep(tmp_path, SWEEP))
     journal = str(tmp_path / "optuna.journal")
-    bayes.manifest(spec, 3, 0, 1, journal, "s")
-    study = bayes.open_study(journal, "s", "maximize", bayes.sampler(0, 2, 3))
-    assert bayes.tell_round(study, 1, {0: 0.5, 1: None, 2: float("nan")}) == (1, 2)
-    assert bayes.tell_round(study, 1, {0: 0.9, 1: 0.9, 2: 0.9}) == (0, 0)
+    rounds_manifest(spec, 3, 0, 1, journal, "s")
+    study = open_study(journal, "s", "maximize", sampler(0, 2, 3))
+    assert tell_round(study, 1, {0: 0.5, 1: None, 2: float("nan")}) == (1, 2)
+    assert tell_round(study, 1, {0: 0.9, 1: 0.9, 2: 0.9}) == (0, 0)
     states = [t.state for t in sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
     assert study.best_trial.value == 0.5
     # Round 2 is asked after round 1 was told: its trials follow in global numbering.
-    records = bayes.manifest(spec, 3, 0, 2, journal, "s")
+    records = rounds_manifest(spec, 3, 0, 2, journal, "s")
     assert [r["source"] for r in records] == ["bayes:round 1"] * 3 + ["bayes:round 2"] * 3
-    assert len(bayes.manifest(spec, 3, 0, 2, journal, "s")) == 6
+    assert len(rounds_manifest(spec, 3, 0, 2, journal, "s")) == 6
     assert len(study.get_trials()) == 6
 
 
 @pytest.mark.parametrize("goal, best", [("maximize", 0.9), ("minimize", 0.1)])
 def test_goal_is_respected(tmp_path: Path, goal: str, best: float) -> None:
-    spec = trials.load_sweep(_sweep(tmp_path, SWEEP.replace("maximize", goal)))
+    spec = load_sweep(_sweep(tmp_path, SWEEP.replace("maximize", goal)))
     journal = str(tmp_path / "optuna.journal")
-    bayes.manifest(spec, 3, 0, 1, journal, "s")
-    study = bayes.open_study(journal, "s", goal, bayes.sampler(0, 2, 3))
-    bayes.tell_round(study, 1, {0: 0.1, 1: 0.5, 2: 0.9})
+    rounds_manifest(spec, 3, 0, 1, journal, "s")
+    study = open_study(journal, "s", goal, sampler(0, 2, 3))
+    tell_round(study, 1, {0: 0.1, 1: 0.5, 2: 0.9})
     assert study.best_value == best
 
 
@@ -173,9 +180,9 @@ def _submission(tmp_path: Path, rounds: int, argv: list[str]) -> Path:
     sub = project / "exp" / "20261123-140000-AbCd"
     sub.mkdir(parents=True)
     (sub / "sweep.yml").write_text(Path(sweep).read_text())
-    spec = trials.load_sweep(sweep)
+    spec = load_sweep(sweep)
     journal = str(project / "exp" / "optuna.journal")
-    jsonl, commands = trials.render(bayes.manifest(spec, 3, 0, 1, journal, sub.name))
+    jsonl, commands = render(rounds_manifest(spec, 3, 0, 1, journal, sub.name))
     (sub / "trials.jsonl").write_text(jsonl)
     (sub / "commands.txt").write_text(commands)
     (sub / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --array=0-2\n")
@@ -224,13 +231,13 @@ def _submission(tmp_path: Path, rounds: int, argv: list[str]) -> Path:
 def test_controller_of_the_last_round_records_results_and_reruns_tell_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     sub = _submission(tmp_path, 1, ["false"])
     info = json.loads((sub / "bayes.json").read_text())
     assert info["round"] == 1 and info["metric"] == "test_acc" and info["argv"] == ["false"]
     for _ in range(2):
         assert bayes.main(["controller", "--submission", str(sub)]) == 0
-        study = bayes.open_study(info["journal"], info["study"], "maximize", bayes.sampler(0, 2, 3))
+        study = open_study(info["journal"], info["study"], "maximize", sampler(0, 2, 3))
         got = sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])
         assert [t.state for t in got] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
         assert [t.value for t in got[:2]] == [0.4, 0.8]  # the final value, not the first
@@ -241,7 +248,7 @@ def test_controller_of_the_last_round_records_results_and_reruns_tell_nothing(
 def test_controller_submits_the_next_round_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
     fake = _round_two_submitter(tmp_path, calls, record='"$HPC_BAYES_ROUND $HPC_BAYES_STUDY $*"')
     sub = _submission(tmp_path, 2, [str(fake), "--sweep", "x.yml", "--wait", "--", "a", "--wait"])
@@ -281,7 +288,7 @@ def test_the_controllers_json_files_are_written_whole_or_refused_in_one_line(
     bayes._write_json(str(path), {"round": 2, "best_value": 0.5})
     assert path.read_text() == '{\n "best_value": 0.5,\n "round": 2\n}\n'
     assert os.listdir(tmp_path) == ["bayes.json"]  # no temporary file left beside it
-    with pytest.raises(trials.TrialsError) as refused:
+    with pytest.raises(ToolError) as refused:
         bayes._write_json(str(tmp_path / "gone" / "bayes.json"), {})
     assert refused.value.code == 1 and "cannot write" in str(refused.value)
 
@@ -320,7 +327,7 @@ def test_a_controller_stopped_after_submitting_the_next_round_never_submits_it_a
     # The controller job killed (time limit, node failure) after the submitter queued round
     # 2 but before the controller recorded it: the next controller must not queue round 2
     # a second time (two array jobs would train the same trials/K folders at once).
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
     sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls))])
     real_run = bayes.subprocess.run
@@ -344,7 +351,7 @@ def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
 ) -> None:
     # Stopped before round 2's folder held a job id: whether sbatch ran is unknown, so the
     # next controller submits nothing and says how to go on, in one line.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
     sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls))])
 
@@ -356,8 +363,8 @@ def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
         bayes.main(["controller", "--submission", str(sub)])
     capsys.readouterr()
     monkeypatch.undo()
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
-    monkeypatch.setattr(results, "sacct_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "sacct_tasks", lambda job: {})
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bayes.py: error: round 2 ")
@@ -371,7 +378,7 @@ def test_a_controller_stopped_before_its_submission_shows_refuses_to_guess(
 def test_a_failed_submission_of_the_next_round_is_tried_again_by_the_next_controller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
     sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls, code=3))])
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
@@ -385,7 +392,7 @@ def test_a_round_queued_by_a_submitter_that_failed_after_is_not_queued_again(
 ) -> None:
     # The submitter queued round 2, then failed (sbatch refused round 2's controller job):
     # the round is recorded and the next controller does not queue it a second time.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     calls = tmp_path / "calls.txt"
     sub = _submission(tmp_path, 2, [str(_round_two_submitter(tmp_path, calls, code_after=1))])
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
@@ -400,7 +407,7 @@ def test_a_submitter_that_cannot_start_releases_the_claim(
 ) -> None:
     # The submitter moved away (or the project folder): nothing was queued, so the next
     # controller tries again rather than refusing on a pending claim.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: {})
     sub = _submission(tmp_path, 2, [str(tmp_path / "moved_away" / "job_submitter.sh")])
     assert bayes.main(["controller", "--submission", str(sub)]) == 1
     err = capsys.readouterr().err

@@ -1,19 +1,17 @@
-"""hpc_files/lib/prune.py: a sweep's early_terminate block (wandb's hyperband) mapped to
+"""hpc_tools.early_terminate: a sweep's early_terminate block (wandb's hyperband) mapped to
 Optuna's SuccessiveHalvingPruner; bad blocks refused in one line with exit 2 (no Optuna
 needed: this runs on the login node)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
+from conftest import tools_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "hpc_files", "lib"))
-
-import prune  # noqa: E402
+from hpc_tools import early_terminate
+from hpc_tools.errors import ToolError
 
 HYPERBAND = {"type": "hyperband", "min_iter": 1, "eta": 3}
 
@@ -30,7 +28,7 @@ HYPERBAND = {"type": "hyperband", "min_iter": 1, "eta": 3}
     ],
 )
 def test_wandb_bands_map_to_the_pruner(block, expected) -> None:
-    got = prune.parse("s.yml", block, "val_acc")
+    got = early_terminate.parse("s.yml", block, "val_acc")
     assert (got["min_resource"], got["reduction_factor"], got["last_rung"]) == expected
 
 
@@ -59,9 +57,10 @@ def test_a_bad_block_is_refused_in_one_line_with_exit_2(tmp_path, block, message
     }
     sweep.write_text(yaml.safe_dump(doc))
     run = subprocess.run(
-        [sys.executable, f"{ROOT}/hpc_files/lib/trials.py", "--sweep", str(sweep), "--list"],
+        [sys.executable, "-m", "hpc_tools.trials", "--sweep", str(sweep), "--list"],
         capture_output=True,
         text=True,
+        env=tools_env(),
     )
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("trials.py: error: ")
@@ -69,5 +68,5 @@ def test_a_bad_block_is_refused_in_one_line_with_exit_2(tmp_path, block, message
 
 
 def test_early_terminate_needs_a_metric(tmp_path) -> None:
-    with pytest.raises(prune.PruneError, match="needs metric"):
-        prune.parse("s.yml", HYPERBAND, None)
+    with pytest.raises(ToolError, match="needs metric"):
+        early_terminate.parse("s.yml", HYPERBAND, None)

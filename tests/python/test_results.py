@@ -1,4 +1,4 @@
-"""hpc_files/lib/results.py: the tables behind status.sh and results.sh, on fabricated
+"""hpc_tools.results and its parts: the tables behind status.sh and results.sh, on fabricated
 submission folders, logs and metrics.csv files (no cluster)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from types import ModuleType
 
 import pytest
 
+from hpc_tools import collect, logs, metrics, plots, results, slurm, submissions
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,6 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-results = _load("hpc_results", REPO / "hpc_files" / "lib" / "results.py")
 fabricate = _load("hpc_results_fixture", REPO / "tests/bats/fixtures/results/fabricate.py")
 
 
@@ -36,8 +37,8 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SCRATCH", str(root))
     # SLURM has forgotten every fabricated job, and keeps no accounting: states come from
     # the logs.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
-    monkeypatch.setattr(results, "sacct_tasks", lambda job_id: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job_id: {})
+    monkeypatch.setattr(slurm, "sacct_tasks", lambda job_id: {})
     return root
 
 
@@ -167,13 +168,13 @@ def test_rows_come_from_the_submissions_own_jobs_not_an_earlier_run_holding_the_
         (sub / "runs" / f"500_{k}" / "slurm_job_id").write_text(f"{own}\n")
         run_json = exp / "trials" / str(k) / "checkpoints" / "run.json"
         run_json.write_text(json.dumps({"slurm_job_id": str(claimed), "fingerprint": {}}))
-    trials = results.collect(results.load_submission(str(sub)), "proj")
+    trials = collect.collect(submissions.load_submission(str(sub)), "proj")
     assert trials[0].metrics == {}
     assert trials[1].metrics["test_acc"][-1][1] == pytest.approx(0.82)
     assert trials[2].metrics["test_acc"][-1][1] == pytest.approx(0.90)
     # A folder without this task's job ids (a submission before batch.sh recorded them): as before.
     (sub / "runs" / "500_0" / "slurm_job_id").unlink()
-    trials = results.collect(results.load_submission(str(sub)), "proj")
+    trials = collect.collect(submissions.load_submission(str(sub)), "proj")
     assert trials[0].metrics["test_acc"][-1][1] == pytest.approx(0.80)
 
 
@@ -204,7 +205,7 @@ def test_a_1500_trial_sweep_split_at_max_array_size_1001_lists_1500_rows(
         (trial / "metrics.csv").write_text(f"time,step,epoch,name,value\n1,1,0,k,{k}\n")
     monkeypatch.setenv("SCRATCH", str(root))
     # SLURM forgot them: states from the logs.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job_id: {})
     code, lines, err = run(
         capsys, "results", "--project", "proj", "big", "--no-group", "--sort", "k:min"
     )
@@ -218,7 +219,7 @@ def test_a_1500_trial_sweep_split_at_max_array_size_1001_lists_1500_rows(
 
 
 def _trial(index: int, state: str, lr: float, acc: float | None) -> object:
-    t = results.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
+    t = collect.Trial(index, {"lr": lr, "epochs": 1, "seed": 0}, (), state, "failed" in state, 0)
     t.metrics = {"acc": [(10, acc)]} if acc is not None else {}
     return t
 
@@ -231,11 +232,11 @@ def test_plot_draws_finished_trials_only_and_no_panel_for_a_constant_parameter()
         _trial(3, "finished", 0.001, 0.8),
         _trial(4, "pending", 0.03, None),
     ]
-    names, points = results.plot_points(trials, "acc", "max")
+    names, points = plots.plot_points(trials, "acc", "max")
     assert names == ["lr"]  # epochs is 1 in every trial; seeds are never a panel
     assert [(t.index, v) for t, v in points] == [(0, 0.9), (3, 0.8)]
     # Every parameter constant: one panel, by trial.
-    names, _ = results.plot_points([_trial(0, "finished", 0.1, 0.9)], "acc", "max")
+    names, _ = plots.plot_points([_trial(0, "finished", 0.1, 0.9)], "acc", "max")
     assert names == ["trial"]
 
 
@@ -351,9 +352,9 @@ def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatc
 
     def fake(job_id: str) -> dict:
         calls.append(job_id)
-        return results.parse_scontrol(text)
+        return slurm.parse_scontrol(text)
 
-    monkeypatch.setattr(results, "scontrol_tasks", fake)
+    monkeypatch.setattr(slurm, "scontrol_tasks", fake)
     code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
     assert code == 0 and calls == ["500"]
     table = rows(lines)
@@ -374,12 +375,12 @@ def test_a_task_the_cgroup_killed_for_memory_shows_out_of_memory_with_its_exit_c
         "srun: error: node1: task 0: Out Of Memory\n"
         "hpc: training step ended with exit code 137 at 2026-11-27 10:00:09\n"
     )
-    assert results.trial_state(None, results.read_log(str(log)))[:2] == (
+    assert logs.trial_state(None, logs.read_log(str(log)))[:2] == (
         "out of memory (exit 137)",
         True,
     )
     fields = {"JobState": "OUT_OF_MEMORY", "ExitCode": "0:125", "Restarts": "0"}
-    assert results.trial_state(fields, None)[:2] == ("out of memory (exit 0)", True)
+    assert logs.trial_state(fields, None)[:2] == ("out of memory (exit 0)", True)
 
 
 def test_status_shows_a_task_slurm_ended_out_of_memory(scratch, capsys, monkeypatch) -> None:
@@ -387,7 +388,7 @@ def test_status_shows_a_task_slurm_ended_out_of_memory(scratch, capsys, monkeypa
         "JobId=600 ArrayJobId=600 ArrayTaskId=0 JobState=OUT_OF_MEMORY Restarts=0 "
         "ExitCode=0:125 RunTime=00:00:09\n"
     )
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job_id: slurm.parse_scontrol(text))
     code, lines, _ = run(capsys, "status", "--project", "proj", "600")
     assert code == 0
     assert rows(lines)[0][:2] == ["0", "out of memory (exit 0)"]
@@ -432,7 +433,7 @@ def test_a_task_rerun_by_hand_is_its_own_jobs_and_the_others_stay_their_jobs(
         "ExitCode=3:0 RunTime=00:00:09\n",
     }
     monkeypatch.setattr(
-        results, "scontrol_tasks", lambda job_id: results.parse_scontrol(texts.get(job_id, ""))
+        slurm, "scontrol_tasks", lambda job_id: slurm.parse_scontrol(texts.get(job_id, ""))
     )
     code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
     table = rows(lines)
@@ -482,9 +483,9 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
 
     def fake(job_id: str) -> dict:
         calls.append(job_id)
-        return results.parse_sacct(text)
+        return slurm.parse_sacct(text)
 
-    monkeypatch.setattr(results, "sacct_tasks", fake)
+    monkeypatch.setattr(slurm, "sacct_tasks", fake)
     code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
     assert code == 0 and calls == ["500"]
     assert lines[1].endswith("states from sacct")
@@ -495,9 +496,9 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
     # The controller's answer, while it has one, is taken first.
     monkeypatch.setattr(
-        results,
+        slurm,
         "scontrol_tasks",
-        lambda job_id: results.parse_scontrol(
+        lambda job_id: slurm.parse_scontrol(
             "JobId=500 ArrayJobId=500 ArrayTaskId=0-7 JobState=RUNNING Restarts=0 RunTime=1"
         ),
     )
@@ -518,9 +519,9 @@ def test_a_step_the_cgroup_killed_for_memory_reads_out_of_memory(scratch, capsys
     assert rows(lines)[0][1] == "out of memory (exit 137)"
     # While SLURM still knows the job (FAILED: the batch script exits with the step's code).
     monkeypatch.setattr(
-        results,
+        slurm,
         "scontrol_tasks",
-        lambda job_id: results.parse_scontrol("JobId=600 JobState=FAILED ExitCode=137:0 RunTime=1"),
+        lambda job_id: slurm.parse_scontrol("JobId=600 JobState=FAILED ExitCode=137:0 RunTime=1"),
     )
     code, lines, _ = run(capsys, "status", "--project", "proj", "single")
     assert rows(lines)[0][1] == "out of memory (exit 137)"
@@ -529,20 +530,18 @@ def test_a_step_the_cgroup_killed_for_memory_reads_out_of_memory(scratch, capsys
 
 
 def test_parse_sacct_plain_job_and_steps() -> None:
-    tasks = results.parse_sacct("7|TIMEOUT|0:0|00:05:00\n7.batch|CANCELLED|0:15|00:05:00\n")
+    tasks = slurm.parse_sacct("7|TIMEOUT|0:0|00:05:00\n7.batch|CANCELLED|0:15|00:05:00\n")
     assert list(tasks) == [0]
     assert tasks[0]["JobState"] == "TIMEOUT" and tasks[0]["Restarts"] == "0"
 
 
 def test_parse_scontrol_expands_ranges_and_plain_jobs() -> None:
-    tasks = results.parse_scontrol(
+    tasks = slurm.parse_scontrol(
         "JobId=9 ArrayJobId=9 ArrayTaskId=0,2-3 JobState=PENDING Restarts=0\n"
     )
     assert sorted(tasks) == [0, 2, 3]
     assert (
-        results.parse_scontrol("JobId=7 JobState=RUNNING Restarts=2 RunTime=00:00:01")[0][
-            "Restarts"
-        ]
+        slurm.parse_scontrol("JobId=7 JobState=RUNNING Restarts=2 RunTime=00:00:01")[0]["Restarts"]
         == "2"
     )
 
@@ -553,10 +552,10 @@ def test_metrics_keep_the_last_row_per_step_after_a_resume(tmp_path) -> None:
         "time,step,epoch,name,value\n1,10,0,loss,0.9\n1,20,0,loss,0.5\n"
         "2,20,0,loss,0.6\n2,30,0,loss,0.7\n"
     )
-    series = results.read_metrics(str(path))
+    series = metrics.read_metrics(str(path))
     assert series == {"loss": [(10, 0.9), (20, 0.6), (30, 0.7)]}
-    assert results.final_and_best(series["loss"], "loss") == (0.7, 0.6)
-    assert results.final_and_best(series["loss"], "loss", "max") == (0.7, 0.9)
+    assert metrics.final_and_best(series["loss"], "loss") == (0.7, 0.6)
+    assert metrics.final_and_best(series["loss"], "loss", "max") == (0.7, 0.9)
     os.remove(path)
 
 
@@ -569,7 +568,7 @@ def test_requeued_trials_say_so_once(scratch, capsys, monkeypatch) -> None:
         "hpc: requeued 500_3 (restart 1 of at most 10); it resumes from the checkpoint\n"
     )
     text = "JobId=502 ArrayJobId=500 ArrayTaskId=2 JobState=PENDING Restarts=1 ExitCode=0:0\n"
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: results.parse_scontrol(text))
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job_id: slurm.parse_scontrol(text))
     code, lines, _ = run(capsys, "results", "--project", "proj", "grid", "--no-group")
     states = {r[0]: r[4] for r in rows(lines)}
     assert states["2"] == "pending, requeued 1x"
@@ -620,7 +619,7 @@ def test_command_after_dashes_manifest_read_from_commands_txt(tmp_path: Path) ->
     sub.mkdir(parents=True)
     (sub / "job.sbatch").write_text("#!/bin/bash\n")
     (sub / "commands.txt").write_text("python train.py --lr 0.1 --name 'a b'\n")
-    assert results.load_submission(str(sub)).trials == [
+    assert submissions.load_submission(str(sub)).trials == [
         {
             "argv": ["python", "train.py", "--lr", "0.1", "--name", "a b"],
             "params": {},
@@ -652,7 +651,7 @@ def test_a_new_submission_does_not_show_an_earlier_ones_metrics(scratch) -> None
     log = scratch / "proj" / "hpc_outputs" / "proj_configs_900_0.out"
 
     def metrics() -> list[dict]:
-        return [t.metrics for t in results.collect(results.load_submission(str(sub)), "proj")]
+        return [t.metrics for t in collect.collect(submissions.load_submission(str(sub)), "proj")]
 
     assert metrics() == [{}, {}]  # task 0 pending
     log.write_text(
@@ -675,17 +674,17 @@ def test_an_ended_job_shows_its_own_rows_not_a_later_runs(scratch, capsys) -> No
     single = scratch / "proj" / "single"
     ckpt = single / "checkpoints"
     ended = (scratch / "proj" / "hpc_outputs" / "proj_single_600.out").stat().st_mtime
-    sub = results.load_submission(str(next(single.glob("2026*"))))
+    sub = submissions.load_submission(str(next(single.glob("2026*"))))
     own = [(40, 0.7), (47, 0.75)]
-    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    assert collect.collect(sub, "proj")[0].metrics["test_acc"] == own
     with open(ckpt / "metrics.csv", "a") as f:  # a later job resumed the run and went on
         f.write(f"{ended + 100},60,1,test_acc,0.8\n")
-    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    assert collect.collect(sub, "proj")[0].metrics["test_acc"] == own
     ckpt.rename(single / "checkpoints.old-20261127T050000Z")  # a later job's --fresh
     ckpt.mkdir()
     later = f"time,step,epoch,name,value\n{ended + 200},10,0,test_acc,0.99\n"
     (ckpt / "metrics.csv").write_text(later)
-    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    assert collect.collect(sub, "proj")[0].metrics["test_acc"] == own
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"  # no progress line in it:
     log.write_text(  # status.sh's progress comes from metrics.csv
         "hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n"
@@ -711,13 +710,13 @@ def test_a_wandb_task_shows_only_a_run_of_its_own_job(tmp_path) -> None:
     appends its runs to trials/K/wandb_runs.txt: a submission's task shows the last run of
     its own job, never an earlier submission's (before it runs: none)."""
     (tmp_path / "wandb_runs.txt").write_text("oldrunA 0 101\noldrunB 1 101\n")
-    assert results.wandb_run(str(tmp_path), "202") is None
-    assert results.wandb_run(str(tmp_path), "101") == "oldrunB"
+    assert collect.wandb_run(str(tmp_path), "202") is None
+    assert collect.wandb_run(str(tmp_path), "101") == "oldrunB"
     (tmp_path / "wandb_runs.txt").write_text("oldrunA 0 101\nnew1 42 202\nnew1 0 202\nx 0 2020\n")
-    assert results.wandb_run(str(tmp_path), "202") == "new1"
-    assert results.wandb_run(str(tmp_path), None) is None
+    assert collect.wandb_run(str(tmp_path), "202") == "new1"
+    assert collect.wandb_run(str(tmp_path), None) is None
     (tmp_path / "wandb_runs.txt").write_text("oldrun 0\n")  # no job: not this one's
-    assert results.wandb_run(str(tmp_path), "202") is None
+    assert collect.wandb_run(str(tmp_path), "202") is None
 
 
 def test_an_earlier_bayes_round_task_rerun_by_hand_stays_attributed_per_task(
@@ -726,7 +725,7 @@ def test_an_earlier_bayes_round_task_rerun_by_hand_stays_attributed_per_task(
     # Round 1 (job 500, trials 0-1) with trial 1 run again alone as job 700; round 2 (job
     # 600, trials 2-3). Round 2's folder lists all four: trial 0 is job 500's, trial 1 job
     # 700's, not "not started" because round 1's job_id names 700.
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job_id: {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job_id: {})
     exp = tmp_path / "proj" / "bo"
     rounds = [
         {"trial": k, "params": {"lr": 0.1 * (k + 1)}, "argv": [], "source": f"bayes:round {r}"}
@@ -757,34 +756,34 @@ def test_a_running_task_keeps_the_rows_written_after_its_logs_last_line(
 ) -> None:
     # a task that may still write has no end: nothing it writes is a later run's
     running = {1: {"JobState": "RUNNING", "ArrayTaskId": "1"}}
-    monkeypatch.setattr(results, "scontrol_tasks", lambda job: running if job == "700" else {})
+    monkeypatch.setattr(slurm, "scontrol_tasks", lambda job: running if job == "700" else {})
     log = scratch / "proj" / "hpc_outputs" / "proj_configs_700_1.out"
     rows_at = log.stat().st_mtime + 100
     csv_path = scratch / "proj" / "configs" / "trials" / "1" / "metrics.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.write_text(f"time,step,epoch,name,value\n{rows_at},5,0,test_acc,0.3\n")
-    sub = results.load_submission(str(next((scratch / "proj" / "configs").glob("2026*"))))
-    assert results.collect(sub, "proj")[1].metrics == {"test_acc": [(5, 0.3)]}
-    info = results.read_log(str(log))
-    assert results.ended_at(str(log), info, "running") is None
-    assert results.ended_at(str(log), info, "RUNNING") is None
+    sub = submissions.load_submission(str(next((scratch / "proj" / "configs").glob("2026*"))))
+    assert collect.collect(sub, "proj")[1].metrics == {"test_acc": [(5, 0.3)]}
+    info = logs.read_log(str(log))
+    assert logs.ended_at(str(log), info, "running") is None
+    assert logs.ended_at(str(log), info, "RUNNING") is None
 
 
 def test_a_rows_time_counts_up_to_the_end_the_nodes_clock_wrote_in_the_log(scratch) -> None:
     # the rows' times and the log's end line come from the node's clock, the log's last write
     # from the file server's: a node clock ahead must not drop the task's last rows
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
-    end = results._seconds("2026-11-23 12:00:42")
+    end = logs.log_time("2026-11-23 12:00:42")
     os.utime(log, (end - 100, end - 100))
     csv_path = scratch / "proj" / "single" / "checkpoints" / "metrics.csv"
     csv_path.write_text(f"time,step,epoch,name,value\n{end - 1},47,0,test_acc,0.75\n")
-    sub = results.load_submission(str(next((scratch / "proj" / "single").glob("2026*"))))
-    assert results.collect(sub, "proj")[0].metrics == {"test_acc": [(47, 0.75)]}
+    sub = submissions.load_submission(str(next((scratch / "proj" / "single").glob("2026*"))))
+    assert collect.collect(sub, "proj")[0].metrics == {"test_acc": [(47, 0.75)]}
 
 
 def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratch) -> None:
     single = scratch / "proj" / "single"
-    sub = results.load_submission(str(next(single.glob("2026*"))))
+    sub = submissions.load_submission(str(next(single.glob("2026*"))))
     ended = (scratch / "proj" / "hpc_outputs" / "proj_single_600.out").stat().st_mtime
     ckpt = single / "checkpoints"
     older = single / "checkpoints.old-20261101T000000Z"  # a run before this job's
@@ -795,15 +794,15 @@ def test_of_the_copies_a_fresh_moved_aside_the_newest_that_counts_is_read(scratc
     later = f"time,step,epoch,name,value\n{ended + 200},10,0,test_acc,0.99\n"
     (ckpt / "metrics.csv").write_text(later)
     own = [(40, 0.7), (47, 0.75)]
-    assert results.collect(sub, "proj")[0].metrics["test_acc"] == own
+    assert collect.collect(sub, "proj")[0].metrics["test_acc"] == own
     # not finished (failed) and written before the submission: not this task's, nor the
     # older copy's
-    submitted = results.submitted_at(sub)
+    submitted = metrics.submitted_at(sub)
     for folder in (single / "checkpoints.old-20261127T050000Z", older):
         os.utime(folder / "metrics.csv", (submitted - 60, submitted - 60))
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text(log.read_text().replace("exit code 0", "exit code 1"))
-    assert results.collect(sub, "proj")[0].metrics == {}
+    assert collect.collect(sub, "proj")[0].metrics == {}
 
 
 def test_a_pruned_trial_shows_pruned_with_its_step(scratch, capsys) -> None:
@@ -831,8 +830,8 @@ def test_a_runs_failed_row_makes_its_trial_failed_unless_later_steps_follow(
     failed_at, last_other, ended
 ) -> None:
     # a wandb agent's job exits 0 whatever its runs did: the row is what tells the run failed
-    metrics = {"train_loss": [(1, 0.5), (last_other, 0.4)]}
+    series = {"train_loss": [(1, 0.5), (last_other, 0.4)]}
     if failed_at is not None:
-        metrics["failed"] = [(failed_at, 1.0)]
-    assert results.ended_in_exception(metrics) is ended
-    assert list(metrics) == ["train_loss"]  # no metric column named failed
+        series["failed"] = [(failed_at, 1.0)]
+    assert metrics.ended_in_exception(series) is ended
+    assert list(series) == ["train_loss"]  # no metric column named failed

@@ -1,4 +1,4 @@
-"""hpc_search/test_tube.py: the seed's SlurmCluster API over trials.py + job_submitter.sh."""
+"""hpc_search.test_tube: the seed's SlurmCluster API over hpc_tools.trials + job_submitter.sh."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import HPC_FILES, tools_env
 
 from hpc_search.test_tube import HyperOptArgumentParser, HyperOptNamespace, SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 
 # A stand-in for hpc_files/job_submitter.sh: logs its argv (NUL-separated) and keeps a
 # copy of the sweep file it was given.
@@ -65,9 +65,10 @@ def fake(tmp_path, monkeypatch):
 
 def list_trials(sweep_file: Path, *args: str) -> list[dict]:
     proc = subprocess.run(
-        [sys.executable, str(TRIALS), "--sweep", str(sweep_file), *args, "--list"],
+        [sys.executable, "-m", "hpc_tools.trials", "--sweep", str(sweep_file), *args, "--list"],
         capture_output=True,
         text=True,
+        env=tools_env(),
         check=True,
     )
     return [json.loads(line) for line in proc.stdout.splitlines()]
@@ -292,7 +293,8 @@ def test_end_to_end_trials_rerun_the_script_and_call_main(tmp_path):
         for arg; do
           case $arg in --trials=*|--seeds=*|--sweep-seed=*) trial_args+=("$arg") ;; esac
         done
-        "{sys.executable}" "{TRIALS}" --sweep "$sweep" "${{trial_args[@]}}" \\
+        PYTHONPATH="{HPC_FILES}" "{sys.executable}" -m hpc_tools.trials --sweep "$sweep" \\
+          "${{trial_args[@]}}" \\
           --out-dir "$OUT_DIR" >/dev/null
         while IFS= read -r line; do
           eval "set -- $line"

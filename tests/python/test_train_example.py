@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,14 +19,7 @@ from hpc_harness.train import (
     main,
 )
 from hpc_harness.trainer import TrainConfig
-
-# The login-node reader of metrics.csv (hpc_files/lib/, not a package): it draws the curves.
-_spec = importlib.util.spec_from_file_location(
-    "hpc_results_for_example", Path(__file__).resolve().parents[2] / "hpc_files/lib/results.py"
-)
-assert _spec and _spec.loader
-results = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # for its dataclasses
-_spec.loader.exec_module(results)
+from hpc_tools import metrics, results
 
 
 def test_example_reaches_90_percent_and_writes_outputs(tmp_path, digits_dir, capsys) -> None:
@@ -63,7 +53,7 @@ def test_example_reaches_90_percent_and_writes_outputs(tmp_path, digits_dir, cap
     names = {r["name"] for r in rows}
     assert {"train_loss", "test_acc", "lr", "samples_per_s"} <= names
     # The login-node reader takes the run folder as the harness wrote it.
-    series = results.read_metrics(str(ck / "metrics.csv"))
+    series = metrics.read_metrics(str(ck / "metrics.csv"))
     assert {"train_loss", "test_acc", "lr", "samples_per_s"} <= set(series)
     assert [step for step, _ in series["test_acc"]] == [45 * e for e in range(1, 11)]
     png = tmp_path / "curves.png"

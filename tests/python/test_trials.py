@@ -1,4 +1,4 @@
-"""hpc_files/lib/trials.py: configs file / sweep file / --seeds -> trials manifest."""
+"""hpc_tools.trials: configs file / sweep file / --seeds -> trials manifest."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tools_env
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = REPO / "hpc_files" / "lib" / "trials.py"
 
 GRID = """\
 program: train.py
@@ -53,10 +53,11 @@ parameters:
 
 def run(*args: str, cwd: Path | None = None, python_flags: tuple[str, ...] = ()):
     return subprocess.run(
-        [sys.executable, *python_flags, str(TRIALS), *args],
+        [sys.executable, *python_flags, "-m", "hpc_tools.trials", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=tools_env(),
         check=False,
     )
 
@@ -672,15 +673,18 @@ def test_commands_txt_round_trips_through_bash_for_sweeps(tmp_path, write):
 
 def test_stdlib_only_for_configs_and_clear_error_without_yaml(write):
     configs = write("c.txt", "python a.py\n")
-    no_site = run("--configs", configs, "--list", python_flags=("-S", "-I"))
+    no_site = run("--configs", configs, "--list", python_flags=("-S",))
     assert no_site.returncode == 0, no_site.stderr
     sweep = write("s.yml", GRID)
     probe = subprocess.run(
-        [sys.executable, "-S", "-I", "-c", "import yaml"], capture_output=True, check=False
+        [sys.executable, "-S", "-c", "import yaml"],
+        capture_output=True,
+        env=tools_env(),
+        check=False,
     )
     if probe.returncode == 0:
         pytest.skip("yaml importable without site-packages here")
-    proc = run("--sweep", sweep, "--list", python_flags=("-S", "-I"))
+    proc = run("--sweep", sweep, "--list", python_flags=("-S",))
     assert_refused(proc, "--sweep needs PyYAML", code=1)
 
 

@@ -38,16 +38,15 @@ sbatch_call() {
   run sbatch_call 2
   assert_line -- '--dependency=afterany:4242'
   assert_line -- '--cpus-per-task=1'
-  assert_line --regexp "^--wrap=.*/hpc_files/lib/bayes\.py controller --submission '.*/bo/20[0-9-]+-[A-Za-z0-9]+' --project "
+  assert_line --regexp "^--wrap=cd .*/hpc_files'? && exec .* -m hpc_tools\.bayes controller --submission '.*/bo/20[0-9-]+-[A-Za-z0-9]+' --project "
   # The journal study, named after the folder, holds round 1's 3 trials, and the
   # folder records what the controller needs.
   assert_file_exists "$SCRATCH/$PROJECT/bo/optuna.journal"
-  run "$HPC_PYTHON" -c '
+  run env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -c '
 import json, sys
-sys.path.insert(0, sys.argv[2] + "/hpc_files/lib")
-import bayes
+from hpc_tools import study
 info = json.load(open(sys.argv[1] + "/bayes.json"))
-s = bayes.open_study(info["journal"], info["study"], info["goal"], None)
+s = study.open_study(info["journal"], info["study"], info["goal"], None)
 print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_trials()), sorted(t.user_attrs["trial"] for t in s.get_trials()))
 ' "$sub" "$REPO_ROOT"
   assert_success
@@ -103,7 +102,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   local sub
   sub=$(find "$SCRATCH/$PROJECT/bo" -mindepth 1 -maxdepth 1 -name '20*' -type d)
   echo "stopped by a test" >"$SCRATCH/$PROJECT/bo/stopped"
-  run --separate-stderr timeout 60 "$HPC_PYTHON" "$REPO_ROOT/hpc_files/lib/bayes.py" controller --submission "$sub" --project "$PROJECT"
+  run --separate-stderr timeout 60 env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
   ((status == 0)) || fail "exit $status: $stderr"
   assert_output --partial "stopped exists (stop.sh); round 2 is not submitted"
   assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 2
@@ -111,7 +110,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   assert_not_exist "$sub/next_round"
   # Not stopped: the same controller submits round 2 (its array job and its controller).
   rm "$SCRATCH/$PROJECT/bo/stopped"
-  run --separate-stderr timeout 60 "$HPC_PYTHON" "$REPO_ROOT/hpc_files/lib/bayes.py" controller --submission "$sub" --project "$PROJECT"
+  run --separate-stderr timeout 60 env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
   ((status == 0)) || fail "exit $status: $stderr"
   assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 4
 }

@@ -26,7 +26,7 @@ setup() {
     assert_success
     assert_line --index 0 --partial 'usage: results.sh EXP|JOBID [--sort METRIC[:max|min]]'
   done
-  opts=$(sed -n '/^def cmd_results/,/^def /p' "$REPO_ROOT/hpc_files/lib/results.py" | grep -oE '"--?[a-z][a-z-]*"' | tr -d '"' | sort -u)
+  opts=$(sed -n '/^def cmd_results/,/^def /p' "$REPO_ROOT/hpc_files/hpc_tools/results.py" | grep -oE '"--?[a-z][a-z-]*"' | tr -d '"' | sort -u)
   [[ -n "$opts" ]] || fail "no options found in cmd_results"
   for opt in $opts; do
     assert_output --regexp "(^|[ ,])$opt([ ,=]|$)"

@@ -40,7 +40,7 @@ STUB
 
 @test "--help lists every option the parser accepts" {
   local opts opt
-  opts=$(sed -n '/^def cmd_status/,/^def /p' "$REPO_ROOT/hpc_files/lib/results.py" | grep -oE '"--?[a-z][a-z-]*"' | tr -d '"' | sort -u)
+  opts=$(sed -n '/^def cmd_status/,/^def /p' "$REPO_ROOT/hpc_files/hpc_tools/status.py" | grep -oE '"--?[a-z][a-z-]*"' | tr -d '"' | sort -u)
   [[ -n "$opts" ]] || fail "no options found in cmd_status"
   run "$STATUS" --help
   for opt in $opts; do
@@ -134,8 +134,8 @@ OUT
   chmod +x "$stub"
   HPC_PYTHON=$stub run --separate-stderr "$STATUS" grid
   assert_success
-  assert_equal "$output" "$(printf '%s\n' "$REPO_ROOT/hpc_files/lib/results.py" status --project "$project" grid)"
+  assert_equal "$output" "$(printf '%s\n' -m hpc_tools.results status --project "$project" grid)"
   HPC_PYTHON=$stub run --separate-stderr "$REPO_ROOT/hpc_files/results.sh" grid --no-group
   assert_success
-  assert_equal "$output" "$(printf '%s\n' "$REPO_ROOT/hpc_files/lib/results.py" results --project "$project" grid --no-group)"
+  assert_equal "$output" "$(printf '%s\n' -m hpc_tools.results results --project "$project" grid --no-group)"
 }

@@ -112,8 +112,8 @@ sync_ended() {
 
 @test "--help lists every option the parser accepts" {
   local opts opt
-  opts=$(grep -oE 'add_argument\("--?[a-z][a-z-]*"' "$REPO_ROOT/hpc_files/lib/wandb_sync.py" | grep -oE '"-.*"' | tr -d '"')
-  [[ -n "$opts" ]] || fail "no options found in wandb_sync.py"
+  opts=$(grep -oE 'add_argument\("--?[a-z][a-z-]*"' "$REPO_ROOT/hpc_files/hpc_tools/wandb_sync.py" | grep -oE '"-.*"' | tr -d '"')
+  [[ -n "$opts" ]] || fail "no options found in hpc_tools/wandb_sync.py"
   run "$WANDB_SYNC" --help
   for opt in $opts; do
     assert_output --partial "  $opt"

@@ -45,12 +45,11 @@ wait_file() {
   assert_output 3
   # The journal: 6 trials, keyed by round and index; round 1's 3 were told
   # complete before round 2's were asked; 6 distinct parameter sets.
-  run "$REPO_ROOT/.venv/bin/python" -c '
+  run env PYTHONPATH="$REPO_ROOT/hpc_files" "$REPO_ROOT/.venv/bin/python" -c '
 import json, sys
-sys.path.insert(0, sys.argv[2] + "/hpc_files/lib")
-import bayes
+from hpc_tools import study
 info = json.load(open(sys.argv[1] + "/bayes.json"))
-s = bayes.open_study(info["journal"], info["study"], info["goal"], None)
+s = study.open_study(info["journal"], info["study"], info["goal"], None)
 ts = s.get_trials()
 r1 = [t for t in ts if t.user_attrs["round"] == 1]
 r2 = [t for t in ts if t.user_attrs["round"] == 2]
@@ -78,7 +77,7 @@ print("all complete:", all(t.state.name == "COMPLETE" for t in ts))
   assert_line --index 1 '6 trial(s); sorted by test_acc (max)'
   assert_equal "$(grep -cE '^[0-5] +1 +(16|32|64) +[0-9.e-]+ +finished +0\.[0-9]+' <<<"$output")" 6
   # Re-running round 1's controller tells nothing again and submits nothing.
-  run "$REPO_ROOT/.venv/bin/python" "$REPO_ROOT/hpc_files/lib/bayes.py" controller --submission "$round1"
+  run env PYTHONPATH="$REPO_ROOT/hpc_files" "$REPO_ROOT/.venv/bin/python" -m hpc_tools.bayes controller --submission "$round1"
   assert_success
   assert_line "bayes: round 1/2: told 0 complete, 0 failed"
   assert_line --partial "round 2 was already submitted"

@@ -74,12 +74,11 @@ wait_file() {
   assert_equal "$(grep '"study"' "$round1/early_terminate.json")" "$(grep '"study"' "$round2/early_terminate.json")"
   assert_file_contains "$round2/early_terminate.json" '"last_rung": 3'
   # The journal: per trial, its lr, state and the step its pruned file names.
-  run "$REPO_ROOT/.venv/bin/python" -c '
+  run env PYTHONPATH="$REPO_ROOT/hpc_files" "$REPO_ROOT/.venv/bin/python" -c '
 import json, os, sys
-sys.path.insert(0, sys.argv[2] + "/hpc_files/lib")
-import bayes
+from hpc_tools import study
 info = json.load(open(sys.argv[1] + "/bayes.json"))
-s = bayes.open_study(info["journal"], info["study"], info["goal"], None)
+s = study.open_study(info["journal"], info["study"], info["goal"], None)
 rows = []
 for t in s.get_trials():
     k = t.user_attrs["trial"]

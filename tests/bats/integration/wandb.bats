@@ -2,7 +2,7 @@
 # The wandb-server sweep path (-w ENTITY/PROJECT/ID --sweep-count K) on the
 # real local cluster: the real `wandb agent` CLI, inside the project's .venv,
 # talks to the fake W&B backend of tests/python/fake_wandb.py on
-# 127.0.0.1 (its grid points come from hpc_files/lib/trials.py). The API key is
+# 127.0.0.1 (its grid points come from hpc_tools.trials). The API key is
 # only in $HOME/wandb_credentials.txt (mode 600) and is read on the node; the
 # fake refuses any other key (401), so a run that starts proves it got there.
 

@@ -28,10 +28,9 @@ teardown() {
   run_cleanup
 }
 
-# manifest_of DIR: the folder's manifest as results.py reads it.
+# manifest_of DIR: the folder's manifest as results.sh reads it.
 manifest_of() {
-  "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[1]); import trials; sys.stdout.write(trials.manifest_of(sys.argv[2]))' \
-    "$HPC_FILES_DIR/lib" "$1"
+  PYTHONPATH=$HPC_FILES_DIR "$PYTHON" -c 'import sys; from hpc_tools import manifest; sys.stdout.write(manifest.manifest_of(sys.argv[1]))' "$1"
 }
 
 # written_in_bash WORD...: '-- WORD...' gives commands.txt alone, one trial,
@@ -87,7 +86,7 @@ written_in_bash() {
     printf '%d\0' "${#words[@]}" >>"$BATS_TEST_TMPDIR/words"
     printf '%s\0' "${words[@]}" >>"$BATS_TEST_TMPDIR/words"
   done
-  "$PYTHON" "$HPC_FILES_DIR/lib/trials.py" --configs "$BATS_TEST_TMPDIR/all.txt" --list >"$BATS_TEST_TMPDIR/all.jsonl"
+  PYTHONPATH=$HPC_FILES_DIR "$PYTHON" -m hpc_tools.trials --configs "$BATS_TEST_TMPDIR/all.txt" --list >"$BATS_TEST_TMPDIR/all.jsonl"
   run "$PYTHON" - "$BATS_TEST_TMPDIR/words" "$BATS_TEST_TMPDIR/all.jsonl" <<'PY'
 import json, sys
 fields = open(sys.argv[1], "rb").read().decode().split("\0")[:-1]

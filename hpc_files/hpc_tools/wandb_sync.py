@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from hpc_tools.errors import ToolError, report
+
 PROG = "wandb_sync.sh"
 # wandb-osh 1.2.2 as it is, and what this file adds around it:
 # - its loop never ends: it runs in a child, stopped with SIGINT when the jobs have ended;
@@ -36,6 +38,8 @@ PROG = "wandb_sync.sh"
 # the KeyboardInterrupt traceback of every normal end would read as a failure.
 OSH_CLI = """import sys
 from wandb_osh.cli import main
+
+
 try:
     main(sys.argv[1:])
 except KeyboardInterrupt:
@@ -77,17 +81,9 @@ else from beside that python. Environment: SCRATCH (required).
 """
 
 
-class UsageError(Exception):
-    """Bad input: one line on stderr, exit 2."""
-
-
-class RuntimeFailure(Exception):
-    """Something failed at run time: one line on stderr, exit 1."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
+        raise ToolError(f"{message} (see --help)")
 
 
 def parse_args(argv: Sequence[str], project: str) -> argparse.Namespace:
@@ -108,23 +104,23 @@ def _seconds(option: str):
             value = -1.0
         if not 0 < value <= 86400:
             accepted = "seconds (a number above 0, at most 86400)"
-            raise UsageError(f"{option} expects {accepted}, got {text!r}")
+            raise ToolError(f"{option} expects {accepted}, got {text!r}")
         return value
 
     return parse
 
 
 def experiment_dir(project_dir: Path, exp: str | None) -> Path:
-    """EXP's folder, or the folder of the newest submission; UsageError when there is none."""
+    """EXP's folder, or the folder of the newest submission; ToolError when there is none."""
     subs = sorted(project_dir.glob("*/*/job.sbatch"), key=lambda p: p.parent.name)
     exps = sorted({p.parent.parent.name for p in subs if p.parent.parent.name != "hpc_outputs"})
     if exp is None:
         if not subs:
-            raise UsageError(f"no submissions under {project_dir}")
+            raise ToolError(f"no submissions under {project_dir}")
         return subs[-1].parent.parent
     if exp not in exps:
         known = ", ".join(exps) or "none"
-        raise UsageError(f"no experiment {exp!r} under {project_dir} (experiments: {known})")
+        raise ToolError(f"no experiment {exp!r} under {project_dir} (experiments: {known})")
     return project_dir / exp
 
 
@@ -222,15 +218,16 @@ def stop(process: subprocess.Popen) -> bool:
 def run(args: argparse.Namespace) -> int:
     scratch = os.environ.get("SCRATCH", "")
     if not scratch:
-        raise UsageError("SCRATCH is not set (the folder job_submitter.sh writes under)")
+        raise ToolError("SCRATCH is not set (the folder job_submitter.sh writes under)")
     exp_dir = experiment_dir(Path(scratch) / args.project, args.exp)
     command_dir = exp_dir / SYNC_FOLDER
     try:
         from wandb_osh.syncer import WandbSyncer
     except ImportError as exc:
-        raise RuntimeFailure(
+        raise ToolError(
             f"wandb-osh is not installed for {sys.executable} ({exc}); pip install wandb-osh, "
-            "or set HPC_PYTHON to a python that has it"
+            "or set HPC_PYTHON to a python that has it",
+            1,
         ) from exc
     # wandb-osh skips the real 'wandb sync' (and stops its loop) under pytest; this tool's
     # own tests run it for real, with a stand-in wandb.
@@ -251,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
             if alive == []:
                 break
             if syncer.poll() is not None:
-                raise RuntimeFailure(f"wandb-osh exited with code {syncer.returncode}")
+                raise ToolError(f"wandb-osh exited with code {syncer.returncode}", 1)
             if alive is None:
                 say("squeue failed; asking again later")
             time.sleep(args.poll)
@@ -288,12 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _interrupt)
     try:
         return run(parse_args(args, project))
-    except UsageError as exc:
-        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).splitlines())}\n")
-        return 2
-    except RuntimeFailure as exc:
-        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).splitlines())}\n")
-        return 1
+    except ToolError as exc:
+        return report(PROG, exc)
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; the jobs go on (run it again to sync)\n")
         return 130
