@@ -28,7 +28,7 @@ sbatch_line() {
 # export_line NAME VALUE: an export with the value quoted literally.
 export_line() {
   local quoted
-  shell_quote_to quoted "$2"
+  quoted=$(shell_quote "$2")
   printf 'export %s=%s\n' "$1" "$quoted"
 }
 
@@ -124,7 +124,7 @@ render_environment() {
   if [[ -n "$plan_snapshot" ]]; then
     printf '# The code as submitted (a snapshot of the project; git.txt says which\n'
     printf '# commit): the program runs there, and imports from the project find it first.\n'
-    shell_quote_to quoted "$plan_code_dir"
+    quoted=$(shell_quote "$plan_code_dir")
     # shellcheck disable=SC2016 # the job expands its own PYTHONPATH
     printf 'export PYTHONPATH=%s"${PYTHONPATH:+:$PYTHONPATH}"\n' "$quoted"
   fi

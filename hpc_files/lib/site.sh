@@ -70,7 +70,7 @@ read_site_file() {
   done
   while IFS= read -r line || [[ -n "$line" ]]; do
     number=$((number + 1))
-    site_strip_comment "$line" line
+    line=$(site_strip_comment "$line")
     [[ -n "$line" ]] || continue
     [[ "$line" == *=* ]] || usage_error "$file:$number: expected 'key = value', got '$line'"
     key="${line%%=*}"
@@ -85,7 +85,9 @@ read_site_file() {
       sbatch) site_sbatch+=("$value") ;;
       command) site_command+=("$value") ;;
       max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
-        to_decimal "$value" "site_${key}" ;;
+        value=$(to_decimal "$value")
+        printf -v "site_${key}" '%s' "$value"
+        ;;
       *) printf -v "site_${key}" '%s' "$value" ;;
     esac
   done <"$file"
@@ -115,9 +117,8 @@ site_resolve_tmpdir_base() {
   site_tmpdir_base="${dir:-}/$base"
 }
 
-# site_strip_comment LINE VAR: LINE without its comment (a '#' first on the
-# line or after a space or tab) and without surrounding blanks, into VAR
-# (which must not be 'text').
+# site_strip_comment LINE: LINE without its comment (a '#' first on the
+# line or after a space or tab) and without surrounding blanks.
 site_strip_comment() {
   local text=$1
   text="${text#"${text%%[![:space:]]*}"}"
@@ -127,7 +128,7 @@ site_strip_comment() {
     text=${BASH_REMATCH[1]}
   done
   text="${text%"${text##*[![:space:]]}"}"
-  printf -v "$2" '%s' "$text"
+  printf '%s' "$text"
 }
 
 # site_value_error WHERE KEY VALUE ACCEPTED: exit 2 naming all four.

@@ -10,9 +10,9 @@
 check_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key=""
   if [[ -e "$file" ]]; then
-    readable_by_others "$file" mode || die "cannot stat $file"
+    mode=$(readable_by_others "$file") || die "cannot stat $file"
     [[ -z "$mode" ]] || usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
-    wandb_key_in "$file" key ||
+    key=$(wandb_key_in "$file") ||
       warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
   fi
   [[ -z "${WANDB_API_KEY:-}" || -n "$key" ]] ||
@@ -170,7 +170,7 @@ snapshot_code() {
 report_unsubmitted() {
   local quoted
   submission_complete=1
-  shell_quote_to quoted "$submission_dir/job.sbatch"
+  quoted=$(shell_quote "$submission_dir/job.sbatch")
   printf 'Wrote %s (%s trial(s), %s node(s) x %s GPU(s), -W %s); nothing was queued.\n' \
     "$submission_dir" "$plan_trial_count" "$plan_nodes" "$plan_gpus_per_node" "$plan_kind"
   printf 'Submit it from any directory, now or later (again re-runs it):\n'
@@ -288,7 +288,8 @@ run_interactive() {
   submission_complete=1
   resource_options
   for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
-    sbatch_option_parts "$arg" name value
+    name=$(sbatch_option_name "$arg")
+    value=$(sbatch_option_value "$arg")
     if [[ "$name" == --* ]]; then
       resource_args+=("$name${value:+=$value}")
     else
@@ -402,7 +403,7 @@ report_submission() {
     printf '  arrays:     %s (MaxArraySize %s; job, first trial)\n' "$(paste -sd, - <"$submission_dir/array_jobs")" "$plan_array_chunk"
   printf '  log:        %s\n' "$log"
   printf '  submission: %s\n' "$submission_dir"
-  shell_quote_to quoted_log "$log"
+  quoted_log=$(shell_quote "$log")
   printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$quoted_log"
   [[ -z "$plan_wandb_sync_dir" ]] || report_wandb_sync
 }
@@ -412,17 +413,16 @@ report_submission() {
 report_wandb_sync() {
   local command quoted
   printf -v command 'bash %q %q' "$HPC_FILES_DIR/wandb_sync.sh" "$plan_exp_name"
-  shell_quote_to quoted "$command"
+  quoted=$(shell_quote "$command")
   printf '  W&B live:   tmux new -d -s sync %s\n' "$quoted"
 }
 
-# job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task),
-# read without a process per line (--wait polls a 1000-task array).
+# job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task).
 job_states() {
   local line state exit_code
   while IFS= read -r line; do
-    record_field "$line" JobState state || continue
-    if ! record_field "$line" ExitCode exit_code || [[ ! "$exit_code" =~ ^[0-9]+:[0-9]+$ ]]; then
+    state=$(record_field "$line" JobState) || continue
+    if ! exit_code=$(record_field "$line" ExitCode) || [[ ! "$exit_code" =~ ^[0-9]+:[0-9]+$ ]]; then
       exit_code=0:0
     fi
     printf '%s %s\n' "$state" "$exit_code"

@@ -164,7 +164,7 @@ submit_bayes_controller() {
   [[ -z "$plan_account" ]] || args+=(--account="$plan_account")
   [[ -z "$plan_partition" ]] || args+=(--partition="$plan_partition")
   python=$(login_python)
-  shell_quote_to wrap "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name"
+  wrap=$(shell_quote "$python" "$HPC_FILES_DIR/lib/bayes.py" controller --submission "$submission_dir" --project "$project_name")
   output=$(sbatch_from_submission "${args[@]}" --wrap="$wrap") ||
     die "sbatch refused the method-bayes controller job (round job $job_id is queued; run: $wrap): ${output//$'\n'/ }"
   bayes_controller_id=${output%%;*}
