@@ -40,22 +40,6 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
-# trace_steps: with HPC_TRACE=FILE in the environment, the caller (main) and
-# its EXIT trap append 'SECONDS<TAB>COMMAND' to FILE as each of their commands
-# starts (a DEBUG trap, which the functions they call do not inherit), so a
-# step takes the next line's time minus its own. bench/submit_latency.sh
-# times the submitter with it; unset, it costs this one test.
-trace_steps() {
-  [[ -n "${HPC_TRACE:-}" ]] || return 0
-  # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
-  # none (the name expands to nothing there), and runs date instead.
-  trace_clock=EPOCHREALTIME
-  # A file that cannot be written loses the trace, not the submission (a
-  # failed redirection would end main under set -e).
-  # shellcheck disable=SC2016 # expanded when the trap runs
-  trap '{ printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"; } 2>/dev/null || :' DEBUG
-}
-
 # shell_quote WORD...: each word quoted for a shell, joined by spaces. Unlike
 # printf %q it keeps printable text readable ('a b' rather than a\ b) and is
 # stable across bash versions, which the golden files need.

@@ -251,7 +251,7 @@ leaked_names() {
       SBATCH_ACCOUNT) [[ -z "${plan_account:-}" ]] || printf '%s\n' "$name" ;;
       SBATCH_PARTITION) [[ -z "${plan_partition:-}" ]] || printf '%s\n' "$name" ;;
       # The user's knobs: the submitter's and those the node and harness read.
-      HPC_SITE | HPC_SITES_DIR | HPC_PYTHON | HPC_SNAPSHOT_MAX_MB | HPC_TRACE) ;;
+      HPC_SITE | HPC_SITES_DIR | HPC_PYTHON | HPC_SNAPSHOT_MAX_MB) ;;
       HPC_WANDB | HPC_DIST_TIMEOUT | HPC_SETUP_PYTHON) ;;
       *) printf '%s\n' "$name" ;;
     esac

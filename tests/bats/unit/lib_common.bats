@@ -97,51 +97,6 @@ round_trip() {
   assert_not_exists "$BATS_TEST_TMPDIR/f"
 }
 
-# traced_main: a stand-in for job_submitter.sh's main() (two steps), run in
-# a subshell without bats' own DEBUG trap and functrace (set -T).
-step_one() { :; }
-step_two() { step_one; }
-traced_main() {
-  trace_steps
-  step_one "$@"
-  step_two
-}
-run_traced_main() {
-  (
-    set +T
-    trap - DEBUG
-    traced_main x
-  )
-}
-
-# trap_after_traced_main: the DEBUG trap traced_main leaves set.
-trap_after_traced_main() {
-  (
-    set +T
-    trap - DEBUG
-    traced_main x
-    trap -p DEBUG
-  )
-}
-
-@test "trace_steps: with HPC_TRACE, one timestamped line per step of the caller, none for nested calls" {
-  export HPC_TRACE="$BATS_TEST_TMPDIR/trace dir/trace.tsv"
-  mkdir -p "${HPC_TRACE%/*}"
-  run_traced_main
-  run cut -f2 "$HPC_TRACE"
-  assert_output $'step_one "$@"\nstep_two'
-  run cut -f1 "$HPC_TRACE"
-  assert_line --index 0 --regexp '^[0-9]+\.[0-9]+$'
-  assert_line --index 1 --regexp '^[0-9]+\.[0-9]+$'
-}
-
-@test "trace_steps: without HPC_TRACE, no trap is set" {
-  unset HPC_TRACE
-  run trap_after_traced_main
-  assert_success
-  assert_output ''
-}
-
 @test "login_python: HPC_PYTHON, else the --venv's python, else the project's .venv, else python3" {
   local venv="$BATS_TEST_TMPDIR/a venv" project="$BATS_TEST_TMPDIR/a project"
   mkdir -p "$venv/bin" "$project/.venv/bin"
