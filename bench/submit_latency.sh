@@ -179,7 +179,7 @@ describe_phase() {
     plan_data) echo "tarball name: sha256 of the path list" ;;
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
-    prepare_trials) echo "trials: nothing for a command after -- (fill_submission_dir writes its commands.txt line), otherwise trials.jsonl + commands.txt from python hpc_files/lib/trials.py into a temporary folder" ;;
+    prepare_trials) echo "trials: trials.jsonl + commands.txt from python hpc_files/lib/trials.py into a temporary folder" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
     fill_submission_dir) echo "one cp of the node scripts and runtime layers, the trials, git state (git rev-parse, status, diff; in the background), code snapshot (git ls-files + tar of the project's 500 files)" ;;
     plan_array) echo "array spec" ;;

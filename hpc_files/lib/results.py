@@ -18,8 +18,7 @@ Where things are (written by job_submitter.sh and the batch script):
 
 * a submission folder ``$SCRATCH/<project>/<exp>/<YYYYmmdd-HHMMSS-XXXX>/`` holds
   ``job.sbatch`` (``#SBATCH --array=`` for an array), ``job_id``, ``trials.jsonl`` (one
-  trial per line: ``trial``, ``params``, ``argv``; for a command after ``--``,
-  ``commands.txt`` alone, read by trials.py) and ``sweep.yml`` for a sweep;
+  trial per line: ``trial``, ``params``, ``argv``) and ``sweep.yml`` for a sweep;
 * the log of a plain job is ``$SCRATCH/<project>/hpc_outputs/<project>_<exp>_<id>.out``,
   of array task K ``..._<arrayid>_K.out``; every run appends ``hpc: job KEY (trial K) on
   NODES, restart N, started DATE`` and ends with ``hpc: training step ended with exit code

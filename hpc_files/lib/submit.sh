@@ -62,13 +62,7 @@ remove_unsubmitted_dir() {
 # prepare_trials: the trials manifest, written (or refused) before anything
 # is created under SCRATCH, into a temporary folder (trials_dir) that
 # fill_submission_dir copies into the submission folder; sets trials_count.
-# A command after '--' that bash writes is one trial that nothing can refuse:
-# fill_submission_dir writes its commands.txt line there directly.
 prepare_trials() {
-  if command_in_bash; then
-    trials_count=1
-    return 0
-  fi
   trials_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials.XXXXXX") || die "mktemp failed"
   register_cleanup "$trials_dir"
   write_trials "$trials_dir"
@@ -102,11 +96,7 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  if [[ -n "${trials_dir:-}" ]]; then
-    cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
-  else
-    write_trials "$dir"
-  fi
+  cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
   wait "$git_state_pid" || die "cannot write $dir/git.txt"

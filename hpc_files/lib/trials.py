@@ -4,10 +4,8 @@ trials manifest.
 
 This is the definition behind every array job, and the only writer of trials.jsonl:
 job_submitter.sh calls it on the login node (hpc_files/lib/trials.sh), and SLURM array
-task K runs trial K. One source skips the python start: a command after ``--`` without
---seeds is one trial, and the submitter writes its commands.txt line (the quoted words)
-itself; ``manifest_of`` reads such a folder's commands.txt here, as a configs file, when
-results.py needs its trials.jsonl. It runs with the system ``python3`` (3.9+) and the
+task K runs trial K. A command after ``--`` reaches it as a configs file of one line (the
+words quoted). It runs with the system ``python3`` (3.9+) and the
 standard library only; PyYAML is imported only for ``--sweep``. Nothing here executes,
 expands or evaluates user text.
 
@@ -856,19 +854,11 @@ def _bayes_module():
 
 
 def manifest_of(folder: str) -> str:
-    """A submission folder's trials.jsonl text. A folder without one holds a command given
-    after ``--`` (no --seeds): the submitter wrote its commands.txt line alone, and that
-    line read as a configs file is the manifest ("" when neither file can be read)."""
+    """A submission folder's trials.jsonl text ("" when it cannot be read)."""
     try:
         with open(os.path.join(folder, "trials.jsonl"), encoding="utf-8") as fh:
             return fh.read()
-    except FileNotFoundError:
-        pass
     except OSError:
-        return ""
-    try:
-        return render(read_configs(os.path.join(folder, "commands.txt")))[0]
-    except TrialsError:
         return ""
 
 

@@ -188,7 +188,7 @@ REQUEUE_HOLD 0:15'
   assert_regex "$stderr" "job 5: CANCELLED x1, COMPLETED x1, FAILED x1"
 }
 
-@test "prepare_trials: a command after '--' is one trial with no temporary folder; a configs file is expanded in one" {
+@test "prepare_trials: a command after '--' and a configs file are expanded in a temporary folder" {
   # shellcheck source=../../../hpc_files/lib/trials.sh
   source "$HPC_FILES_DIR/lib/trials.sh"
   HPC_PYTHON="$REPO_ROOT/.venv/bin/python"
@@ -202,8 +202,8 @@ REQUEUE_HOLD 0:15'
   trials_dir=""
   prepare_trials
   assert_equal "$trials_count" 1
-  assert_equal "$trials_dir" ""
-  assert_equal "$(ls -A "$TMPDIR")" ""
+  assert_equal "$(cat "$trials_dir/commands.txt")" "python train.py --lr 0.1"
+  assert_file_exists "$trials_dir/trials.jsonl"
   opt_command=()
   opt_configs="$BATS_TEST_TMPDIR/configs.txt"
   printf 'python train.py --lr 0.1\npython train.py --lr 0.2\n' >"$opt_configs"
