@@ -64,12 +64,6 @@ is_uint() {
   [[ "$1" =~ ^[0-9]+$ ]]
 }
 
-# to_decimal VALUE: VALUE without leading zeros, so $((...)) never reads octal.
-to_decimal() {
-  local digits=${1#"${1%%[!0]*}"}
-  printf '%s' "${digits:-0}"
-}
-
 # Temporary files removed when job_submitter.sh exits, whatever the outcome.
 HPC_CLEANUP_PATHS=()
 

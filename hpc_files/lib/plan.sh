@@ -152,7 +152,7 @@ plan_site_settings() {
   plan_modules=${site_modules:-}
   [[ -z "${OPT_GIVEN[modules]:-}" ]] || plan_modules=$opt_modules
   plan_array_throttle=${opt_array_throttle:-${site_array_throttle:-}}
-  [[ -z "$plan_array_throttle" ]] || plan_array_throttle=$(to_decimal "$plan_array_throttle")
+  [[ -z "$plan_array_throttle" ]] || plan_array_throttle=$((10#$plan_array_throttle))
   plan_dependency=${opt_dependency:-}
   plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"})
   plan_repeated_options

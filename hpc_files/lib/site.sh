@@ -70,6 +70,8 @@ read_site_file() {
   done
   while IFS= read -r line || [[ -n "$line" ]]; do
     number=$((number + 1))
+    # A blank or comment line: nothing to strip.
+    [[ ! "$line" =~ ^[[:space:]]*(#.*)?$ ]] || continue
     line=$(site_strip_comment "$line")
     [[ -n "$line" ]] || continue
     [[ "$line" == *=* ]] || usage_error "$file:$number: expected 'key = value', got '$line'"
@@ -85,9 +87,7 @@ read_site_file() {
       sbatch) site_sbatch+=("$value") ;;
       command) site_command+=("$value") ;;
       max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
-        value=$(to_decimal "$value")
-        printf -v "site_${key}" '%s' "$value"
-        ;;
+        printf -v "site_${key}" '%s' $((10#$value)) ;;
       *) printf -v "site_${key}" '%s' "$value" ;;
     esac
   done <"$file"

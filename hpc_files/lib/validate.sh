@@ -8,7 +8,7 @@ require_uint() {
   local option=$1 value=$2 min=$3 max=${4:-}
   is_uint "$value" || usage_error "$option expects a whole number, got '$value'"
   ((${#value} <= 9)) || usage_error "$option is out of range, got '$value'"
-  value=$(to_decimal "$value")
+  value=$((10#$value))
   ((value >= min)) || usage_error "$option must be at least $min, got '$value'"
   if [[ -n "$max" ]] && ((value > max)); then
     usage_error "$option must be at most $max, got '$value'"
@@ -48,7 +48,7 @@ validate_array_size() {
   config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
   max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
   [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
-  max=$(to_decimal "$max")
+  max=$((10#$max))
   cluster_max_array=$max
   [[ -n "${bayes_first:-}" ]] || return 0
   ((trials <= max)) ||
@@ -68,10 +68,7 @@ parse_slurm_time() {
   else
     return 0
   fi
-  days=$(to_decimal "$days")
-  h=$(to_decimal "$h")
-  m=$(to_decimal "$m")
-  s=$(to_decimal "$s")
+  days=$((10#$days)) h=$((10#$h)) m=$((10#$m)) s=$((10#$s))
   # With a day count the hours are hours of a day; alone, minutes may exceed 59.
   ((s < 60 && (m < 60 || (days == 0 && h == 0)))) || return 0
   [[ "$value" != *-* ]] || ((h < 24)) || return 0
@@ -84,7 +81,7 @@ parse_memory_mb() {
   local value=$1 number unit
   # SLURM takes the suffixes in either case (10g is 10G).
   [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
-  number=$(to_decimal "${BASH_REMATCH[1]}")
+  number=$((10#${BASH_REMATCH[1]}))
   unit=${BASH_REMATCH[2]:-M}
   case "${unit^^}" in
     K) printf '%s' $(((number + 1023) / 1024)) ;;
@@ -133,7 +130,7 @@ validate_settings() {
   [[ -z "${opt_wandb_sync:-}" ]] || require_one_of --wandb-sync "$opt_wandb_sync" login none
   require_uint --signal-lead "$opt_signal_lead" 1 65535
   [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds"
-  lead=$(to_decimal "$opt_signal_lead")
+  lead=$((10#$opt_signal_lead))
   if [[ -z "${opt_no_signal:-}${opt_interactive:-}" ]]; then
     ((lead < seconds)) ||
       usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
@@ -162,9 +159,8 @@ readonly MIN_SIGNAL_LEAD=10
 # said in one line. Called for the default lead only, never an explicit one.
 # Sets the options, so it runs in the caller's shell, never in $(...).
 fit_default_signal_lead() {
-  local fitted=$(($1 - 60)) lead
-  lead=$(to_decimal "$opt_signal_lead")
-  ((fitted < lead)) || return 0
+  local fitted=$(($1 - 60))
+  ((fitted < 10#$opt_signal_lead)) || return 0
   if ((fitted >= MIN_SIGNAL_LEAD)); then
     info "--time $opt_time leaves no room for the default $DEFAULT_SIGNAL_LEAD s signal lead; the wall-time signal comes $fitted s before the end (--signal-lead sets it)"
     opt_signal_lead=$fitted

@@ -76,17 +76,6 @@ round_trip() {
   done
 }
 
-@test "to_decimal strips leading zeros so arithmetic never reads octal" {
-  run to_decimal 08
-  assert_output 8
-  run to_decimal 000
-  assert_output 0
-  run to_decimal 0
-  assert_output 0
-  run to_decimal 0100
-  assert_output 100
-}
-
 @test "run_cleanup removes registered paths, even with spaces" {
   mkdir -p "$BATS_TEST_TMPDIR/a b/c"
   touch "$BATS_TEST_TMPDIR/f"
