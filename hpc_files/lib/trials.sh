@@ -7,10 +7,17 @@
 
 # require_trials_python PYTHON: stop with one line unless PYTHON runs and is
 # 3.9+ (an old login node's python3 would die on trials.py with a traceback).
+# 'python -V' answers before python imports anything (a venv's site packages
+# can take 20 ms); python 2 answers on stderr.
 require_trials_python() {
   local version
-  version=$("$1" -c 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3])); sys.exit(sys.version_info < (3, 9))' 2>/dev/null) && return 0
-  if [[ -n "$version" ]]; then version="$1 is $version"; else version="cannot run '$1'"; fi
+  version=$("$1" -V 2>&1) || version=""
+  if [[ "$version" =~ ^Python\ ([0-9]+)\.([0-9]+)(\.[0-9]+)? ]]; then
+    ((BASH_REMATCH[1] > 3 || (BASH_REMATCH[1] == 3 && BASH_REMATCH[2] >= 9))) && return 0
+    version="$1 is ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}${BASH_REMATCH[3]}"
+  else
+    version="cannot run '$1'"
+  fi
   die "expanding trials needs python 3.9 or newer; $version (set HPC_PYTHON to a newer python, or pass --venv)"
 }
 
