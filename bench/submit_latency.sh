@@ -77,8 +77,9 @@ done
 export SCRATCH="$work/scratch"
 # ours runs trials.py with the python submitit runs with (a user's venv), not
 # the first python3 on PATH: a pyenv shim there starts a dozen processes of
-# its own before python (about 4x a python start).
-export HPC_PYTHON=$BENCH_PY
+# its own before python (about 4x a python start). HPC_PYTHON=PYTHON picks
+# another (a login node's system python3).
+export HPC_PYTHON=${HPC_PYTHON:-$BENCH_PY}
 data_root="$SCRATCH/$project/datasets"
 mkdir -p "$data_root/small"
 # The data set of the latency runs: 200 files of 1 KiB.
