@@ -5,9 +5,10 @@
 #                from a user's project of 500 source files in git (each submission
 #                archives them as its code snapshot); the data tarball is cached:
 #                one priming run builds it first
-#   ours_traced  the same with HPC_TRACE set: the submitter writes a timestamped
-#                line as each step of its main() starts (hpc_files/lib/common.sh,
-#                trace_steps), which gives the table of where the time goes
+#   ours_traced  the same through bench/trace_submit.sh, which writes a
+#                timestamped line as each step of the submitter's main() starts
+#                (a DEBUG trap; the submitter itself has no tracing), which gives
+#                the table of where the time goes
 #   submitit     a python process that imports submitit and calls executor.submit
 #   sbatch       sbatch --parsable --wrap true
 #   NAME         (--variant NAME=DIR) ours, from a copy of the project whose
@@ -74,6 +75,11 @@ for spec in ${variants[@]+"${variants[@]}"}; do
   variant_names+=("$name")
 done
 export SCRATCH="$work/scratch"
+# ours runs trials.py with the python submitit runs with (a user's venv), not
+# the first python3 on PATH: a pyenv shim there starts a dozen processes of
+# its own before python (about 4x a python start). HPC_PYTHON=PYTHON picks
+# another (a login node's system python3).
+export HPC_PYTHON=${HPC_PYTHON:-$BENCH_PY}
 data_root="$SCRATCH/$project/datasets"
 mkdir -p "$data_root/small"
 # The data set of the latency runs: 200 files of 1 KiB.
@@ -90,7 +96,7 @@ samples="$work/latency.tsv"
 commands="$work/commands.tsv"
 {
   printf 'ours\t%s\n' "hpc_files/job_submitter.sh --site local -g 0 -W none -e bench_submit -d datasets/small -- true (a 500-file git project)"
-  printf 'ours_traced\t%s\n' "HPC_TRACE=FILE hpc_files/job_submitter.sh (same options; each step of main() timed)"
+  printf 'ours_traced\t%s\n' "bench/trace_submit.sh FILE hpc_files/job_submitter.sh (same options; each step of main() timed)"
   printf 'submitit\t%s\n' "python bench/submitit_submit.py (import submitit; SlurmExecutor.submit)"
   printf 'sbatch\t%s\n' "sbatch --parsable --wrap true"
   for spec in ${variants[@]+"${variants[@]}"}; do
@@ -98,11 +104,12 @@ commands="$work/commands.tsv"
   done
 } >"$commands"
 
-# trace_phases TRACE T0 T1: an HPC_TRACE file of a run that started at T0 and
-# ended at T1 (now values) as 'phase<TAB>microseconds' lines: load_libraries
-# (bash start-up to main), each step of main() (its line's time to the next
-# line's; '[[ ... ]]' tests and returns left out) and main (to the end of the
-# process, the EXIT trap included).
+# trace_phases TRACE T0 T1: a bench/trace_submit.sh file of a run that started
+# at T0 and ended at T1 (now values) as 'phase<TAB>microseconds' lines:
+# load_libraries (bash start-up to main), each step of main() (its line's time
+# to the next line's; the call of main, its EXIT trap's setting, '[[ ... ]]'
+# tests and returns left out) and main (to the end of the process, the EXIT
+# trap included).
 trace_phases() {
   awk -F '\t' -v t0="$2" -v t1="$3" '
     function us(t, p) { split(t, p, "."); return (p[1] - base) * 1000000 + substr(p[2] "000000", 1, 6) }
@@ -112,7 +119,7 @@ trace_phases() {
       stamp[NR + 1] = us(t1)
       printf "load_libraries\t%d\n", stamp[1] - us(t0)
       for (i = 1; i <= NR; i++)
-        if (name[i] != "[[" && name[i] != "return") printf "%s\t%d\n", name[i], stamp[i + 1] - stamp[i]
+        if (name[i] != "[[" && name[i] != "return" && name[i] != "main" && name[i] != "trap") printf "%s\t%d\n", name[i], stamp[i + 1] - stamp[i]
       printf "main\t%d\n", stamp[NR + 1] - stamp[1]
     }' "$1"
 }
@@ -124,7 +131,7 @@ submit_one() {
   t0=$(now)
   case "$config" in
     ours) output=$(cd "$work" && "${ours[@]}" 2>/dev/null) ;;
-    ours_traced) output=$(cd "$work" && HPC_TRACE="$work/trace" "${ours[@]}" 2>/dev/null) ;;
+    ours_traced) output=$(cd "$work" && bash "$BENCH_ROOT/bench/trace_submit.sh" "$work/trace" "${ours[@]:1}" 2>/dev/null) ;;
     submitit) output=$(cd "$work" && "${submitit[@]}") ;;
     sbatch) output=$(cd "$work" && "${bare[@]}") ;;
     *) output=$(cd "$work" && bash "$work/variants/$config/$project/hpc_files/job_submitter.sh" "${ours[@]:2}" 2>/dev/null) ;;
@@ -177,7 +184,7 @@ describe_phase() {
     plan_data) echo "tarball name: sha256 of the path list" ;;
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
-    prepare_trials) echo "trials: nothing for a command after -- (fill_submission_dir writes its commands.txt line), otherwise trials.jsonl + commands.txt from python -m hpc_tools.trials into a temporary folder" ;;
+    prepare_trials) echo "trials: trials.jsonl + commands.txt from python -m hpc_tools.trials into a temporary folder" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
     fill_submission_dir) echo "one cp of the node scripts and runtime layers, the trials, git state (git rev-parse, status, diff; in the background), code snapshot (git ls-files + tar of the project's 500 files)" ;;
     plan_array) echo "array spec" ;;
@@ -199,13 +206,13 @@ phase_md() {
   done < <(phase_table "$@")
 }
 
-# traced_submit DATA PHASES: ours with -d DATA and HPC_TRACE, its steps into
-# the file PHASES; prints the seconds it took.
+# traced_submit DATA PHASES: ours with -d DATA through bench/trace_submit.sh,
+# its steps into the file PHASES; prints the seconds it took.
 traced_submit() {
   local t0 t1 output id
   rm -f -- "$work/trace"
   t0=$(now)
-  output=$(cd "$work" && HPC_TRACE="$work/trace" bash "$project_dir/hpc_files/job_submitter.sh" --site local -g 0 -W none \
+  output=$(cd "$work" && bash "$BENCH_ROOT/bench/trace_submit.sh" "$work/trace" "$project_dir/hpc_files/job_submitter.sh" --site local -g 0 -W none \
     -e bench_submit -d "$1" "--sbatch-arg=--begin=$begin" -- true 2>/dev/null)
   t1=$(now)
   id=$(grep -oE '^Submitted job [0-9]+' <<<"$output" | grep -oE '[0-9]+')
@@ -232,7 +239,7 @@ for d in range(0, n, 1000):
             f.write(b"x" * 16)
 PY
   growth_phase_files[$n]=""
-  printf 'files_%s\t%s\n' "$n" "HPC_TRACE=FILE job_submitter.sh ... -d datasets/files_$n -- true (cache hit)" >>"$growth_commands"
+  printf 'files_%s\t%s\n' "$n" "bench/trace_submit.sh FILE job_submitter.sh ... -d datasets/files_$n -- true (cache hit)" >>"$growth_commands"
   # Priming: build this data set's tarball once.
   traced_submit "datasets/files_$n" /dev/null >/dev/null
 done
@@ -268,7 +275,7 @@ section=$(
     "$BENCH_PY" "$BENCH_ROOT/bench/benchstats.py" diff "$samples" --anchor ours --commands "$commands" \
       --order "$(printf '%s,' "${variant_names[@]}")"
   fi
-  printf '\n**Where the time goes in `ours`** (`HPC_TRACE`: a line as each step of main() starts; a step lasts until the next line; medians over %s reps):\n\n' "$reps"
+  printf '\n**Where the time goes in `ours`** (`bench/trace_submit.sh`: a line as each step of main() starts; a step lasts until the next line; medians over %s reps):\n\n' "$reps"
   phase_md "${phase_files[@]}"
   if ((${#sizes[@]} > 0)); then
     printf '\n**Cache-hit submission vs number of files under `-d`** (%s reps, interleaved):\n\n' "$growth_reps"

@@ -35,7 +35,6 @@ source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
   trap 'run_cleanup; remove_unsubmitted_dir' EXIT
-  trace_steps
   parse_options "$@"
   if [[ -n "${opt_help:-}" ]]; then
     print_help

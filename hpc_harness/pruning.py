@@ -31,7 +31,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-CONFIG = "early_terminate.json"  # written by hpc_files/hpc_tools/prune.py into the submission folder
+# In the submission folder, written by hpc_files/hpc_tools/prune.py.
+CONFIG = "early_terminate.json"
 MARKER = "pruned"  # in $HPC_TRIAL_DIR: "STEP VALUE" of the step the trial was pruned at
 REPORTS = "reports"  # in $HPC_TRIAL_DIR: the "STEP VALUE" lines a watched program appends
 REPORTED = "reported"  # in $HPC_TRIAL_DIR: the last step watch has judged

@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 
-from hpc_tools.configs import place, read_configs
+from hpc_tools.configs import place
 from hpc_tools.errors import ToolError, quoted
 
 MAX_TRIALS = 1_000_000
@@ -101,19 +101,11 @@ def render(trials: list[dict]) -> tuple[str, str]:
 
 
 def manifest_of(folder: str) -> str:
-    """A submission folder's trials.jsonl text. A folder without one holds a command given
-    after ``--`` (no --seeds): the submitter wrote its commands.txt line alone, and that
-    line read as a configs file is the manifest ("" when neither file can be read)."""
+    """A submission folder's trials.jsonl text ("" when it cannot be read)."""
     try:
         with open(os.path.join(folder, "trials.jsonl"), encoding="utf-8") as fh:
             return fh.read()
-    except FileNotFoundError:
-        pass
     except OSError:
-        return ""
-    try:
-        return render(read_configs(os.path.join(folder, "commands.txt")))[0]
-    except ToolError:
         return ""
 
 

@@ -40,53 +40,11 @@ info() {
   printf '%s: %s\n' "$HPC_PROG" "$*" >&2
 }
 
-# trace_steps: with HPC_TRACE=FILE in the environment, the caller (main) and
-# its EXIT trap append 'SECONDS<TAB>COMMAND' to FILE as each of their commands
-# starts (a DEBUG trap, which the functions they call do not inherit), so a
-# step takes the next line's time minus its own. bench/submit_latency.sh
-# times the submitter with it; unset, it costs this one test.
-trace_steps() {
-  [[ -n "${HPC_TRACE:-}" ]] || return 0
-  # The clock is bash 5's microsecond one, named indirectly: bash 4.2 has
-  # none (the name expands to nothing there), and runs date instead.
-  trace_clock=EPOCHREALTIME
-  # A file that cannot be written loses the trace, not the submission (a
-  # failed redirection would end main under set -e).
-  # shellcheck disable=SC2016 # expanded when the trap runs
-  trap '{ printf "%s\t%s\n" "${!trace_clock:-$(date +%s.%N)}" "$BASH_COMMAND" >>"$HPC_TRACE"; } 2>/dev/null || :' DEBUG
-}
-
-# Helpers that compute a string print it, or store it in the variable named by
-# an optional last argument: 'to_decimal "$x" x' costs no subshell, where
-# 'x=$(to_decimal "$x")' forks one. Kept because it pays: the plain $(...)
-# form made a submission 17 ms slower (bench/submit_latency.sh, paired, 21 and
-# 41 reps; about 28 subshells). The variable must not be one of the helper's
-# own locals.
-
-# emit VAR VALUE: store VALUE in VAR, or print it when VAR is empty.
-emit() {
-  if [[ -n "$1" ]]; then
-    printf -v "$1" '%s' "$2"
-  else
-    printf '%s' "$2"
-  fi
-}
-
 # shell_quote WORD...: each word quoted for a shell, joined by spaces. Unlike
 # printf %q it keeps printable text readable ('a b' rather than a\ b) and is
 # stable across bash versions, which the golden files need.
 shell_quote() {
-  local quoted
-  shell_quote_to quoted "$@"
-  printf '%s' "$quoted"
-}
-
-# shell_quote_to VAR WORD...: shell_quote's text, stored in VAR. Kept as
-# emit is: 'x=$(shell_quote ...)' at its callers (one per export line of the
-# batch script) made a submission 12 ms slower (bench/submit_latency.sh, paired).
-shell_quote_to() {
-  local into=$1 word out="" sep="" quote="'" escaped="'\\''"
-  shift
+  local word out="" sep="" quote="'" escaped="'\\''"
   for word in "$@"; do
     if [[ "$word" =~ ^[A-Za-z0-9_./:=,+@%^-]+$ ]]; then
       out+="$sep$word"
@@ -98,18 +56,12 @@ shell_quote_to() {
     fi
     sep=" "
   done
-  printf -v "$into" '%s' "$out"
+  printf '%s' "$out"
 }
 
 # is_uint VALUE: a whole number (no sign, no spaces, not empty).
 is_uint() {
   [[ "$1" =~ ^[0-9]+$ ]]
-}
-
-# to_decimal VALUE [VAR]: strip leading zeros so $((...)) never reads octal.
-to_decimal() {
-  local digits=${1#"${1%%[!0]*}"}
-  emit "${2:-}" "${digits:-0}"
 }
 
 # Temporary files removed when job_submitter.sh exits, whatever the outcome.
@@ -167,48 +119,55 @@ SBATCH_OWNED_LONG=(--nodes --ntasks --ntasks-per-node --ntasks-per-gpu --cpus-pe
   --requeue --no-requeue --signal --dependency --array --job-name --output --error
   --open-mode --export)
 
-# sbatch_option_parts ARG NAME_VAR VALUE_VAR: ARG as sbatch reads it, its name
-# and value ('-N2', '-N 2', '--nodes=2' and '--node 2' are all --nodes 2):
-# sbatch (getopt_long) takes an unambiguous prefix of a long option, so a
-# long name that is not an owned one but a prefix of one counts as it (a
-# prefix of others too is refused by sbatch anyway).
-sbatch_option_parts() {
-  # Names of their own: the caller's variables may be name and value.
-  local arg=$1 parts_name parts_value long
-  if [[ "$arg" == --* ]]; then
-    parts_name=${arg%%[= ]*}
-    parts_value=${arg#"$parts_name"}
+# sbatch_option_name ARG: the option ARG sets, as sbatch reads it ('-N2',
+# '-N 2', '--nodes=2' and '--node 2' all set --nodes): sbatch (getopt_long)
+# takes an unambiguous prefix of a long option, so a long name that is not an
+# owned one but a prefix of one counts as it (a prefix of others too is
+# refused by sbatch anyway).
+sbatch_option_name() {
+  local name long
+  if [[ "$1" == --* ]]; then
+    name=${1%%[= ]*}
   else
-    parts_name=${arg:0:2}
-    parts_value=${arg:2}
+    name=${1:0:2}
   fi
-  parts_value=${parts_value#[= ]}
-  case "$parts_name" in
-    -N) parts_name=--nodes ;;
-    -n) parts_name=--ntasks ;;
-    -c) parts_name=--cpus-per-task ;;
-    -G) parts_name=--gpus ;;
-    -p) parts_name=--partition ;;
-    -A) parts_name=--account ;;
-    -t) parts_name=--time ;;
-    -d) parts_name=--dependency ;;
-    -a) parts_name=--array ;;
-    -J) parts_name=--job-name ;;
-    -o) parts_name=--output ;;
-    -e) parts_name=--error ;;
+  case "$name" in
+    -N) name=--nodes ;;
+    -n) name=--ntasks ;;
+    -c) name=--cpus-per-task ;;
+    -G) name=--gpus ;;
+    -p) name=--partition ;;
+    -A) name=--account ;;
+    -t) name=--time ;;
+    -d) name=--dependency ;;
+    -a) name=--array ;;
+    -J) name=--job-name ;;
+    -o) name=--output ;;
+    -e) name=--error ;;
     --?*)
-      if [[ " ${SBATCH_OWNED_LONG[*]} " != *" $parts_name "* ]]; then
+      if [[ " ${SBATCH_OWNED_LONG[*]} " != *" $name "* ]]; then
         for long in "${SBATCH_OWNED_LONG[@]}"; do
-          [[ "$long" != "$parts_name"* ]] || {
-            parts_name=$long
+          [[ "$long" != "$name"* ]] || {
+            name=$long
             break
           }
         done
       fi
       ;;
   esac
-  printf -v "$2" '%s' "$parts_name"
-  printf -v "$3" '%s' "$parts_value"
+  printf '%s' "$name"
+}
+
+# sbatch_option_value ARG: the value ARG gives its option ('2' for '-N2',
+# '-N 2', '--nodes=2' and '--nodes 2'; '' for a flag).
+sbatch_option_value() {
+  local value
+  if [[ "$1" == --* ]]; then
+    value=${1#"${1%%[= ]*}"}
+  else
+    value=${1:2}
+  fi
+  printf '%s' "${value#[= ]}"
 }
 
 # sbatch_option_owner ARG: for an sbatch option the submitter sets itself (on
@@ -219,7 +178,8 @@ sbatch_option_parts() {
 # submitter's way to ask for it; nothing for any other option.
 sbatch_option_owner() {
   local name value
-  sbatch_option_parts "$1" name value
+  name=$(sbatch_option_name "$1")
+  value=$(sbatch_option_value "$1")
   case "$name" in
     --nodes) printf 'use -N/--nodes' ;;
     --ntasks | --ntasks-per-node | --ntasks-per-gpu) printf 'the tasks follow --gpus and -W (with --gpus 0: --tasks-per-node)' ;;
@@ -246,7 +206,7 @@ SBATCH_PLANNED=(--nodes --ntasks --ntasks-per-node --cpus-per-task --partition -
 
 # sbatch_option_planned ARG: ARG sets one of SBATCH_PLANNED.
 sbatch_option_planned() {
-  local name value
-  sbatch_option_parts "$1" name value
+  local name
+  name=$(sbatch_option_name "$1")
   [[ " ${SBATCH_PLANNED[*]} " == *" $name "* ]]
 }

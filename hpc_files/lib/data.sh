@@ -22,10 +22,10 @@ validate_data_paths() {
   [[ -d "$plan_scratch_dir" ]] ||
     usage_error "--data paths are relative to $plan_scratch_dir, which does not exist"
   for path in "${opt_data[@]}"; do
-    data_path_problem "$path" problem
+    problem=$(data_path_problem "$path")
     [[ -z "$problem" ]] || usage_error "$problem"
     realpath -e -- "$plan_scratch_dir/$path" >/dev/null 2>&1 || usage_error "--data path '$path' cannot be resolved"
-    data_links_problem "$path" problem
+    problem=$(data_links_problem "$path")
     [[ -z "$problem" ]] || usage_error "$problem"
   done
 }
@@ -47,8 +47,8 @@ validate_experiment_folder() {
   usage_error "--exp-name '$opt_exp_name' names $plan_exp_dir, which holds other files than an experiment's (no checkpoints/ folder); choose another -e"
 }
 
-# data_links_problem PATH VAR: in VAR, a broken symbolic link or a link loop
-# under the -d path PATH ('' when none): the tarball holds what links lead to
+# data_links_problem PATH: a broken symbolic link or a link loop under the
+# -d path PATH, in words (nothing when none): the tarball holds what links lead to
 # (data_manifest), and neither leads to anything it could hold.
 data_links_problem() {
   local found message=""
@@ -59,11 +59,11 @@ data_links_problem() {
   elif [[ -n "$found" ]]; then
     message="--data path '$1' holds a broken symbolic link '$found' (the tarball holds what links lead to): remove or repair it"
   fi
-  printf -v "$2" '%s' "$message"
+  printf '%s' "$message"
 }
 
-# data_path_problem PATH VAR: what is wrong with one -d path, as far as that
-# shows without running a process, in VAR (empty when nothing is).
+# data_path_problem PATH: what is wrong with one -d path, as far as that
+# shows without running a process (nothing when nothing is).
 data_path_problem() {
   local path=$1 message=""
   if [[ -z "$path" ]]; then
@@ -79,7 +79,7 @@ data_path_problem() {
   elif [[ ! -e "$plan_scratch_dir/$path" ]]; then
     message="--data path '$path' does not exist in $plan_scratch_dir"
   fi
-  printf -v "$2" '%s' "$message"
+  printf '%s' "$message"
 }
 
 # data_manifest: one line per file or folder: path, size, mtime (sorted).
@@ -90,25 +90,25 @@ data_manifest() {
   (cd "$plan_scratch_dir" && find -L "${plan_data_paths[@]}" -printf '%p\t%s\t%T@\t%y\n' | LC_ALL=C sort)
 }
 
-# data_manifest_digest VAR: the sha256 of data_manifest's output, the paths as
-# they are now, in VAR. The manifest streams from find into sha256sum and is
-# never held in a variable: bash takes ~1 s per million files to copy strings
-# that large. Dies when the paths cannot be listed.
+# data_manifest_digest: the sha256 of data_manifest's output, the paths as
+# they are now. The manifest streams from find into sha256sum and is never
+# held in a variable: bash takes ~1 s per million files to copy strings that
+# large. Status 1 when the paths cannot be listed.
 data_manifest_digest() {
   local sum
-  sum=$(data_manifest | sha256sum) || die "cannot list the --data paths in $plan_scratch_dir"
-  printf -v "$1" '%s' "${sum%% *}"
+  sum=$(data_manifest | sha256sum) || return 1
+  printf '%s' "${sum%% *}"
 }
 
 # name_data_tarball: plan_data_tarball, the cached tarball of the -d paths as
 # they are now: data-<paths digest>-<manifest digest>.tar[.zst|.gz].
 name_data_tarball() {
-  local digest
+  local digest name
   plan_data_tarball=""
   ((${#plan_data_paths[@]} > 0)) || return 0
-  data_manifest_digest digest
-  data_tarball_name "$plan_data_paths_digest-${digest:0:16}" "$plan_compress" plan_data_tarball
-  plan_data_tarball="$plan_data_cache/$plan_data_tarball"
+  digest=$(data_manifest_digest) || die "cannot list the --data paths in $plan_scratch_dir"
+  name=$(data_tarball_name "$plan_data_paths_digest-${digest:0:16}" "$plan_compress")
+  plan_data_tarball="$plan_data_cache/$name"
 }
 
 # stage_data_tarball: name the tarball (name_data_tarball), and build it
@@ -131,7 +131,7 @@ stage_data_tarball() {
     info "data: reusing ${plan_data_tarball##*/} (built by a concurrent submission)"
     return 0
   fi
-  data_earlier_tarballs earlier
+  earlier=$(data_earlier_tarballs)
   info "data: building ${plan_data_tarball##*/} from ${#plan_data_paths[@]} path(s)${earlier:+; $earlier} ..."
   tmp_tar=$(mktemp "$plan_data_tarball.tmp.XXXXXX") || die "mktemp failed in $plan_data_cache"
   tmp_manifest=$(mktemp "$plan_data_tarball.manifest.XXXXXX") || die "mktemp failed in $plan_data_cache"
@@ -163,21 +163,20 @@ stage_data_tarball() {
   info "data: built ${plan_data_tarball##*/} ($(stat -c %s "$plan_data_tarball") bytes)"
 }
 
-# data_earlier_tarballs VAR: in VAR, how many tarballs of the same -d paths
-# with other contents the cache holds and their size, or '' when none. They
-# stay: submission folders that name them may run again.
+# data_earlier_tarballs: how many tarballs of the same -d paths with other
+# contents the cache holds and their size, or nothing when none. They stay:
+# submission folders that name them may run again.
 data_earlier_tarballs() {
   local pattern tarball count=0 bytes=0
-  data_tarball_name "$plan_data_paths_digest-*" "$plan_compress" pattern
+  pattern=$(data_tarball_name "$plan_data_paths_digest-*" "$plan_compress")
   # shellcheck disable=SC2086 # a glob (no spaces): every tarball of these paths
   for tarball in "$plan_data_cache"/$pattern; do
     [[ -f "$tarball" && "$tarball" != "$plan_data_tarball" ]] || continue
     count=$((count + 1))
     bytes=$((bytes + $(stat -c %s "$tarball")))
   done
-  printf -v "$1" '%s' ""
   ((count == 0)) ||
-    printf -v "$1" '%s earlier tarball(s) of these paths (%s MiB) stay for the submissions that name them (--prune-data-cache removes those none names)' \
+    printf '%s earlier tarball(s) of these paths (%s MiB) stay for the submissions that name them (--prune-data-cache removes those none names)' \
       "$count" "$((bytes / 1048576))"
 }
 
@@ -207,7 +206,7 @@ prune_data_cache() {
     named[${line##*/}]=1
   done < <(grep -h '^export HPC_DATA_TARBALL=' "$plan_scratch_dir"/*/*/job.sbatch 2>/dev/null)
   for compress in none zstd pigz; do
-    data_tarball_name '*' "$compress" pattern
+    pattern=$(data_tarball_name '*' "$compress")
     # shellcheck disable=SC2086 # a glob (no spaces): every tarball of this compression
     for tarball in "$cache"/$pattern; do
       [[ -f "$tarball" ]] || continue

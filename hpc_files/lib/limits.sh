@@ -24,8 +24,7 @@ default_partition() {
   local line
   while IFS= read -r line; do
     [[ " $line " != *" Default=YES "* ]] || {
-      record_field "$line" PartitionName line
-      printf '%s' "$line"
+      record_field "$line" PartitionName || true
       return 0
     }
   done < <(timeout 10 scontrol show partition -o 2>/dev/null)
@@ -34,10 +33,10 @@ default_partition() {
 # check_partition_time PARTITION RECORD: --time within its MaxTime.
 check_partition_time() {
   local max max_seconds seconds
-  record_field "$2" MaxTime max || return 0
-  parse_slurm_time "$max" max_seconds
+  max=$(record_field "$2" MaxTime) || return 0
+  max_seconds=$(parse_slurm_time "$max")
   [[ -n "$max_seconds" ]] || return 0
-  parse_slurm_time "$plan_time" seconds
+  seconds=$(parse_slurm_time "$plan_time")
   ((seconds <= max_seconds)) ||
     usage_error "--time $plan_time ($seconds s) is over the MaxTime of partition '$1', $max ($max_seconds s); lower -t or pick another partition with -p"
 }
@@ -46,9 +45,9 @@ check_partition_time() {
 # within the partition's MaxMemPerNode and its largest node's RealMemory.
 check_partition_memory() {
   local need limit="" largest=0 mb
-  parse_memory_mb "$plan_mem" need
+  need=$(parse_memory_mb "$plan_mem")
   [[ -n "$need" ]] && ((need > 0)) || return 0
-  record_field "$2" MaxMemPerNode limit || true
+  limit=$(record_field "$2" MaxMemPerNode) || true
   if [[ "$limit" =~ ^[0-9]+$ ]] && ((need > limit)); then
     usage_error "this job asks for $need MiB per node (--mem $plan_mem: -m/--mem-per-gpu x GPUs or processes) but partition '$1' allows $limit MiB (MaxMemPerNode); lower -m"
   fi

@@ -332,19 +332,19 @@ apply_defaults() {
     opt_configs="$HPC_FILES_DIR/experiment_configurations.txt"
     [[ -f "$opt_configs" ]] || opt_configs="${HPC_FILES_DIR%/*}/experiment_configurations.txt"
   fi
-  from_project_if_missing opt_configs
-  from_project_if_missing opt_sweep
-  from_project_if_missing opt_setup_venv
-  from_project_if_missing opt_container
-  from_project_if_missing opt_venv
+  # A relative path that names nothing from the current directory but names
+  # something in the project becomes the project's.
+  ! only_in_project "${opt_configs:-}" || opt_configs="$source_dir/$opt_configs"
+  ! only_in_project "${opt_sweep:-}" || opt_sweep="$source_dir/$opt_sweep"
+  ! only_in_project "${opt_setup_venv:-}" || opt_setup_venv="$source_dir/$opt_setup_venv"
+  ! only_in_project "${opt_container:-}" || opt_container="$source_dir/$opt_container"
+  ! only_in_project "${opt_venv:-}" || opt_venv="$source_dir/$opt_venv"
 }
 
-# from_project_if_missing VAR: a relative path in VAR that names nothing from
-# the current directory but names something in the project becomes that.
-from_project_if_missing() {
-  local path=${!1:-}
-  [[ -n "$path" && "$path" != /* && ! -e "$path" && -e "$source_dir/$path" ]] || return 0
-  printf -v "$1" '%s' "$source_dir/$path"
+# only_in_project PATH: PATH is relative and names nothing from the current
+# directory, but names something in the project (source_dir).
+only_in_project() {
+  [[ -n "$1" && "$1" != /* && ! -e "$1" && -e "$source_dir/$1" ]]
 }
 
 # ask_sweep_count: a wandb sweep without --sweep-count asks for it on a

@@ -20,24 +20,24 @@ plan_paths() {
   plan_data_cache="$plan_scratch_dir/.hpc_data_cache"
 }
 
-# plan_kind_of VAR (not 'chosen'): -W as the plan uses it: script is
-# torchrun, and a wandb sweep task is one agent process (none).
+# plan_kind_of: -W as the plan uses it: script is torchrun, and a wandb
+# sweep task is one agent process (none).
 plan_kind_of() {
   local chosen=$opt_kind
   [[ "$chosen" != script ]] || chosen=torchrun
   [[ -z "${opt_wandb_sweep:-}" ]] || chosen=none
-  printf -v "$1" '%s' "$chosen"
+  printf '%s' "$chosen"
 }
 
-# format_memory MB [VAR]: the shortest exact SLURM size (20480 -> 20G).
+# format_memory MB: the shortest exact SLURM size (20480 -> 20G).
 format_memory() {
   local mb=$1
   if ((mb % 1048576 == 0)); then
-    emit "${2:-}" "$((mb / 1048576))T"
+    printf '%s' "$((mb / 1048576))T"
   elif ((mb % 1024 == 0)); then
-    emit "${2:-}" "$((mb / 1024))G"
+    printf '%s' "$((mb / 1024))G"
   else
-    emit "${2:-}" "${mb}M"
+    printf '%s' "${mb}M"
   fi
 }
 
@@ -53,7 +53,7 @@ plan_settings() {
 
 plan_layout() {
   local gpus=$((10#$opt_gpus)) cpus=$((10#$opt_cpus)) tasks=$((10#$opt_tasks_per_node)) mem_mb procs
-  plan_kind_of plan_kind
+  plan_kind=$(plan_kind_of)
   plan_nodes=$((10#$opt_nodes))
   plan_gpus_per_node=$gpus
   # Processes per node: one per GPU, or --tasks-per-node when CPU-only.
@@ -74,8 +74,8 @@ plan_layout() {
   fi
   plan_gres=""
   ((gpus == 0)) || plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$gpus"
-  parse_memory_mb "$opt_mem_per_gpu" mem_mb
-  format_memory $((mem_mb * procs)) plan_mem
+  mem_mb=$(parse_memory_mb "$opt_mem_per_gpu")
+  plan_mem=$(format_memory $((mem_mb * procs)))
   plan_time=$opt_time
   plan_job_name="${project_name}_${opt_exp_name}"
   plan_max_requeues=$((10#$opt_max_requeues))
@@ -108,7 +108,7 @@ plan_resource_lines() {
   plan_sbatch_args=(${rest[@]+"${rest[@]}"})
 }
 
-# planned_value NAME VAR: the value the submitter's own line of sbatch
+# planned_value NAME: the value the submitter's own line of sbatch
 # option NAME (one of SBATCH_PLANNED) has; '' where it writes none.
 planned_value() {
   local value
@@ -121,7 +121,7 @@ planned_value() {
     --account) value=$plan_account ;;
     --job-name) value=$plan_job_name ;;
   esac
-  printf -v "$2" '%s' "$value"
+  printf '%s' "$value"
 }
 
 # plan_repeated_options: --sbatch-arg joins plan_sbatch_args, but for an
@@ -132,8 +132,9 @@ plan_repeated_options() {
   local arg name value planned
   for arg in ${opt_sbatch_arg[@]+"${opt_sbatch_arg[@]}"}; do
     if sbatch_option_planned "$arg"; then
-      sbatch_option_parts "$arg" name value
-      planned_value "$name" planned
+      name=$(sbatch_option_name "$arg")
+      value=$(sbatch_option_value "$arg")
+      planned=$(planned_value "$name")
       [[ "$value" == "$planned" ]] && continue
       if [[ -n "$planned" ]]; then planned="$name=$planned"; else planned="no $name"; fi
       usage_error "--sbatch-arg=$arg sets what the submitter sets itself; $(sbatch_option_owner "$arg") (this submission sets $planned; the same value is accepted)"
@@ -151,7 +152,7 @@ plan_site_settings() {
   plan_modules=${site_modules:-}
   [[ -z "${OPT_GIVEN[modules]:-}" ]] || plan_modules=$opt_modules
   plan_array_throttle=${opt_array_throttle:-${site_array_throttle:-}}
-  [[ -z "$plan_array_throttle" ]] || to_decimal "$plan_array_throttle" plan_array_throttle
+  [[ -z "$plan_array_throttle" ]] || plan_array_throttle=$((10#$plan_array_throttle))
   plan_dependency=${opt_dependency:-}
   plan_sbatch_args=(${site_sbatch[@]+"${site_sbatch[@]}"})
   plan_repeated_options
@@ -201,7 +202,7 @@ plan_runtime() {
   plan_venv_digest=${plan_requirements_digest:-$plan_venv_held}
 }
 
-# data_tarball_name DIGEST COMPRESS VAR: the cached data tarball's file name
+# data_tarball_name DIGEST COMPRESS: the cached data tarball's file name
 # (DIGEST '*': the pattern of every such name for COMPRESS).
 data_tarball_name() {
   local suffix=""
@@ -209,7 +210,7 @@ data_tarball_name() {
     zstd) suffix=".zst" ;;
     pigz) suffix=".gz" ;;
   esac
-  printf -v "$3" 'data-%s.tar%s' "$1" "$suffix"
+  printf 'data-%s.tar%s' "$1" "$suffix"
 }
 
 # plan_data: the -d paths (sorted, unique) and plan_data_paths_digest, a

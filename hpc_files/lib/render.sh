@@ -27,9 +27,9 @@ sbatch_line() {
 
 # export_line NAME VALUE: an export with the value quoted literally.
 export_line() {
-  local quoted
-  shell_quote_to quoted "$2"
-  printf 'export %s=%s\n' "$1" "$quoted"
+  printf 'export %s=' "$1"
+  shell_quote "$2"
+  printf '\n'
 }
 
 render_header() {
@@ -109,7 +109,7 @@ render_site_sbatch_lines() {
 }
 
 render_environment() {
-  local entry quoted
+  local entry
   # shellcheck disable=SC2016 # the job expands these variables, not the submitter
   printf '%s\n' '' 'set -uo pipefail' \
     '# A job sbatch-ed from an empty environment (env -i) has no HOME or USER.' \
@@ -124,9 +124,10 @@ render_environment() {
   if [[ -n "$plan_snapshot" ]]; then
     printf '# The code as submitted (a snapshot of the project; git.txt says which\n'
     printf '# commit): the program runs there, and imports from the project find it first.\n'
-    shell_quote_to quoted "$plan_code_dir"
+    printf 'export PYTHONPATH='
+    shell_quote "$plan_code_dir"
     # shellcheck disable=SC2016 # the job expands its own PYTHONPATH
-    printf 'export PYTHONPATH=%s"${PYTHONPATH:+:$PYTHONPATH}"\n' "$quoted"
+    printf '"${PYTHONPATH:+:$PYTHONPATH}"\n'
   fi
   printf '# This script'"'"'s submission folder: node scripts, commands, runs.\n'
   export_line HPC_SUBMISSION_DIR "$plan_submission_dir"

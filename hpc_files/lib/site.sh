@@ -70,7 +70,15 @@ read_site_file() {
   done
   while IFS= read -r line || [[ -n "$line" ]]; do
     number=$((number + 1))
-    site_strip_comment "$line" line
+    # The line without its comment (a '#' first on the line or after a space
+    # or tab) and without surrounding blanks. The regex is greedy (it finds
+    # the last ' #'): cut until none remains.
+    line="${line#"${line%%[![:space:]]*}"}"
+    [[ "$line" != \#* ]] || line=""
+    while [[ "$line" =~ ^(.*[^[:space:]])?[[:space:]]+# ]]; do
+      line=${BASH_REMATCH[1]}
+    done
+    line="${line%"${line##*[![:space:]]}"}"
     [[ -n "$line" ]] || continue
     [[ "$line" == *=* ]] || usage_error "$file:$number: expected 'key = value', got '$line'"
     key="${line%%=*}"
@@ -85,7 +93,7 @@ read_site_file() {
       sbatch) site_sbatch+=("$value") ;;
       command) site_command+=("$value") ;;
       max_gpus_per_node | max_cpus_per_node | max_nodes | array_throttle)
-        to_decimal "$value" "site_${key}" ;;
+        printf -v "site_${key}" '%s' $((10#$value)) ;;
       *) printf -v "site_${key}" '%s' "$value" ;;
     esac
   done <"$file"
@@ -113,21 +121,6 @@ site_resolve_tmpdir_base() {
   done
   base=${base#./}
   site_tmpdir_base="${dir:-}/$base"
-}
-
-# site_strip_comment LINE VAR: LINE without its comment (a '#' first on the
-# line or after a space or tab) and without surrounding blanks, into VAR
-# (which must not be 'text').
-site_strip_comment() {
-  local text=$1
-  text="${text#"${text%%[![:space:]]*}"}"
-  [[ "$text" != \#* ]] || text=""
-  # The regex is greedy (it finds the last ' #'): cut until none remains.
-  while [[ "$text" =~ ^(.*[^[:space:]])?[[:space:]]+# ]]; do
-    text=${BASH_REMATCH[1]}
-  done
-  text="${text%"${text##*[![:space:]]}"}"
-  printf -v "$2" '%s' "$text"
 }
 
 # site_value_error WHERE KEY VALUE ACCEPTED: exit 2 naming all four.

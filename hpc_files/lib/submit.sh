@@ -10,9 +10,9 @@
 check_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key=""
   if [[ -e "$file" ]]; then
-    readable_by_others "$file" mode || die "cannot stat $file"
+    mode=$(readable_by_others "$file") || die "cannot stat $file"
     [[ -z "$mode" ]] || usage_error "$file is readable by others (mode $mode); run: chmod 600 '$file'"
-    wandb_key_in "$file" key ||
+    key=$(wandb_key_in "$file") ||
       warn "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); the jobs get none from it"
   fi
   [[ -z "${WANDB_API_KEY:-}" || -n "$key" ]] ||
@@ -62,13 +62,7 @@ remove_unsubmitted_dir() {
 # prepare_trials: the trials manifest, written (or refused) before anything
 # is created under SCRATCH, into a temporary folder (trials_dir) that
 # fill_submission_dir copies into the submission folder; sets trials_count.
-# A command after '--' that bash writes is one trial that nothing can refuse:
-# fill_submission_dir writes its commands.txt line there directly.
 prepare_trials() {
-  if command_in_bash; then
-    trials_count=1
-    return 0
-  fi
   trials_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials.XXXXXX") || die "mktemp failed"
   register_cleanup "$trials_dir"
   write_trials "$trials_dir"
@@ -102,11 +96,7 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  if [[ -n "${trials_dir:-}" ]]; then
-    cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
-  else
-    write_trials "$dir"
-  fi
+  cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
   wait "$git_state_pid" || die "cannot write $dir/git.txt"
@@ -170,7 +160,7 @@ snapshot_code() {
 report_unsubmitted() {
   local quoted
   submission_complete=1
-  shell_quote_to quoted "$submission_dir/job.sbatch"
+  quoted=$(shell_quote "$submission_dir/job.sbatch")
   printf 'Wrote %s (%s trial(s), %s node(s) x %s GPU(s), -W %s); nothing was queued.\n' \
     "$submission_dir" "$plan_trial_count" "$plan_nodes" "$plan_gpus_per_node" "$plan_kind"
   printf 'Submit it from any directory, now or later (again re-runs it):\n'
@@ -251,7 +241,7 @@ leaked_names() {
       SBATCH_ACCOUNT) [[ -z "${plan_account:-}" ]] || printf '%s\n' "$name" ;;
       SBATCH_PARTITION) [[ -z "${plan_partition:-}" ]] || printf '%s\n' "$name" ;;
       # The user's knobs: the submitter's and those the node and harness read.
-      HPC_SITE | HPC_SITES_DIR | HPC_PYTHON | HPC_SNAPSHOT_MAX_MB | HPC_TRACE) ;;
+      HPC_SITE | HPC_SITES_DIR | HPC_PYTHON | HPC_SNAPSHOT_MAX_MB) ;;
       HPC_WANDB | HPC_DIST_TIMEOUT | HPC_SETUP_PYTHON) ;;
       *) printf '%s\n' "$name" ;;
     esac
@@ -288,7 +278,8 @@ run_interactive() {
   submission_complete=1
   resource_options
   for arg in ${plan_sbatch_args[@]+"${plan_sbatch_args[@]}"}; do
-    sbatch_option_parts "$arg" name value
+    name=$(sbatch_option_name "$arg")
+    value=$(sbatch_option_value "$arg")
     if [[ "$name" == --* ]]; then
       resource_args+=("$name${value:+=$value}")
     else
@@ -402,7 +393,7 @@ report_submission() {
     printf '  arrays:     %s (MaxArraySize %s; job, first trial)\n' "$(paste -sd, - <"$submission_dir/array_jobs")" "$plan_array_chunk"
   printf '  log:        %s\n' "$log"
   printf '  submission: %s\n' "$submission_dir"
-  shell_quote_to quoted_log "$log"
+  quoted_log=$(shell_quote "$log")
   printf '  follow:     squeue -j %s   or   tail -f %s\n' "$job_id" "$quoted_log"
   [[ -z "$plan_wandb_sync_dir" ]] || report_wandb_sync
 }
@@ -412,21 +403,24 @@ report_submission() {
 report_wandb_sync() {
   local command quoted
   printf -v command 'bash %q %q' "$HPC_FILES_DIR/wandb_sync.sh" "$plan_exp_name"
-  shell_quote_to quoted "$command"
+  quoted=$(shell_quote "$command")
   printf '  W&B live:   tmux new -d -s sync %s\n' "$quoted"
 }
 
-# job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task),
-# read without a process per line (--wait polls a 1000-task array).
+# job_states JOB: 'STATE EXIT:SIGNAL' for the job (one line per array task;
+# 0:0 where ExitCode is missing or not N:M). The fields are read as
+# record_field reads them (the first of each name, up to the next space), by
+# one awk for all the records: --wait polls a 1000-task array every 2 s, and
+# two record_field subshells per task took 3 s a poll here.
 job_states() {
-  local line state exit_code
-  while IFS= read -r line; do
-    record_field "$line" JobState state || continue
-    if ! record_field "$line" ExitCode exit_code || [[ ! "$exit_code" =~ ^[0-9]+:[0-9]+$ ]]; then
-      exit_code=0:0
-    fi
-    printf '%s %s\n' "$state" "$exit_code"
-  done < <(job_records "$1")
+  job_records "$1" | awk '{
+    seen = 0; code = "0:0"; coded = 0
+    for (i = 1; i <= NF; i++) {
+      if (!seen && $i ~ /^JobState=/) { state = substr($i, 10); seen = 1 }
+      else if (!coded && $i ~ /^ExitCode=/) { coded = 1; if ($i ~ /^ExitCode=[0-9]+:[0-9]+$/) code = substr($i, 10) }
+    }
+    if (seen) print state " " code
+  }'
 }
 
 # wait_for_job: follow the job until every task ended; print state changes and

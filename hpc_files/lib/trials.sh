@@ -1,19 +1,23 @@
 # shellcheck shell=bash
 # Experiments -> trials. A configs file, a sweep file, '--seeds', a wandb
 # sweep id and a command after '--' become one manifest, written by
-# hpc_tools/trials.py alone: trials.jsonl (one JSON object per trial) and
-# commands.txt (line K+1: trial K's command as shell words, the one file the
-# node reads). One exception is written here: a command after '--' without
-# --seeds, one trial whose commands.txt line is its words quoted (a python
-# start is ~30 ms, half of such a submission: bench/submit_latency.sh); for
-# results.sh, hpc_tools/manifest.py's manifest_of reads that commands.txt. Sourced.
+# hpc_tools/trials.py alone: trials.jsonl (one JSON object per trial, what
+# results.sh reads) and commands.txt (line K+1: trial K's command as shell
+# words, the one file the node reads). Sourced.
 
 # require_trials_python PYTHON: stop with one line unless PYTHON runs and is
 # 3.9+ (an old login node's python3 would die on trials.py with a traceback).
+# 'python -V' answers before python imports anything (a venv's site packages
+# can take 20 ms); python 2 answers on stderr.
 require_trials_python() {
   local version
-  version=$("$1" -c 'import sys; print("%d.%d.%d" % tuple(sys.version_info[:3])); sys.exit(sys.version_info < (3, 9))' 2>/dev/null) && return 0
-  if [[ -n "$version" ]]; then version="$1 is $version"; else version="cannot run '$1'"; fi
+  version=$("$1" -V 2>&1) || version=""
+  if [[ "$version" =~ ^Python\ ([0-9]+)\.([0-9]+)(\.[0-9]+)? ]]; then
+    ((BASH_REMATCH[1] > 3 || (BASH_REMATCH[1] == 3 && BASH_REMATCH[2] >= 9))) && return 0
+    version="$1 is ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}${BASH_REMATCH[3]}"
+  else
+    version="cannot run '$1'"
+  fi
   die "expanding trials needs python 3.9 or newer; $version (set HPC_PYTHON to a newer python, or pass --venv)"
 }
 
@@ -45,21 +49,6 @@ trials_args() {
   [[ -z "${opt_seeds:-}" ]] || trials_argv+=(--seeds "$opt_seeds")
 }
 
-# command_in_bash: true for a command after '--' that write_trials writes
-# itself: no --seeds, a plain program first, and ASCII words without a newline
-# (a newline would split the commands.txt line; trials.py refuses what is not
-# UTF-8).
-command_in_bash() {
-  local word
-  ((${#opt_command[@]} > 0)) && [[ -z "${opt_seeds:-}" ]] || return 1
-  # A first word that is empty or holds '=' (an environment assignment?):
-  # trials.py judges whether the command has a program to run.
-  [[ -n "${opt_command[0]}" && "${opt_command[0]}" != *=* ]] || return 1
-  for word in "${opt_command[@]}"; do
-    [[ "$word" != *[![:ascii:]]* && "$word" != *$'\n'* ]] || return 1
-  done
-}
-
 # trials_py_command: trials.py on the experiment source, as an argv (into
 # trials_command); --list or --out-dir DIR goes after it.
 trials_py_command() {
@@ -76,16 +65,10 @@ list_trials() {
   "${trials_command[@]}" --list
 }
 
-# write_trials DIR: writes DIR/commands.txt and (but for command_in_bash)
-# DIR/trials.jsonl; sets trials_count. Exits as trials.py did when it
-# refuses the experiments.
+# write_trials DIR: trials.py writes DIR/trials.jsonl and DIR/commands.txt;
+# sets trials_count. Exits as trials.py did when it refuses the experiments.
 write_trials() {
   local dir=$1 out
-  if command_in_bash; then
-    { shell_quote "${opt_command[@]}" && printf '\n'; } >"$dir/commands.txt" || die "cannot write $dir/commands.txt"
-    trials_count=1
-    return 0
-  fi
   trials_py_command
   out=$("${trials_command[@]}" --out-dir "$dir") || exit $?
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.

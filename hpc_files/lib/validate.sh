@@ -8,7 +8,7 @@ require_uint() {
   local option=$1 value=$2 min=$3 max=${4:-}
   is_uint "$value" || usage_error "$option expects a whole number, got '$value'"
   ((${#value} <= 9)) || usage_error "$option is out of range, got '$value'"
-  to_decimal "$value" value
+  value=$((10#$value))
   ((value >= min)) || usage_error "$option must be at least $min, got '$value'"
   if [[ -n "$max" ]] && ((value > max)); then
     usage_error "$option must be at most $max, got '$value'"
@@ -48,17 +48,16 @@ validate_array_size() {
   config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
   max=$(sed -n 's/^MaxArraySize[[:space:]]*=[[:space:]]*//p' <<<"$config")
   [[ "$max" =~ ^[0-9]{1,9}$ ]] || return 0
-  to_decimal "$max" max
+  max=$((10#$max))
   cluster_max_array=$max
   [[ -n "${bayes_first:-}" ]] || return 0
   ((trials <= max)) ||
     usage_error "this method-bayes round has trials up to $((trials - 1)) (its array indices) but the cluster's MaxArraySize is $max (indices up to $((max - 1))); lower --trials or --rounds"
 }
 
-# parse_slurm_time VALUE [VAR]: seconds, or nothing when VALUE is not a SLURM
+# parse_slurm_time VALUE: seconds, or nothing when VALUE is not a SLURM
 # time. Accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 parse_slurm_time() {
-  emit "${2:-}" ""
   local value=$1 days=0 h=0 m=0 s=0
   if [[ "$value" =~ ^([0-9]{1,4})-([0-9]{1,2})(:([0-9]{1,2}))?(:([0-9]{1,2}))?$ ]]; then
     days=${BASH_REMATCH[1]} h=${BASH_REMATCH[2]} m=${BASH_REMATCH[4]:-0} s=${BASH_REMATCH[6]:-0}
@@ -69,30 +68,26 @@ parse_slurm_time() {
   else
     return 0
   fi
-  to_decimal "$days" days
-  to_decimal "$h" h
-  to_decimal "$m" m
-  to_decimal "$s" s
+  days=$((10#$days)) h=$((10#$h)) m=$((10#$m)) s=$((10#$s))
   # With a day count the hours are hours of a day; alone, minutes may exceed 59.
   ((s < 60 && (m < 60 || (days == 0 && h == 0)))) || return 0
   [[ "$value" != *-* ]] || ((h < 24)) || return 0
-  emit "${2:-}" $((((days * 24 + h) * 60 + m) * 60 + s))
+  printf '%s' $((((days * 24 + h) * 60 + m) * 60 + s))
 }
 
-# parse_memory_mb VALUE [VAR]: MiB, or nothing when VALUE is not a SLURM size
+# parse_memory_mb VALUE: MiB, or nothing when VALUE is not a SLURM size
 # (a whole number with an optional K, M, G or T suffix, either case).
 parse_memory_mb() {
-  emit "${2:-}" ""
   local value=$1 number unit
   # SLURM takes the suffixes in either case (10g is 10G).
   [[ "$value" =~ ^([0-9]{1,9})([KMGTkmgt]?)$ ]] || return 0
-  to_decimal "${BASH_REMATCH[1]}" number
+  number=$((10#${BASH_REMATCH[1]}))
   unit=${BASH_REMATCH[2]:-M}
   case "${unit^^}" in
-    K) emit "${2:-}" $(((number + 1023) / 1024)) ;;
-    M) emit "${2:-}" "$number" ;;
-    G) emit "${2:-}" $((number * 1024)) ;;
-    T) emit "${2:-}" $((number * 1024 * 1024)) ;;
+    K) printf '%s' $(((number + 1023) / 1024)) ;;
+    M) printf '%s' "$number" ;;
+    G) printf '%s' $((number * 1024)) ;;
+    T) printf '%s' $((number * 1024 * 1024)) ;;
   esac
 }
 
@@ -123,19 +118,19 @@ validate_settings() {
   # job with that id exists, the experiment could not be named.
   [[ ! "$opt_exp_name" =~ ^[0-9]+(_[0-9]+)?$ ]] ||
     usage_error "--exp-name '$opt_exp_name' reads as a job id to status.sh and results.sh (digits, or DIGITS_DIGITS for an array task); add a letter, e.g. 'exp$opt_exp_name'"
-  parse_slurm_time "$opt_time" seconds
+  seconds=$(parse_slurm_time "$opt_time")
   [[ -n "$seconds" ]] ||
     usage_error "--time expects a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), got '$opt_time'"
   ((seconds > 0)) || usage_error "--time must be longer than zero, got '$opt_time'"
-  parse_memory_mb "$opt_mem_per_gpu" mb
+  mb=$(parse_memory_mb "$opt_mem_per_gpu")
   [[ -n "$mb" ]] ||
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
   validate_signal
   [[ -z "${opt_wandb_sync:-}" ]] || require_one_of --wandb-sync "$opt_wandb_sync" login none
   require_uint --signal-lead "$opt_signal_lead" 1 65535
-  to_decimal "$opt_signal_lead" lead
-  [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds" lead
+  [[ -n "${opt_no_signal:-}${opt_interactive:-}" || -n "${OPT_GIVEN[signal_lead]:-}" ]] || fit_default_signal_lead "$seconds"
+  lead=$((10#$opt_signal_lead))
   if [[ -z "${opt_no_signal:-}${opt_interactive:-}" ]]; then
     ((lead < seconds)) ||
       usage_error "--signal-lead ($lead s) must be shorter than --time ($opt_time = $seconds s)"
@@ -158,16 +153,17 @@ validate_settings() {
 # Below this lead the program has no time to checkpoint at the signal.
 readonly MIN_SIGNAL_LEAD=10
 
-# fit_default_signal_lead SECONDS VAR: a --time too short for the default
-# lead (it must leave 60 s, see below) gets the longest lead that fits, or
-# no wall-time signal at all; said in one line. An explicit lead is not changed.
+# fit_default_signal_lead SECONDS: a --time of SECONDS too short for the
+# default lead (it must leave 60 s, see below) gets the longest lead that
+# fits (in opt_signal_lead), or no wall-time signal at all (opt_no_signal);
+# said in one line. Called for the default lead only, never an explicit one.
+# Sets the options, so it runs in the caller's shell, never in $(...).
 fit_default_signal_lead() {
-  local seconds=$1 fitted=$(($1 - 60))
-  ((fitted < ${!2})) || return 0
+  local fitted=$(($1 - 60))
+  ((fitted < 10#$opt_signal_lead)) || return 0
   if ((fitted >= MIN_SIGNAL_LEAD)); then
     info "--time $opt_time leaves no room for the default $DEFAULT_SIGNAL_LEAD s signal lead; the wall-time signal comes $fitted s before the end (--signal-lead sets it)"
     opt_signal_lead=$fitted
-    printf -v "$2" '%s' "$fitted"
   else
     info "--time $opt_time is too short for a wall-time signal (it needs $((60 + MIN_SIGNAL_LEAD)) s or more); the job runs without one, as with --no-signal"
     opt_no_signal=1
@@ -216,7 +212,7 @@ validate_gpu_type() {
 
 validate_kind_layout() {
   local kind
-  plan_kind_of kind
+  kind=$(plan_kind_of)
   # A wandb sweep task is one agent process that starts each run itself.
   [[ -z "${opt_wandb_sweep:-}" || -z "${OPT_GIVEN[kind]:-}" || "$opt_kind" == none ]] ||
     usage_error "-w/--wandb-sweepid runs one 'wandb agent' per task, which starts the runs itself; drop -W $opt_kind"

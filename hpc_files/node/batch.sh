@@ -82,12 +82,12 @@ on_exit() {
 load_wandb_credentials() {
   local file="$HOME/wandb_credentials.txt" mode key
   [[ -f "$file" ]] || return 0
-  readable_by_others "$file" mode || mode=""
+  mode=$(readable_by_others "$file") || mode=""
   if [[ -n "$mode" ]]; then
     hpc_error "$file is readable by others (mode $mode); not using it (chmod 600 it)"
     return 0
   fi
-  wandb_key_in "$file" key || {
+  key=$(wandb_key_in "$file") || {
     hpc_error "$file holds no W&B key (the key alone on one line, or a line WANDB_API_KEY=<key>); W&B gets none from it"
     return 0
   }
@@ -118,7 +118,7 @@ check_job_contract() {
   local requeue
   # salloc's allocation is never requeued, and takes no --signal.
   [[ -z "${HPC_INTERACTIVE:-}" ]] || return 0
-  record_field "$(job_record "$(job_key)")" Requeue requeue || true
+  requeue=$(record_field "$(job_record "$(job_key)")" Requeue) || true
   if [[ "$requeue" == 0 ]]; then
     hpc_error "this job may not be requeued (--no-requeue or SBATCH_NO_REQUEUE at submission): at the wall time it checkpoints and ends; sbatch job.sbatch again to continue"
   fi
@@ -315,10 +315,10 @@ report_first_failure() {
 requeue_already_requested() {
   local record state restarts
   record=$(job_record "$(job_key)")
-  if record_field "$record" JobState state && [[ "$state" =~ ^(REQUEUED|REQUEUE_HOLD|PENDING)$ ]]; then
+  if state=$(record_field "$record" JobState) && [[ "$state" =~ ^(REQUEUED|REQUEUE_HOLD|PENDING)$ ]]; then
     return 0
   fi
-  record_field "$record" Restarts restarts && [[ "$restarts" =~ ^[0-9]+$ ]] &&
+  restarts=$(record_field "$record" Restarts) && [[ "$restarts" =~ ^[0-9]+$ ]] &&
     ((10#$restarts > ${SLURM_RESTART_COUNT:-0}))
 }
 
@@ -329,10 +329,10 @@ requeue_already_requested() {
 being_preempted() {
   local record when mode
   record=$(job_record "$(job_key)")
-  record_field "$record" PreemptTime when || return 1
+  when=$(record_field "$record" PreemptTime) || return 1
   [[ -n "$when" && "$when" != None && "$when" != Unknown ]] || return 1
   record=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" -o 2>/dev/null) || return 1
-  record_field "$record" PreemptMode mode || return 1
+  mode=$(record_field "$record" PreemptMode) || return 1
   [[ ",$mode," == *,REQUEUE,* ]]
 }
 

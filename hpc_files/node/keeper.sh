@@ -90,7 +90,7 @@ grace_seconds() {
   config=$(scontrol show config 2>/dev/null) || config=""
   [[ "$config" =~ KillWait[[:space:]]*=[[:space:]]*([0-9]+) ]] && kill_wait=${BASH_REMATCH[1]}
   record=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" -o 2>/dev/null) || record=""
-  record_field "$record" GraceTime grace || true
+  grace=$(record_field "$record" GraceTime) || true
   [[ "$grace" =~ ^[0-9]+$ ]] || grace=0
   [[ -n "$kill_wait" ]] || kill_wait=30
   printf '%s' $((kill_wait > grace ? kill_wait : grace))

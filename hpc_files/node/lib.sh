@@ -168,7 +168,7 @@ first_node() {
 MASTER_PORT_AVOID=(15672 16992 16993 16994 16995 17001 17002 17500 24007 24008 25565 27017 27018 27019 28015)
 master_port() {
   local id port avoid
-  to_decimal_node "${SLURM_JOB_ID:-0}" id
+  id=$(to_decimal_node "${SLURM_JOB_ID:-0}")
   port=$((15000 + id % (14000 - ${#MASTER_PORT_AVOID[@]})))
   for avoid in "${MASTER_PORT_AVOID[@]}"; do
     ((port < avoid)) || port=$((port + 1))
@@ -176,11 +176,11 @@ master_port() {
   printf '%s' "$port"
 }
 
-# to_decimal_node DIGITS VAR: DIGITS without leading zeros (never octal).
+# to_decimal_node DIGITS: DIGITS without leading zeros (never octal).
 to_decimal_node() {
   local digits=${1#"${1%%[!0]*}"}
   [[ "$digits" =~ ^[0-9]+$ ]] || digits=0
-  printf -v "$2" '%s' "$digits"
+  printf '%s' "$digits"
 }
 
 # first_run_file: where the first job to run this trial of the submission

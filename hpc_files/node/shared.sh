@@ -22,27 +22,20 @@ job_record() {
   printf '%s' "${records%%$'\n'*}"
 }
 
-# record_field RECORD FIELD VAR: the value of FIELD (JobState, ExitCode,
-# Restarts, ...) in RECORD, one line of job_records, stored in VAR; '' and
-# status 1 when RECORD has no such field. Values are read up to the next
-# space, as scontrol -o separates fields. No process: the submitter's --wait
-# reads every task of an array this way every 2 s. VAR must not be 'pattern'.
+# record_field RECORD FIELD: the value of FIELD (JobState, ExitCode,
+# Restarts, ...) in RECORD, one line of job_records; nothing and status 1
+# when RECORD has no such field. Values are read up to the next space, as
+# scontrol -o separates fields.
 record_field() {
   local pattern=" $2=([^ ]*) "
-  if [[ " $1 " =~ $pattern ]]; then
-    printf -v "$3" '%s' "${BASH_REMATCH[1]}"
-  else
-    printf -v "$3" '%s' ""
-    return 1
-  fi
+  [[ " $1 " =~ $pattern ]] || return 1
+  printf '%s' "${BASH_REMATCH[1]}"
 }
 
 # job_state JOB: JOB's JobState (its first record: for an array job id, the
 # first task line scontrol prints); '' once slurmctld forgot JOB.
 job_state() {
-  local state
-  record_field "$(job_record "$1")" JobState state || true
-  printf '%s' "$state"
+  record_field "$(job_record "$1")" JobState || true
 }
 
 # is_final_state STATE: a job in STATE will not run again by itself. Held
@@ -71,7 +64,7 @@ meta_value() {
   done <"$1"
 }
 
-# wandb_key_in FILE VAR: the W&B key FILE holds, in VAR: its line
+# wandb_key_in FILE: the W&B key FILE holds: its line
 # WANDB_API_KEY=<key> as in a dotenv file ('export' and quotes allowed), or
 # its only line when that is the key alone. Blank lines and '#' comments do
 # not count. Status 1 when other lines hold no key (a dotenv file without it:
@@ -94,19 +87,19 @@ wandb_key_in() {
     [[ "$line" == *=* ]] || alone=$line
   done <"$1"
   ((count != 1)) || [[ -n "$found" ]] || found=$alone
-  printf -v "$2" '%s' "$found"
+  printf '%s' "$found"
   [[ -n "$found" || count -eq 0 ]]
 }
 
-# readable_by_others FILE VAR: FILE's mode in VAR when its group or others may
-# read it, '' when only its owner can: the W&B key file is refused then, at
+# readable_by_others FILE: FILE's mode when its group or others may read it,
+# nothing when only its owner can: the W&B key file is refused then, at
 # submission and on the node. -L: a link's own mode is always 777; what others
 # can read is the file it leads to. Status 1 when stat fails.
 readable_by_others() {
   local perms
   perms=$(stat -L -c %a "$1") || return 1
-  ((8#$perms & 8#077)) || perms=""
-  printf -v "$2" '%s' "$perms"
+  ((8#$perms & 8#077)) || return 0
+  printf '%s' "$perms"
 }
 
 # venv_stamp VENV: the file in which --setup-venv's job (setup_venv.sh) records

@@ -71,9 +71,8 @@ source "$REPO_ROOT/hpc_files/node/shared.sh"
 
 # job_field JOB FIELD: one field of 'scontrol show job' (first record).
 job_field() {
-  local value
-  record_field "$(job_record "$1")" "$2" value || true
-  printf '%s\n' "$value"
+  record_field "$(job_record "$1")" "$2" || true
+  printf '\n'
 }
 
 # wait_job_state JOB SECONDS STATE_REGEX: poll until the job's state matches.

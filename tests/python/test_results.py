@@ -612,21 +612,13 @@ def test_wandb_sweep_array_reads_each_tasks_run(scratch, capsys) -> None:
     ]
 
 
-def test_command_after_dashes_manifest_read_from_commands_txt(tmp_path: Path) -> None:
-    # '-- CMD' without --seeds: the submitter writes commands.txt alone (no python
-    # start); its one line, read by trials.py as a configs file, is the manifest.
+def test_a_folder_without_trials_jsonl_has_one_trial_of_no_parameters(tmp_path: Path) -> None:
+    # The submitter writes trials.jsonl for every source; commands.txt is not read.
     sub = tmp_path / "proj" / "inline" / "20261123-140000-inln"
     sub.mkdir(parents=True)
     (sub / "job.sbatch").write_text("#!/bin/bash\n")
     (sub / "commands.txt").write_text("python train.py --lr 0.1 --name 'a b'\n")
-    assert submissions.load_submission(str(sub)).trials == [
-        {
-            "argv": ["python", "train.py", "--lr", "0.1", "--name", "a b"],
-            "params": {},
-            "source": "configs:1",
-            "trial": 0,
-        }
-    ]
+    assert submissions.load_submission(str(sub)).trials == [{"trial": 0, "params": {}, "argv": []}]
 
 
 def test_a_new_submission_does_not_show_an_earlier_ones_metrics(scratch) -> None:

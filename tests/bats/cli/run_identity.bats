@@ -79,11 +79,12 @@ one_submission() {
   assert_equal "${lines[-1]}" "sbatch '$sub/job.sbatch'"
   assert_file_not_exists "$STUB_SBATCH_LOG"
   local f
-  for f in job.sbatch commands.txt command.txt git.txt node/batch.sh node/launch.sh code.tar; do
+  for f in job.sbatch commands.txt trials.jsonl command.txt git.txt node/batch.sh node/launch.sh code.tar; do
     assert_file_exists "$sub/$f"
   done
-  # A command after '--' (no --seeds): commands.txt is its whole manifest.
-  assert_file_not_exists "$sub/trials.jsonl"
+  # A command after '--' (no --seeds): trials.py writes its manifest too.
+  assert_equal "$(cat "$sub/commands.txt")" "bash prog.sh"
+  assert_equal "$(cat "$sub/trials.jsonl")" '{"argv":["bash","prog.sh"],"params":{},"source":"configs:1","trial":0}'
   assert_file_not_exists "$sub/job_id"
   # The script needs nothing from the submitting shell to find its folder.
   grep -qxF "export HPC_SUBMISSION_DIR='$sub'" "$sub/job.sbatch"

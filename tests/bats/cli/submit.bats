@@ -438,19 +438,3 @@ tarballs() {
   [[ "$output" == *"job_submitter.sh: data: W: "*" of 28 MiB"* ]] || fail "no progress line in: $output"
 }
 
-@test "HPC_TRACE: a submission appends one timestamped line per step of main()" {
-  HPC_TRACE="$BATS_TEST_TMPDIR/trace.tsv" submit_ok -e traced -C "$ONE_LINE" --venv "$FAKE_VENV"
-  run cut -f2 "$BATS_TEST_TMPDIR/trace.tsv"
-  assert_line --index 0 'parse_options "$@"'
-  assert_line 'load_site'
-  assert_line 'submit_job'
-  assert_line 'report_submission'
-  run grep -cvE $'^[0-9]+\\.[0-9]+\t' "$BATS_TEST_TMPDIR/trace.tsv"
-  assert_output 0
-}
-
-@test "HPC_TRACE: a trace file that cannot be written neither stops nor clutters a submission" {
-  HPC_TRACE="$BATS_TEST_TMPDIR/no such dir/trace.tsv" submit_ok -e traced -C "$ONE_LINE" --venv "$FAKE_VENV"
-  assert_line --index 0 --partial "Submitted job 4242"
-  assert_equal "$stderr" ""
-}

@@ -10,13 +10,13 @@ setup() {
   cli_setup
   old="$BATS_TEST_TMPDIR/old python/python3.6"
   mkdir -p "${old%/*}"
-  # Answers a version question as python 3.6.8 would; anything else gets
-  # the SyntaxError 3.6 gives trials.py.
+  # Answers a version question (-V) as python 3.6.8 would; anything else
+  # gets the SyntaxError 3.6 gives trials.py.
   cat >"$old" <<'STUB'
 #!/usr/bin/env bash
-if [[ "${1:-}" == -c ]]; then
-  exec python3 -c "import sys; sys.version_info = (3, 6, 8, 'final', 0)
-exec(compile(sys.argv[1], '<string>', 'exec'))" "$2"
+if [[ "${1:-}" == -V ]]; then
+  echo 'Python 3.6.8'
+  exit 0
 fi
 printf '  File "trials.py", line 54\n    from __future__ import annotations\nSyntaxError: future feature annotations is not defined\n' >&2
 exit 1
@@ -43,6 +43,18 @@ STUB
   HPC_PYTHON="$BATS_TEST_TMPDIR/no such python" run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
   assert_failure 1
   assert_equal "$stderr" "job_submitter.sh: error: expanding trials needs python 3.9 or newer; cannot run '$BATS_TEST_TMPDIR/no such python' (set HPC_PYTHON to a newer python, or pass --venv)"
+}
+
+@test "a python whose minor version has two digits (3.10) counts as newer than 3.9" {
+  local newer="$BATS_TEST_TMPDIR/newer python/python3.10"
+  mkdir -p "${newer%/*}"
+  # Says it is 3.10.1; runs everything else with the usual python.
+  printf '#!/usr/bin/env bash\n[[ "${1:-}" != -V ]] || { echo "Python 3.10.1"; exit 0; }\nexec %q "$@"\n' \
+    "${HPC_PYTHON:-python3}" >"$newer"
+  chmod +x "$newer"
+  HPC_PYTHON=$newer run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
+  assert_success
+  [[ -n "$output" ]] || fail "no trials listed"
 }
 
 @test "the usual python still expands a sweep" {

@@ -76,17 +76,6 @@ round_trip() {
   done
 }
 
-@test "to_decimal strips leading zeros so arithmetic never reads octal" {
-  run to_decimal 08
-  assert_output 8
-  run to_decimal 000
-  assert_output 0
-  run to_decimal 0
-  assert_output 0
-  run to_decimal 0100
-  assert_output 100
-}
-
 @test "run_cleanup removes registered paths, even with spaces" {
   mkdir -p "$BATS_TEST_TMPDIR/a b/c"
   touch "$BATS_TEST_TMPDIR/f"
@@ -95,51 +84,6 @@ round_trip() {
   run_cleanup
   assert_not_exists "$BATS_TEST_TMPDIR/a b"
   assert_not_exists "$BATS_TEST_TMPDIR/f"
-}
-
-# traced_main: a stand-in for job_submitter.sh's main() (two steps), run in
-# a subshell without bats' own DEBUG trap and functrace (set -T).
-step_one() { :; }
-step_two() { step_one; }
-traced_main() {
-  trace_steps
-  step_one "$@"
-  step_two
-}
-run_traced_main() {
-  (
-    set +T
-    trap - DEBUG
-    traced_main x
-  )
-}
-
-# trap_after_traced_main: the DEBUG trap traced_main leaves set.
-trap_after_traced_main() {
-  (
-    set +T
-    trap - DEBUG
-    traced_main x
-    trap -p DEBUG
-  )
-}
-
-@test "trace_steps: with HPC_TRACE, one timestamped line per step of the caller, none for nested calls" {
-  export HPC_TRACE="$BATS_TEST_TMPDIR/trace dir/trace.tsv"
-  mkdir -p "${HPC_TRACE%/*}"
-  run_traced_main
-  run cut -f2 "$HPC_TRACE"
-  assert_output $'step_one "$@"\nstep_two'
-  run cut -f1 "$HPC_TRACE"
-  assert_line --index 0 --regexp '^[0-9]+\.[0-9]+$'
-  assert_line --index 1 --regexp '^[0-9]+\.[0-9]+$'
-}
-
-@test "trace_steps: without HPC_TRACE, no trap is set" {
-  unset HPC_TRACE
-  run trap_after_traced_main
-  assert_success
-  assert_output ''
 }
 
 @test "login_python: HPC_PYTHON, else the --venv's python, else the project's .venv, else python3" {

@@ -72,17 +72,16 @@ validate_data_paths_for() {
 }
 
 @test "data_path_problem: each problem in words, '' for a good path" {
-  local problem
-  data_path_problem "ds one" problem
-  assert_equal "$problem" ""
-  data_path_problem "" problem
-  assert_equal "$problem" "--data expects a path, got ''"
-  data_path_problem $'a\nb' problem
-  assert_equal "$problem" "--data paths must not contain newlines or tabs"
-  data_path_problem "labels/../../x" problem
-  assert_equal "$problem" "--data path 'labels/../../x' must not contain '..'"
-  data_path_problem "-rf" problem
-  assert_equal "$problem" "--data path '-rf' must not start with '-'"
+  run data_path_problem "ds one"
+  assert_output ""
+  run data_path_problem ""
+  assert_output "--data expects a path, got ''"
+  run data_path_problem $'a\nb'
+  assert_output "--data paths must not contain newlines or tabs"
+  run data_path_problem "labels/../../x"
+  assert_output "--data path 'labels/../../x' must not contain '..'"
+  run data_path_problem "-rf"
+  assert_output "--data path '-rf' must not start with '-'"
 }
 
 @test "name_data_tarball: a digest of the path list, then one of the manifest, with the compression's suffix; no paths, no tarball" {

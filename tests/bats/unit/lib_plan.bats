@@ -191,13 +191,12 @@ auto /t/$USER'
 }
 
 @test "data_tarball_name: one name for the plan and the pattern prune globs" {
-  local name
-  data_tarball_name abc none name
-  assert_equal "$name" data-abc.tar
-  data_tarball_name abc zstd name
-  assert_equal "$name" data-abc.tar.zst
-  data_tarball_name '*' pigz name
-  assert_equal "$name" 'data-*.tar.gz'
+  run data_tarball_name abc none
+  assert_output data-abc.tar
+  run data_tarball_name abc zstd
+  assert_output data-abc.tar.zst
+  run data_tarball_name '*' pigz
+  assert_output 'data-*.tar.gz'
 }
 
 @test "plan_array: one trial is no array" {

@@ -35,11 +35,16 @@ stub_scontrol() {
 @test "job_states: state and exit code of every array task" {
   stub_scontrol 'JobId=5 ArrayJobId=5 ArrayTaskId=0 JobState=COMPLETED Reason=None ExitCode=0:0 RunTime=1' \
     'JobId=6 ArrayJobId=5 ArrayTaskId=1 JobState=FAILED Reason=NonZeroExitCode ExitCode=7:0 RunTime=1' \
-    'JobId=7 ArrayJobId=5 ArrayTaskId=2 JobState=REQUEUE_HOLD Reason=JobHeldAdmin ExitCode=0:15 RunTime=1'
+    'JobId=7 ArrayJobId=5 ArrayTaskId=2 JobState=REQUEUE_HOLD Reason=JobHeldAdmin ExitCode=0:15 RunTime=1' \
+    'JobId=8 ArrayJobId=5 ArrayTaskId=3 OrigJobState=RUNNING JobState=PENDING Reason=None RunTime=0' \
+    'JobId=9 ArrayJobId=5 ArrayTaskId=4 JobState=RUNNING ExitCode=N/A ExitCode=3:0 RunTime=1' \
+    'JobId=10 ArrayJobId=5 ArrayTaskId=5 OrigJobState=RUNNING Reason=None'
   run job_states 5
   assert_output 'COMPLETED 0:0
 FAILED 7:0
-REQUEUE_HOLD 0:15'
+REQUEUE_HOLD 0:15
+PENDING 0:0
+RUNNING 0:0'
 }
 
 @test "wait_for_job ends on a job held after a requeue, says how to release it, exits non-zero" {
@@ -188,7 +193,7 @@ REQUEUE_HOLD 0:15'
   assert_regex "$stderr" "job 5: CANCELLED x1, COMPLETED x1, FAILED x1"
 }
 
-@test "prepare_trials: a command after '--' is one trial with no temporary folder; a configs file is expanded in one" {
+@test "prepare_trials: a command after '--' and a configs file are expanded in a temporary folder" {
   # shellcheck source=../../../hpc_files/lib/trials.sh
   source "$HPC_FILES_DIR/lib/trials.sh"
   HPC_PYTHON="$REPO_ROOT/.venv/bin/python"
@@ -202,8 +207,8 @@ REQUEUE_HOLD 0:15'
   trials_dir=""
   prepare_trials
   assert_equal "$trials_count" 1
-  assert_equal "$trials_dir" ""
-  assert_equal "$(ls -A "$TMPDIR")" ""
+  assert_equal "$(cat "$trials_dir/commands.txt")" "python train.py --lr 0.1"
+  assert_file_exists "$trials_dir/trials.jsonl"
   opt_command=()
   opt_configs="$BATS_TEST_TMPDIR/configs.txt"
   printf 'python train.py --lr 0.1\npython train.py --lr 0.2\n' >"$opt_configs"

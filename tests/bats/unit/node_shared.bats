@@ -51,30 +51,33 @@ scontrol_forgot() {
   assert_equal "$stderr" ''
 }
 
-@test "record_field: whole fields only, first or last in the line, into the named variable" {
-  local record='JobId=7 OrigJobState=RUNNING JobState=REQUEUE_HOLD Reason=JobHeldAdmin Restarts=12 ExitCode=0:15' value
-  record_field "$record" JobState value
-  assert_equal "$value" REQUEUE_HOLD
-  record_field "$record" ExitCode value
-  assert_equal "$value" 0:15
-  record_field "$record" JobId value
-  assert_equal "$value" 7
-  record_field "$record" Restarts value
-  assert_equal "$value" 12
+@test "record_field: whole fields only, first or last in the line" {
+  local record='JobId=7 OrigJobState=RUNNING JobState=REQUEUE_HOLD Reason=JobHeldAdmin Restarts=12 ExitCode=0:15'
+  run record_field "$record" JobState
+  assert_success
+  assert_output REQUEUE_HOLD
+  run record_field "$record" ExitCode
+  assert_output 0:15
+  run record_field "$record" JobId
+  assert_output 7
+  run record_field "$record" Restarts
+  assert_output 12
   # 'Job' is the tail of no field name here; 'State' is part of one only.
-  run record_field "$record" State value
-  assert_failure
-  value=stale
-  record_field "$record" Nope value || true
-  assert_equal "$value" ''
-  record_field '' JobState value || true
-  assert_equal "$value" ''
+  run record_field "$record" State
+  assert_failure 1
+  assert_output ''
+  run record_field "$record" Nope
+  assert_failure 1
+  assert_output ''
+  run record_field '' JobState
+  assert_failure 1
+  assert_output ''
 }
 
 @test "record_field: a field with an empty value is there, and empty" {
-  local value=stale
-  record_field 'JobId=7 Comment= JobState=PENDING' Comment value
-  assert_equal "$value" ''
+  run record_field 'JobId=7 Comment= JobState=PENDING' Comment
+  assert_success
+  assert_output ''
 }
 
 @test "job_state: the state of the job's first record; '' once the job is forgotten" {
