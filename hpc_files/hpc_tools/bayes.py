@@ -49,18 +49,23 @@ def _write_json(path: str, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def round_values(submission: str, project: str, metric: str, first: int, count: int):
-    """{global trial: final value of metric, or None for a failed or metric-less trial},
-    read by collect.py (the same reader as results.sh)."""
+def round_values(
+    submission: str, project: str, metric: str, first: int, count: int
+) -> tuple[dict[int, float | None], frozenset[int]]:
+    """({global trial: final value of metric, or None for a failed or metric-less trial},
+    the trials pruned by early termination), read by collect.py (results.sh's reader)."""
     sub = submissions.load_submission(submission)
     out: dict[int, float | None] = {}
+    pruned = set()
     for trial in collect.collect(sub, project):
         if not first <= trial.index < first + count:
             continue
         points = trial.metrics.get(metric) or []
         final = points[-1][1] if points else None
         out[trial.index] = None if trial.failed or final is None else final
-    return out
+        if trial.state.startswith("PRUNED"):
+            pruned.add(trial.index)
+    return out, frozenset(pruned)
 
 
 def cmd_start(argv: list[str]) -> int:
@@ -115,8 +120,11 @@ def cmd_controller(argv: list[str]) -> int:
         sampler(info["sweep_seed"], round_ + 1, per_round),
     )
     values = round_values(sub, project, info["metric"], first, per_round)
-    done, failed = tell_round(study, round_, values)
-    print(f"bayes: round {round_}/{info['rounds']}: told {done} complete, {failed} failed")
+    done, failed, pruned = tell_round(study, round_, *values)
+    print(
+        f"bayes: round {round_}/{info['rounds']}: told {done} complete, {failed} failed;"
+        f" {pruned} pruned early"
+    )
     stopped = os.path.join(os.path.dirname(sub), STOP_RECORD)
     if round_ >= info["rounds"] or os.path.exists(stopped):
         if round_ < info["rounds"]:

@@ -138,24 +138,34 @@ def ensure_round(study: Any, space: dict, round_: int, per_round: int) -> list[A
     return [have[i] for i in range(per_round)]
 
 
-def tell_round(study: Any, round_: int, values: dict[int, float | None]) -> tuple[int, int]:
-    """Tell round ``round_``'s trials not told yet: values[global trial] or None (FAIL).
+def tell_round(
+    study: Any, round_: int, values: dict[int, float | None], pruned: frozenset[int] = frozenset()
+) -> tuple[int, int, int]:
+    """Tell round ``round_``'s trials not told yet: values[global trial] or None (FAIL); a
+    trial in ``pruned`` (its folder's pruned file) as PRUNED where its program did not.
 
-    Returns (told complete, told failed); a second call tells nothing."""
+    Returns (told complete, told failed, pruned in the round); a second call tells nothing
+    and counts the same pruned."""
     from optuna.trial import TrialState
 
-    done = failed = 0
+    done = failed = pruned_count = 0
     for t in keyed(study, round_).values():
-        if t.state != TrialState.RUNNING:
+        trial = int(t.user_attrs["trial"])
+        if t.state == TrialState.RUNNING and trial in pruned:
+            study.tell(t.number, state=TrialState.PRUNED)
+        elif t.state == TrialState.RUNNING:
+            value = values.get(trial)
+            if value is None or not math.isfinite(value):
+                study.tell(t.number, state=TrialState.FAIL)
+                failed += 1
+            else:
+                study.tell(t.number, value)
+                done += 1
             continue
-        value = values.get(int(t.user_attrs["trial"]))
-        if value is None or not math.isfinite(value):
-            study.tell(t.number, state=TrialState.FAIL)
-            failed += 1
-        else:
-            study.tell(t.number, value)
-            done += 1
-    return done, failed
+        elif t.state != TrialState.PRUNED:
+            continue
+        pruned_count += 1
+    return done, failed, pruned_count
 
 
 def rounds_manifest(

@@ -147,8 +147,8 @@ def test_tell_is_idempotent_and_failed_trials_are_told_as_fail(tmp_path: Path) -
     journal = str(tmp_path / "optuna.journal")
     rounds_manifest(spec, 3, 0, 1, journal, "s")
     study = open_study(journal, "s", "maximize", sampler(0, 2, 3))
-    assert tell_round(study, 1, {0: 0.5, 1: None, 2: float("nan")}) == (1, 2)
-    assert tell_round(study, 1, {0: 0.9, 1: 0.9, 2: 0.9}) == (0, 0)
+    assert tell_round(study, 1, {0: 0.5, 1: None, 2: float("nan")}) == (1, 2, 0)
+    assert tell_round(study, 1, {0: 0.9, 1: 0.9, 2: 0.9}) == (0, 0, 0)
     states = [t.state for t in sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])]
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
     assert study.best_trial.value == 0.5
@@ -157,6 +157,24 @@ def test_tell_is_idempotent_and_failed_trials_are_told_as_fail(tmp_path: Path) -
     assert [r["source"] for r in records] == ["bayes:round 1"] * 3 + ["bayes:round 2"] * 3
     assert len(rounds_manifest(spec, 3, 0, 2, journal, "s")) == 6
     assert len(study.get_trials()) == 6
+
+
+def test_pruned_trials_are_counted_and_told_pruned_where_their_program_did_not(
+    tmp_path: Path,
+) -> None:
+    spec = load_sweep(_sweep(tmp_path, SWEEP))
+    journal = str(tmp_path / "optuna.journal")
+    rounds_manifest(spec, 3, 0, 1, journal, "s")
+    study = open_study(journal, "s", "maximize", sampler(0, 2, 3))
+    # Trial 1's program told the journal itself (hpc_harness.pruning); trial 2's only left
+    # its pruned file, and its metric at the prune step must not count as its result.
+    told = next(t for t in study.get_trials() if t.user_attrs["index"] == 1)
+    study.tell(told.number, state=TrialState.PRUNED)
+    values = {0: 0.5, 1: 0.2, 2: 0.1}
+    assert tell_round(study, 1, values, frozenset({1, 2})) == (1, 0, 2)
+    assert tell_round(study, 1, values, frozenset({1, 2})) == (0, 0, 2)
+    states = [t.state for t in sorted(study.get_trials(), key=lambda t: t.user_attrs["index"])]
+    assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]
 
 
 @pytest.mark.parametrize("goal, best", [("maximize", 0.9), ("minimize", 0.1)])

@@ -79,7 +79,7 @@ print("all complete:", all(t.state.name == "COMPLETE" for t in ts))
   # Re-running round 1's controller tells nothing again and submits nothing.
   run env PYTHONPATH="$REPO_ROOT/hpc_files" "$REPO_ROOT/.venv/bin/python" -m hpc_tools.bayes controller --submission "$round1"
   assert_success
-  assert_line "bayes: round 1/2: told 0 complete, 0 failed"
+  assert_line "bayes: round 1/2: told 0 complete, 0 failed; 0 pruned early"
   assert_line --partial "round 2 was already submitted"
   assert_equal "$(ls -d "$exp"/20* | wc -l)" 2
 }

@@ -84,9 +84,10 @@ for t in s.get_trials():
     k = t.user_attrs["trial"]
     path = os.path.join(sys.argv[3], "trials", str(k), "pruned")
     step = open(path).read().split()[0] if os.path.exists(path) else "-"
-    rows.append((t.params["lr"], t.state.name, step))
+    rows.append((t.params["lr"], t.state.name, step, t.user_attrs["round"]))
 best = max(rows, key=lambda r: abs(__import__("math").log10(r[0]) + 1) * -1)
 print("trials:", len(rows))
+print("round 1 pruned:", sum(r[1] == "PRUNED" and r[3] == 1 for r in rows))
 print("best lr", best[0], best[1])
 print("pruned:", sum(r[1] == "PRUNED" for r in rows), "at step 1:", sum(r[2] == "1" for r in rows))
 print("pruned lrs worse than the best:", all(r[0] != best[0] for r in rows if r[1] == "PRUNED"))
@@ -98,6 +99,11 @@ print("files match states:", all((r[1] == "PRUNED") == (r[2] != "-") for r in ro
   assert_line --regexp '^pruned: [1-9] at step 1: [1-9]$'
   assert_line "pruned lrs worse than the best: True"
   assert_line "files match states: True"
+  local round1_pruned
+  round1_pruned=$(sed -n 's/^round 1 pruned: //p' <<<"$output")
+  # Round 1's controller counts its pruned trials apart from the complete and failed.
+  run grep -h '^bayes: round 1/2: told ' "$SCRATCH/$project/hpc_outputs/"*_ebayes_bayes_*.out
+  assert_output --regexp "^bayes: round 1/2: told $((3 - round1_pruned)) complete, 0 failed; $round1_pruned pruned early\$"
   run "$RESULTS" ebayes --no-group
   assert_success
   assert_line --index 1 '6 trial(s); sorted by val_acc (max)'
