@@ -12,13 +12,21 @@ ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"
 
 SCONTROL_FIELDS = ("JobId", "ArrayJobId", "ArrayTaskId", "JobState", "Restarts", "RunTime")
 
-SACCT_FORMAT = "JobID,State,ExitCode,Elapsed"
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,MaxRSS"
 
 
 def slurm_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
     """SLURM's fields of the job's tasks: the controller's while it knows the job (MinJobAge
-    after its end), then accounting's; {} when neither knows it."""
-    return scontrol_tasks(job_id) or sacct_tasks(job_id)
+    after its end), then accounting's; {} when neither knows it. Accounting's peak memory
+    (PeakRSS) joins the controller's fields: only accounting keeps it."""
+    known = scontrol_tasks(job_id)
+    accounted = sacct_tasks(job_id)
+    if not known:
+        return accounted
+    for k, fields in accounted.items():
+        if k in known and "PeakRSS" in fields:
+            known[k] = {**known[k], "PeakRSS": fields["PeakRSS"]}
+    return known
 
 
 def scontrol_tasks(job_id: str | None) -> dict[int, dict[str, str]]:
@@ -73,18 +81,20 @@ def parse_scontrol(text: str) -> dict[int, dict[str, str]]:
 
 
 def parse_sacct(text: str) -> dict[int, dict[str, str]]:
-    """``sacct -n -P -D -o JobID,State,ExitCode,Elapsed`` output -> {task index: fields}, in
-    ``scontrol``'s names (JobState, ExitCode, RunTime, Restarts). Every run of a requeued task
-    is a line of its own (``-D``): the last is its state, the others its restarts. Steps
-    (``JOB.batch``, ``JOB.0``) are skipped; a pending range (``5_[2-7%2]``) gives one entry
+    """``sacct -n -P -D -o JobID,State,ExitCode,Elapsed,MaxRSS`` output -> {task index:
+    fields}, in ``scontrol``'s names (JobState, ExitCode, RunTime, Restarts) and PeakRSS
+    (bytes: the largest MaxRSS of the last run's steps). Every run of a requeued task is a
+    line of its own (``-D``), followed by its steps (``JOB.batch``, ``JOB.0``): the last run
+    is its state, the others its restarts. A pending range (``5_[2-7%2]``) gives one entry
     per task; a plain job is task 0."""
     tasks: dict[int, dict[str, str]] = {}
     runs: dict[int, int] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) < 4 or "." in parts[0]:
+        if len(parts) < 4:
             continue
-        job, _, spec = parts[0].partition("_")
+        name, dot, _ = parts[0].partition(".")
+        job, _, spec = name.partition("_")
         indices = [0]
         if spec:
             indices = []
@@ -92,6 +102,12 @@ def parse_sacct(text: str) -> dict[int, dict[str, str]]:
                 low, _, high = part.partition("-")
                 if low.isdigit():
                     indices += range(int(low), int(high or low) + 1)
+        if dot:  # a step of the task's run above it
+            rss = memory_bytes(parts[4] if len(parts) > 4 else "")
+            for k in indices:
+                if k in tasks and rss is not None:
+                    tasks[k]["PeakRSS"] = str(max(rss, int(tasks[k].get("PeakRSS", "0"))))
+            continue
         for k in indices:
             runs[k] = runs.get(k, 0) + 1
             tasks[k] = {
@@ -103,3 +119,16 @@ def parse_sacct(text: str) -> dict[int, dict[str, str]]:
                 "Source": "sacct",
             }
     return tasks
+
+
+def memory_bytes(text: str) -> int | None:
+    """sacct's memory (``1234K``, ``56M``, ``0``) in bytes; None when empty or unreadable."""
+    text = text.strip()
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    if unit not in units:
+        return None
+    try:
+        return int(float(text[: len(text) - len(unit)]) * units[unit])
+    except ValueError:
+        return None

@@ -22,8 +22,9 @@ usage: status.sh [EXP | JOBID] [--watch [SECONDS]] [--project NAME]
 One row per task of the newest submission (of experiment EXP, or the one whose
 job id is JOBID or JOBID_TASK; default: the newest under $SCRATCH/{project}/ across
 experiments): task, state (SLURM's while it knows the job, else from the log:
-finished, failed (exit N), requeued), restarts, elapsed, last progress line
-(the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
+finished, failed (exit N), requeued), restarts, elapsed, peak memory (the
+largest step's, from sacct where the cluster keeps accounting), last progress
+line (the harness's 'step S/T epoch E loss L', else the last metrics.csv row).
 
   --watch [SECONDS]  clear and redraw every SECONDS (default 5) until Ctrl-C;
                      (a number after --watch is SECONDS: give a JOBID first);
@@ -105,7 +106,8 @@ def status_text(sub: Submission, project: str) -> str:
             or last_metrics_progress(sub, index, submitted, finished, until)
             or "-"
         )
-        rows.append([str(index), state, str(restarts), elapsed, progress])
+        peak = format_memory(fields.get("PeakRSS") if fields else None)
+        rows.append([str(index), state, str(restarts), elapsed, peak, progress])
     sources = {fields.get("Source", "SLURM") for _, fields in jobs.values() if fields}
     where = " and ".join(sorted(sources)) if sources else "logs"
     earlier = sorted(
@@ -118,7 +120,23 @@ def status_text(sub: Submission, project: str) -> str:
         f"{sub.exp}  {sub.path}\njob {sub.job_id or '(not submitted)'}{also}, "
         f"{len(sub.trials)} task(s); states from {where}\n"
     )
-    return head + render_table(["task", "state", "restarts", "elapsed", "progress"], rows)
+    return head + render_table(
+        ["task", "state", "restarts", "elapsed", "peak mem", "progress"], rows
+    )
+
+
+def format_memory(text: str | None) -> str:
+    """Bytes as sacct's units show them (``512K``, ``38M``, ``1.2G``); "-" when unknown."""
+    if not text:
+        return "-"
+    size = float(text)
+    for unit in ("", "K", "M", "G"):
+        if size < 1024:
+            break
+        size /= 1024
+    else:
+        unit = "T"
+    return f"{size:.0f}{unit}" if size >= 10 or not unit else f"{size:.1f}{unit}"
 
 
 def last_metrics_progress(

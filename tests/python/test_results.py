@@ -331,7 +331,7 @@ def test_status_from_logs_shows_requeued_and_failed_tasks(scratch, capsys) -> No
     assert code == 0
     assert lines[1] == "job 500, 8 task(s); states from logs"
     table = rows(lines)
-    assert table[2] == ["2", "finished", "1", "00:00:42", "step 40/47 epoch 0 loss 0.4000"]
+    assert table[2] == ["2", "finished", "1", "00:00:42", "-", "step 40/47 epoch 0 loss 0.4000"]
     assert table[5][:3] == ["5", "failed (exit 3)", "0"]
     code, lines, _ = run(capsys, "status", "--project", "proj", "600")  # by job id
     assert "single" in lines[0] and rows(lines)[0][:2] == ["0", "finished"]
@@ -360,7 +360,7 @@ def test_status_from_scontrol_one_call_for_all_tasks(scratch, capsys, monkeypatc
     table = rows(lines)
     assert table[0][:4] == ["0", "COMPLETED", "0", "00:00:30"]
     assert table[1][:4] == ["1", "FAILED (exit 3)", "0", "00:00:09"]
-    assert table[2] == ["2", "RUNNING", "1", "00:01:05", "step 40/47 epoch 0 loss 0.4000"]
+    assert table[2] == ["2", "RUNNING", "1", "00:01:05", "-", "step 40/47 epoch 0 loss 0.4000"]
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
 
 
@@ -448,7 +448,7 @@ def test_status_progress_falls_back_to_metrics_csv(scratch, capsys) -> None:
     log = scratch / "proj" / "hpc_outputs" / "proj_single_600.out"
     log.write_text("hpc: job 600 (trial 0) on node1, restart 0, started 2026-11-23 12:00:00\n")
     code, lines, _ = run(capsys, "status", "--project", "proj", "single")
-    assert rows(lines)[0][4] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
+    assert rows(lines)[0][5] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
 
 
 def test_watch_refuses_a_non_terminal(scratch, capsys) -> None:
@@ -471,13 +471,15 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
 ) -> None:
     # Task 2 ran twice (requeued once), task 1 failed, 3-7 never started (a pending range).
     text = (
-        "500_0|COMPLETED|0:0|00:00:30\n"
-        "500_0.batch|COMPLETED|0:0|00:00:30\n"
-        "500_1|FAILED|3:0|00:00:09\n"
-        "500_2|REQUEUED|0:0|00:00:40\n"
-        "500_2|CANCELLED by 0|0:15|00:01:05\n"
-        "500_2.0|CANCELLED|0:15|00:01:05\n"
-        "500_[3-7%2]|PENDING|0:0|00:00:00\n"
+        "500_0|COMPLETED|0:0|00:00:30|\n"
+        "500_0.batch|COMPLETED|0:0|00:00:30|5120K\n"
+        "500_0.0|COMPLETED|0:0|00:00:29|1536M\n"
+        "500_1|FAILED|3:0|00:00:09|\n"
+        "500_2|REQUEUED|0:0|00:00:40|\n"
+        "500_2.0|CANCELLED|0:15|00:00:40|900M\n"
+        "500_2|CANCELLED by 0|0:15|00:01:05|\n"
+        "500_2.0|CANCELLED|0:15|00:01:05|300M\n"
+        "500_[3-7%2]|PENDING|0:0|00:00:00|\n"
     )
     calls = []
 
@@ -490,11 +492,11 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
     assert code == 0 and calls == ["500"]
     assert lines[1].endswith("states from sacct")
     table = rows(lines)
-    assert table[0][:4] == ["0", "COMPLETED", "0", "00:00:30"]
-    assert table[1][:4] == ["1", "FAILED (exit 3)", "0", "00:00:09"]
-    assert table[2][:4] == ["2", "CANCELLED (exit 0)", "1", "00:01:05"]
+    # Peak memory: the largest step's of the task's last run.
+    assert table[0][:5] == ["0", "COMPLETED", "0", "00:00:30", "1.5G"]
+    assert table[1][:5] == ["1", "FAILED (exit 3)", "0", "00:00:09", "-"]
+    assert table[2][:5] == ["2", "CANCELLED (exit 0)", "1", "00:01:05", "300M"]
     assert [r[1] for r in table[3:]] == ["PENDING"] * 5
-    # The controller's answer, while it has one, is taken first.
     monkeypatch.setattr(
         slurm,
         "scontrol_tasks",
@@ -502,8 +504,11 @@ def test_status_from_sacct_once_the_controller_has_forgotten_the_job(
             "JobId=500 ArrayJobId=500 ArrayTaskId=0-7 JobState=RUNNING Restarts=0 RunTime=1"
         ),
     )
+    # The controller's answer, while it has one, is taken first; accounting's peak memory
+    # joins it.
     code, lines, _ = run(capsys, "status", "--project", "proj", "grid")
-    assert lines[1].endswith("states from SLURM") and calls == ["500"]
+    assert lines[1].endswith("states from SLURM") and calls == ["500", "500"]
+    assert rows(lines)[0][1:5] == ["RUNNING", "0", "1", "1.5G"]
 
 
 def test_a_step_the_cgroup_killed_for_memory_reads_out_of_memory(scratch, capsys, monkeypatch):
@@ -684,7 +689,7 @@ def test_an_ended_job_shows_its_own_rows_not_a_later_runs(scratch, capsys) -> No
     )
     os.utime(log, (ended, ended))
     code, lines, _ = run(capsys, "status", "--project", "proj", "single")
-    assert rows(lines)[0][4] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
+    assert rows(lines)[0][5] == "step 47 train_loss 0.5 test_loss 0.4 test_acc 0.75"
 
 
 def test_a_sweep_metric_without_a_goal_is_minimized_as_wandb_and_bayes_do(tmp_path) -> None:

@@ -53,9 +53,9 @@ STUB
   assert_success
   assert_line --index 0 "grid  $SCRATCH/$project/grid/20261123-120000-new2"
   assert_line --index 1 'job 500, 8 task(s); states from logs'
-  assert_line --index 2 --regexp '^task +state +restarts +elapsed +progress$'
-  assert_line --index 5 --regexp '^2 +finished +1 +00:00:42 +step 40/47 epoch 0 loss 0\.4000$'
-  assert_line --index 8 --regexp '^5 +failed \(exit 3\) +0 +00:00:42 +step 20/47 epoch 0 loss 0\.5000$'
+  assert_line --index 2 --regexp '^task +state +restarts +elapsed +peak mem +progress$'
+  assert_line --index 5 --regexp '^2 +finished +1 +00:00:42 +- +step 40/47 epoch 0 loss 0\.4000$'
+  assert_line --index 8 --regexp '^5 +failed \(exit 3\) +0 +00:00:42 +- +step 20/47 epoch 0 loss 0\.5000$'
   assert_equal "${#lines[@]}" 11
   # One scontrol call for the whole array.
   run cat "$SCONTROL_LOG"
@@ -74,7 +74,7 @@ OUT
   assert_line --index 1 'job 500, 8 task(s); states from SLURM'
   assert_line --index 3 --regexp '^0 +COMPLETED +0 +00:00:30 '
   assert_line --index 4 --regexp '^1 +FAILED \(exit 3\) +0 +00:00:09 '
-  assert_line --index 5 --regexp '^2 +RUNNING +1 +00:01:05 +step 40/47 epoch 0 loss 0\.4000$'
+  assert_line --index 5 --regexp '^2 +RUNNING +1 +00:01:05 +- +step 40/47 epoch 0 loss 0\.4000$'
   assert_equal "$(grep -cE '^[3-7] +PENDING ' <<<"$output")" 5
   run cat "$SCONTROL_LOG"
   assert_output 'show job -o 500'

@@ -98,7 +98,7 @@ array_done() {
   assert_success
   printf '%s\n' "$output" >"$BATS_TEST_TMPDIR/status_running.txt"
   assert_line --index 1 "job $live, 1 task(s); states from SLURM"
-  assert_line --index 3 --regexp '^0 +RUNNING +0 +[0-9:]+ +step [0-9]+/[0-9]+ epoch [0-9]+ loss [0-9.]+$'
+  assert_line --index 3 --regexp '^0 +RUNNING +0 +[0-9:]+ +[^ ]+ +step [0-9]+/[0-9]+ epoch [0-9]+ loss [0-9.]+$'
   scancel --signal=USR1 --batch "$live"
   release_requeued "$live" 1
   wait_job_done "$live" 240
@@ -106,7 +106,7 @@ array_done() {
   run "$STATUS" "$live"
   assert_success
   printf '%s\n' "$output" >"$BATS_TEST_TMPDIR/status_done.txt"
-  assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
+  assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +[^ ]+ +step [0-9]+/[0-9]+ '
   # Once the controller has forgotten the job (MinJobAge), accounting tells
   # the same where the cluster keeps it (the production shape)...
   local bin="$BATS_TEST_TMPDIR/stub-bin"
@@ -117,7 +117,8 @@ array_done() {
     PATH="$bin:$PATH" run "$STATUS" live
     assert_success
     assert_line --index 1 "job $live, 1 task(s); states from sacct"
-    assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
+    # Peak memory too: only accounting keeps it.
+    assert_line --index 3 --regexp '^0 +COMPLETED +1 +[0-9:]+ +[0-9.]+[KMG] +step [0-9]+/[0-9]+ '
   fi
   # ... and without accounting, the log alone.
   printf '#!/usr/bin/env bash\necho "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1\n' >"$bin/sacct"
@@ -125,7 +126,7 @@ array_done() {
   PATH="$bin:$PATH" run "$STATUS" live
   assert_success
   assert_line --index 1 "job $live, 1 task(s); states from logs"
-  assert_line --index 3 --regexp '^0 +finished +1 +[0-9:]+ +step [0-9]+/[0-9]+ '
+  assert_line --index 3 --regexp '^0 +finished +1 +[0-9:]+ +- +step [0-9]+/[0-9]+ '
 }
 
 @test "results.sh of an earlier job shows its own result after a later submission's --fresh took the folder over" {
