@@ -129,13 +129,11 @@ def format_memory(text: str | None) -> str:
     """Bytes as sacct's units show them (``512K``, ``38M``, ``1.2G``); "-" when unknown."""
     if not text:
         return "-"
-    size = float(text)
-    for unit in ("", "K", "M", "G"):
+    size, unit = float(text), ""
+    for bigger in ("K", "M", "G", "T"):
         if size < 1024:
             break
-        size /= 1024
-    else:
-        unit = "T"
+        size, unit = size / 1024, bigger
     return f"{size:.0f}{unit}" if size >= 10 or not unit else f"{size:.1f}{unit}"
 
 
