@@ -1,31 +1,7 @@
 """The pieces that make your own training loop survive SLURM (the user keeps the loop).
-About ten added lines (see hpc_harness/examples/charlm.py for a whole program)::
 
-    from hpc_harness import pieces as hp
-
-    ctx = hp.setup()                                      # rank, device, process group
-    sampler = hp.ResumableSampler(len(ds), ctx.world_size, ctx.rank, seed=0)
-    loader = DataLoader(ds, B, sampler=sampler, drop_last=True, generator=torch.Generator())
-    loader = hp.shield_workers(loader)                    # workers outlive SLURM's signals
-    state = hp.load_checkpoint(ckpt_dir, rank0_only=("model", "optimizer"))  # rank 0 reads
-    if state:                                             # its tensors broadcast to every rank
-        hp.load_state(model, opt, state)                  # the optimizer too (AdamW's moments)
-    step = state["global_step"] if state else 0
-    stop = hp.StopAgreement(ctx).install()                # SIGUSR1/SIGTERM -> a flag
-    while step < total_steps:
-        epoch, start = divmod(step, steps_per_epoch)
-        sampler.set_epoch(epoch); sampler.set_start(start * B)
-        loader.generator.manual_seed(sampler.worker_seed())  # workers: per rank, epoch
-        for batch in loader:
-            loss.backward()                               # your step, with
-            hp.average_gradients(model, ctx.world_size)   # (or DDP: see average_gradients)
-            opt.step()
-            step += 1
-            if stop.should_stop():                        # the same step on every rank
-                keep = hp.state_dicts(model, opt)         # by name, whole, on rank 0
-                path = hp.save_checkpoint(ckpt_dir, {**keep, "global_step": step}, step)
-                hp.requeue_exit(step, epoch, path, stop)  # marker, exit 42: requeue me
-            if step >= total_steps: break                 # the end may fall mid-epoch
+About ten added lines: the recipe is in docs/harness.md ("Your own loop: the pieces"), where a
+test runs it as written; hpc_harness/examples/charlm.py is a whole program built on it.
 """
 
 from __future__ import annotations
