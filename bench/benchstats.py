@@ -1,23 +1,21 @@
 """Medians, ranges and paired ratios for the benchmarks, as Markdown tables.
 
-Every benchmark runs its configurations interleaved (A B C, C B A, A B C, ...) after a discarded
-warm-up, so rep ``i`` of A and rep ``i`` of B ran next to each other under the same load.
-A ratio is therefore computed per rep (``B_i / A_i``) and reported as the median and range of
-those paired ratios, not as a ratio of medians taken at different times.
+A ratio is computed per rep (``B_i / A_i``) and reported as the median and range of those
+paired ratios (why: paired_ratios).
 
 Library use (Python benchmarks)::
 
     from benchstats import Series, md_table
     print(md_table([Series("raw", "cmd", [1.0, 1.1])], anchor="raw", unit="s"))
 
-Command line (shell benchmarks), samples as ``config<TAB>rep<TAB>value`` lines (seconds)::
+Command line (shell benchmarks), samples as ``config<TAB>rep<TAB>value`` lines (seconds);
+``commands.tsv`` holds ``config<TAB>command`` lines, shown in the table's command column::
 
     python bench/benchstats.py table samples.tsv --anchor bare --unit s \\
         [--commands commands.tsv] [--order a,b,c]
     python bench/benchstats.py diff samples.tsv --anchor ours \\
         [--commands commands.tsv] [--order b,c]
 
-``commands.tsv`` holds ``config<TAB>command`` lines, shown in the table's command column.
 Standard library only, so any python3 can run it.
 """
 
@@ -61,7 +59,11 @@ def fmt(value: float, unit: str) -> str:
 
 
 def paired_ratios(series: Series, anchor: Series) -> list[float]:
-    """``series_i / anchor_i`` for every rep both have."""
+    """``series_i / anchor_i`` for every rep both have.
+
+    Every benchmark runs its configurations interleaved (A B C, C B A, A B C, ...) after a
+    discarded warm-up, so rep ``i`` of A and rep ``i`` of B ran next to each other under the same
+    load: their ratio, not a ratio of medians taken at different times, is what is reported."""
     return [a / b for a, b in zip(series.values, anchor.values) if b]
 
 

@@ -1,37 +1,21 @@
 """Loop overhead on one GPU: the harness Trainer and a pieces loop against a raw PyTorch loop,
 epoch by epoch in one process, and the host synchronisations each loop makes per step.
+The goal is >= 0.98x the raw loop's steps/s. Two workloads (why two: docs/performance.md):
 
-Issue 12 asks for >= 0.98x the raw loop's steps/s. On a GPU what a training loop costs is host
-time per step, and whether the host waits for the GPU (a ``.item()``, a blocking copy): a loop
-that never waits stays ahead of the GPU and its Python costs hide behind the kernels; one that
-waits every step adds its Python time to the GPU's. Two workloads show both ends:
+    mlp     bench/raw_ddp.py's MLP 64-256-256-10, batch 64, SGD, fp32: the host is the bottleneck
+    charlm  hpc_harness/examples/charlm.py's CharLM made larger, bf16 autocast, AdamW: the GPU is
 
-    mlp     bench/raw_ddp.py's MLP 64-256-256-10, batch 64, SGD, fp32: a few microseconds of
-            GPU work a step, so the host is the bottleneck and every call a loop adds shows
-    charlm  hpc_harness/examples/charlm.py's CharLM (tied embeddings) made larger, bf16 autocast,
-            AdamW: the GPU is the bottleneck, as in real training
+Per workload, the loops' models start from the same weights, their loaders read the same data:
 
-Per workload, three models with the same initial weights, three loaders over the same data:
+    raw        for x, y in loader: x.to(dev); loss; zero_grad; backward; step (nothing else)
+    harness    hpc_harness.trainer.Trainer with TrainConfig defaults (precision as the workload)
+    pieces     docs/harness.md's recipe ("Your own loop: the pieces"), cut to ResumableSampler,
+               StopAgreement.should_stop() every step, average_gradients
+    raw_again  the raw loop again, its own model and loader: the noise floor of the ratios
 
-    raw      for x, y in loader: x.to(dev); loss; zero_grad; backward; step (nothing else)
-    harness  hpc_harness.trainer.Trainer with TrainConfig defaults (precision as the workload)
-    pieces   the loop of hpc_harness/pieces.py's docstring: ResumableSampler,
-             StopAgreement.should_stop() every step, average_gradients
-    raw_again  the raw loop again, with its own model and loader: raw_again/raw is what the
-             same loop measures against itself, the noise floor of the other ratios
+World size 1 (NCCL refuses two ranks on one device): no DDP, no all-reduce in the stop agreement.
 
-The Trainer's ``train()`` runs ``--rounds`` epochs after a warm-up one; after each of them one
-raw, one pieces and one raw_again epoch run (the order reversed every other round), so a
-round's epochs run seconds apart in the same process. Each epoch is timed with
-``torch.cuda.synchronize()`` at both ends (all its GPU work is in the time); ratio = median of
-the per-round ratios against the raw epoch. One more epoch of each loop then runs under
-``torch.cuda.set_sync_debug_mode("warn")``, which warns at every operation that makes the host
-wait for the GPU: their count per loop is shown.
-
-World size 1 (one GPU: NCCL refuses two ranks on one device), so the Trainer wraps no DDP and
-the stop agreement's all-reduce is not exercised; the per-step Python of both loops is.
-
-    python bench/gpu_loop_overhead.py [--rounds 31] [--out BENCHMARKS_GPU.md]
+    python bench/gpu_loop_overhead.py [--rounds 31] [--only mlp|charlm] [--out BENCHMARKS_GPU.md]
     python bench/gpu_loop_overhead.py --smoke      # seconds, also on a CPU: checks the script
 """
 
@@ -136,7 +120,8 @@ def sync(device: torch.device) -> None:
 
 
 class EpochClock:
-    """Per config: (steps/s, host CPU ms per step) of every timed epoch."""
+    """Per config: (steps/s, host CPU ms per step) of every timed epoch. ``timed`` waits for
+    the GPU at both ends of the epoch, so all its GPU work is in the time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -152,7 +137,8 @@ class EpochClock:
 
 
 def count_syncs(device: torch.device, run: Callable[[], int]) -> tuple[int, int]:
-    """(host synchronisations, steps) of one epoch of ``run``, from CUDA's sync debug mode."""
+    """(host synchronisations, steps) of one epoch of ``run``, from CUDA's sync debug mode:
+    ``"warn"`` warns at every operation that makes the host wait for the GPU."""
     if device.type != "cuda":
         return -1, run()
     sync(device)
@@ -195,6 +181,10 @@ def raw_loop(work: Workload, device: torch.device) -> Callable[[], int]:
 
 
 def measure(work: Workload, ctx: Any, rounds: int, ckpt_dir: str) -> dict[str, Any]:
+    """The Trainer's ``train()`` runs ``rounds`` epochs after a warm-up one; after each, one raw,
+    one pieces and one raw_again epoch run (the order reversed every other round), so a round's
+    epochs run seconds apart in the same process. One more epoch of each loop then counts its
+    host synchronisations (count_syncs)."""
     device = ctx.device
     clock = EpochClock(device)
 

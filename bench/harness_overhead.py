@@ -4,20 +4,13 @@ Configurations (same model, data, optimizer, batch; 2 processes, gloo, CPU, OMP_
 each started with ``python -m torch.distributed.run --standalone --nproc-per-node=2``):
 
     raw             bench/raw_ddp.py: DistributedSampler + DDP + SGD, nothing else (the anchor)
-    harness         hpc_harness.trainer.Trainer with TrainConfig defaults: progress lines and
-                    metrics.csv every 50 steps, a checkpoint every 600 s of training (none
-                    in this short run), control flags (signal, timed checkpoint) all-reduced
-                    asynchronously about every 0.5 s (adaptive), final checkpoint + last.pt
-    harness_ckpt100 the same plus a checkpoint every 100 steps (keep 3): the cost of frequent
-                    step-based checkpoints
+    harness         hpc_harness.trainer.Trainer with TrainConfig defaults (see worker_harness)
+    harness_ckpt100 the same plus a checkpoint every 100 steps (keep 3)
     harness_quiet   no periodic work at all (no checkpoints, progress lines or signal checks)
     lightning       lightning.Trainer, DDP, progress bar, logger and checkpointing off
 
-Runs are interleaved (raw harness harness_ckpt100 harness_quiet lightning, raw ...) after one
-discarded warm-up round. Reported: steady-state steps/s (first epoch excluded, measured on rank 0
-from the wall-clock time at the end of every step), whole-process wall time (launch to exit),
-launch to first step, and the per-step time distribution (where periodic work shows up as
-spikes).
+Interleaved after a discarded warm-up round; reported: steady-state steps/s, whole-process wall
+time, launch to first step, per-step times (how to read them: docs/performance.md).
 
     .venv/bin/python bench/harness_overhead.py [--reps 5] [--epochs 5] [--out section.md]
     .venv/bin/python bench/harness_overhead.py --smoke        # seconds: 1 rep, tiny data,
@@ -69,6 +62,9 @@ def worker_harness(args: argparse.Namespace) -> None:
     ctx = hdist.setup(gpus=None, verbose=False)
     model = make_model()
     loader = DataLoader(make_dataset(args.samples), batch_size=BATCH, shuffle=True)
+    # TrainConfig defaults: progress lines and metrics.csv every 50 steps, a checkpoint every
+    # 600 s of training (none in this short run), control flags (signal, timed checkpoint)
+    # all-reduced asynchronously about every 0.5 s (adaptive), final checkpoint + last.pt
     defaults = TrainConfig()
     cfg = TrainConfig(
         epochs=args.epochs,
@@ -169,7 +165,8 @@ def display_command(config: str) -> str:
 
 
 def run_once(config: str, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
-    """One whole training process; returns its measures."""
+    """One whole training process; returns its measures. Steady state: the first epoch is
+    excluded; the step times are rank 0's wall clock at the end of every step."""
     run = tb.launch(config, worker_argv(config), args, workdir)
     t0, wall = run.launched, run.wall_s
     steps = run.result["steps"]

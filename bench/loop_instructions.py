@@ -1,25 +1,18 @@
 """Loop overhead in instructions: what the harness Trainer and a pieces loop execute per step
-beyond a raw loop, counted by valgrind's callgrind, so the answer does not move with the
-machine's load (issue 12 asks for >= 0.98x the raw loop's steps/s; section 7's clock on this
-2-CPU machine cannot resolve 2%).
+beyond a raw loop, counted by valgrind's callgrind, so the count does not move with the
+machine's load. The goal is >= 0.98x the raw loop's steps/s.
 
 Each loop runs in one process (world size 1, CPU, ``OMP_NUM_THREADS=1``) on bench/raw_ddp.py's
-workload (MLP 64-256-256-10, batch 64, SGD), once for N optimizer steps and once for 2N, under
-``valgrind --tool=callgrind``. ``(instructions(2N) - instructions(N)) / N`` is what one step
-executes: start-up, imports, the first steps' warm-up and the final checkpoint cancel out.
-Ratio = raw's instructions per step over the loop's (the speed it would have if time followed
-instructions). Deterministic up to the few instructions a clock read changes.
+workload, for N and for 2N optimizer steps under ``valgrind --tool=callgrind``; instructions per
+step = (instructions(2N) - instructions(N)) / N, ratio = raw's instructions per step over the
+loop's. How to read the counts: docs/performance.md.
 
     raw      for x, y in loader: loss; zero_grad; backward; step
     harness  hpc_harness.trainer.Trainer, TrainConfig defaults but max_steps
-    pieces   the loop of hpc_harness/pieces.py's docstring (ResumableSampler,
-             StopAgreement.should_stop() every step, average_gradients, a final save)
+    pieces   docs/harness.md's recipe ("Your own loop: the pieces"), cut to ResumableSampler,
+             StopAgreement.should_stop() every step, average_gradients, a final save
 
-Under valgrind a step is about 50 times slower, so the stop agreement's checks (spaced by time)
-come about every 6 steps instead of every few hundred: each adds a few thousand instructions,
-counted here, a few hundredths of a percent of a step. torch picks its AVX2 kernels there
-(valgrind has no AVX-512). About 3 minutes a run (importing torch under valgrind), six runs,
-as many at once as there are CPUs.
+Six runs of about 3 minutes each, as many at once as there are CPUs.
 
     .venv/bin/python bench/loop_instructions.py [--steps 150] [--out F]
     .venv/bin/python bench/loop_instructions.py --smoke      # N = 5: checks that it runs
@@ -78,6 +71,8 @@ def run_loop(config: str, steps: int, ckpt_dir: str) -> None:
         loader = DataLoader(data, BATCH, shuffle=True)
         Trainer(make_model(), make_optimizer, loader, ctx, cfg).train()
         return
+    # pieces: docs/harness.md's recipe, cut to what runs every step and the final save. Under
+    # valgrind the stop agreement's checks (spaced by time) come about every 6 steps.
     model, step = make_model(), 0
     opt = make_optimizer(model.parameters())
     sampler = hp.ResumableSampler(len(data), ctx.world_size, ctx.rank, seed=SEED)
@@ -99,7 +94,8 @@ def run_loop(config: str, steps: int, ckpt_dir: str) -> None:
 
 
 def instructions(config: str, steps: int, workdir: Path) -> int:
-    """Instructions callgrind counts in one whole run of ``config`` for ``steps`` steps."""
+    """Instructions callgrind counts in one whole run of ``config`` for ``steps`` steps: about
+    3 minutes, most of it importing torch under valgrind."""
     ckpt = tempfile.mkdtemp(prefix=f"{config}-{steps}.", dir=workdir)
     command = [
         "valgrind",
@@ -169,6 +165,8 @@ def main() -> int:
         # each run is one single-threaded valgrind process: as many at once as there are CPUs
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             counted = dict(zip(runs, pool.map(lambda r: instructions(*r, Path(tmp)), runs)))
+    # one step's instructions: start-up, imports, the first steps' warm-up and the final
+    # checkpoint are in both runs and cancel out
     counts = {c: (counted[c, 2 * steps] - counted[c, steps]) / steps for c in CONFIGS}
     text = render(counts, steps)
     if args.out:

@@ -1,30 +1,16 @@
 """Loop overhead: steps/s of the harness Trainer and of a plain loop built from hpc_harness.pieces,
-each against a raw PyTorch DDP loop on the same model and data (issue 12: >= 0.98x).
+each against a raw PyTorch DDP loop on the same model and data (the goal is >= 0.98x raw).
 
-Configurations (2 processes, gloo, CPU, OMP_NUM_THREADS=1, each launched with
-``python -m torch.distributed.run --standalone --nproc-per-node=2``; workload from raw_ddp.py):
+2 processes, gloo, CPU, OMP_NUM_THREADS=1, each launched with
+``python -m torch.distributed.run --standalone --nproc-per-node=2``; workload from raw_ddp.py:
 
     raw      raw_ddp.py: DistributedSampler + DDP + SGD, nothing else (the anchor)
-    harness  hpc_harness.trainer.Trainer with TrainConfig defaults (progress lines, metrics.csv,
-             the stop agreement, the final checkpoint)
-    pieces   the user's own loop with hpc_harness.pieces, as its docstring shows: setup,
-             ResumableSampler, load_checkpoint, StopAgreement.should_stop() every step,
-             average_gradients, a final save_checkpoint
+    harness  hpc_harness.trainer.Trainer with TrainConfig defaults
+    pieces   docs/harness.md's recipe ("Your own loop: the pieces"): ResumableSampler,
+             load_checkpoint, StopAgreement.should_stop() every step, average_gradients, a save
 
-The three run side by side, interleaved (raw harness pieces, then pieces harness raw, ...)
-after one discarded warm-up round; each rep's ratio is taken against the raw run beside it and
-the median of those paired ratios is reported. Steps/s is the steady state: the first epoch is
-excluded, the clock is the wall time at the end of every optimizer step on rank 0 (an optimizer
-step hook, raw_ddp.clocked, the same in the three workers). Beside it, rank 0's CPU time per step
-(``time.process_time``) over the same steps: on a loaded machine the wall clock measures the
-scheduler as much as the loop, the CPU time much less so.
-
-Then the same three loops epoch by epoch in ONE launch (``--worker interleaved``): the
-Trainer's ``train()`` runs ``--rounds`` epochs after a warm-up one, and after each of them (from
-its ``_end_epoch``) one raw and one pieces epoch run, in alternating order. A round's three
-epochs run seconds apart in the same processes, so the paired ratios do not carry the
-differences between launches minutes apart (CPU placement, neighbours) that the separate runs
-do; each epoch is timed from its first optimizer step to its last.
+First the three as separate launches, interleaved: steady-state steps/s and CPU time per step.
+Then epoch by epoch in ONE launch (``--worker interleaved``). Reading them: docs/performance.md.
 
     .venv/bin/python bench/loop_overhead.py [--reps 9] [--epochs 12] [--rounds 31] [--out F]
     .venv/bin/python bench/loop_overhead.py --smoke          # seconds: 1 rep, tiny data
@@ -65,6 +51,7 @@ def worker_harness(args: argparse.Namespace) -> None:
     cpu: list[float] = []
     ctx = hdist.setup(gpus=None, verbose=False)
     loader = DataLoader(make_dataset(args.samples), batch_size=BATCH, shuffle=True)
+    # TrainConfig defaults: progress lines, metrics.csv, the stop agreement, the final checkpoint
     cfg = TrainConfig(epochs=args.epochs, seed=0, ckpt_dir=args.ckpt_dir)
     trainer = Trainer(make_model(), clocked(make_optimizer, clock, cpu), loader, ctx, cfg)
     trainer.train()
@@ -74,7 +61,7 @@ def worker_harness(args: argparse.Namespace) -> None:
 
 
 def pieces_step(world_size: int):  # noqa: ANN201
-    """The user's step of the pieces loop (``hpc_harness/pieces.py``'s docstring): forward,
+    """The user's step of the pieces loop (docs/harness.md, "Your own loop: the pieces"): forward,
     loss, backward, ``average_gradients``, optimizer step. Both pieces workers call it."""
     import torch.nn.functional as F
 
@@ -91,6 +78,8 @@ def pieces_step(world_size: int):  # noqa: ANN201
 
 
 def worker_pieces(args: argparse.Namespace) -> None:
+    """docs/harness.md's recipe: setup, ResumableSampler, load_checkpoint,
+    StopAgreement.should_stop() every step, average_gradients, a final save_checkpoint."""
     import torch
     from raw_ddp import BATCH, clocked, make_dataset, make_model, make_optimizer, write_result
     from torch.utils.data import DataLoader
@@ -131,7 +120,10 @@ def worker_interleaved(args: argparse.Namespace) -> None:
     """The three loops in the same two processes, one epoch of each in turn: ``args.epochs``
     rounds, the first a discarded warm-up. The Trainer runs its own ``train()``; the raw and
     pieces epochs run between two of its epochs (from its ``_end_epoch``, in alternating
-    order), so a round's three epochs are seconds apart on the same processes and cores."""
+    order), so a round's three epochs are seconds apart on the same processes and cores: the
+    paired ratios do not carry the differences between launches minutes apart (CPU placement,
+    neighbours) that the separate runs do. Each epoch is timed from its first optimizer step to
+    its last."""
     import torch
     from raw_ddp import (
         BATCH,
@@ -222,7 +214,11 @@ def display_command(config: str) -> str:
 
 
 def run_once(config: str, args: argparse.Namespace, workdir: Path) -> tuple[float, float]:
-    """One whole training run; returns its steady-state steps/s and CPU ms per step (rank 0)."""
+    """One whole training run; returns its steady-state steps/s and CPU ms per step (rank 0).
+
+    The first epoch is excluded. The clock is the wall time and ``time.process_time`` at the end
+    of every optimizer step on rank 0 (an optimizer step hook, raw_ddp.clocked, the same in the
+    three workers)."""
     result = tb.launch(config, worker_argv(config), args, workdir).result
     k = tb.first_epoch_steps(result)
     steady = result["steps"][k - 1 :]
@@ -276,7 +272,7 @@ def render(series: list[Series], cpu: list[Series], meta: dict[str, object]) -> 
         f"epochs; {meta['reps']} interleaved reps after "
         f"{'one discarded warm-up round' if meta['warmup'] else 'no warm-up (smoke)'}; load "
         f"before/after: {meta['load_before']} / {meta['load_after']}. `harness` = `Trainer` "
-        "with `TrainConfig` defaults; `pieces` = the loop of `hpc_harness/pieces.py`'s docstring "
+        "with `TrainConfig` defaults; `pieces` = the recipe of `docs/harness.md` "
         "(`ResumableSampler`, `StopAgreement.should_stop()` every step, `average_gradients`, "
         "`load_checkpoint` at the start and `save_checkpoint` at the end). Ratio = median of the "
         f"per-rep ratios against the raw run beside it; target >= {TARGET}x.\n\n"

@@ -7,28 +7,14 @@
     .venv/bin/python tools/mutation.py --retest-survivors   # minutes: see below
 
 The core is the file list of tools/count_core_lines.py (one owner). The run happens in a
-scratch copy, ``.mutation/`` (git-ignored): the package, the Python tests and a pyproject.toml
-holding only the ``[tool.mutmut]`` settings, so the project's files are never touched.
+scratch copy, ``.mutation/`` (git-ignored; see prepare), so the project's files are never
+touched. Fast tests only; a test that starts a process is skipped (see mutmut_settings). The
+failing test of every killed mutant goes to ``.mutation/mutants/mutmut-kills.tsv``.
 
-Fast tests only: ``tests/python`` without the ``slow`` and ``cluster`` markers, and a test that
-starts a process (``subprocess``, ``multiprocessing``: torchrun, spawned gloo ranks) is skipped
-the moment it tries (``mutation_plugin.py``). mutmut only sees which tests reach which function
-in its own process, so those tests would cost minutes and kill almost nothing.
-
-mutmut keeps only each mutant's exit code; the plugin also appends the failing test of every
-killed mutant to ``.mutation/mutants/mutmut-kills.tsv`` (mutant, test, phase, last line of the
-error), so a kill can be traced to the test that made it.
-
-Survivors that cannot change behaviour are listed in ``tests/mutation/equivalent.txt``, one a
-line: ``<function>`` TAB ``<mutated line>`` TAB ``<reason>``, where ``<function>`` is the mutant
-name without its number (``hpc_harness.pieces.x_save_checkpoint``) and ``<mutated line>`` the
-changed source line, stripped (so an entry outlives renumbering but not a change of that line).
-
-``--retest-survivors`` is for new tests on an unchanged core when ``.mutation/`` is gone (every
-fresh clone): it re-tests only the survivors MUTATION.md lists, in a fresh scratch copy, and
-every other mutant keeps that report's verdict (killed; a timeout is counted as killed). It
-stops, before the report is rewritten, unless the mutants are the ones the report was made of:
-the same number in each file and the same mutated line for every survivor it lists.
+Survivors that cannot change behaviour are listed in ``tests/mutation/equivalent.txt`` (its
+format: load_equivalents). ``--retest-survivors`` is for new tests on an unchanged core when
+``.mutation/`` is gone (every fresh clone): it re-tests only the survivors MUTATION.md lists,
+keeps that report's other verdicts, and stops if the core changed since (carry_verdicts).
 """
 
 from __future__ import annotations
@@ -67,7 +53,15 @@ NO_TESTS = {5, 33}
 
 
 def mutmut_settings(also_copy: list[str]) -> str:
-    """The [tool.mutmut] table of the scratch copy's pyproject.toml."""
+    """The [tool.mutmut] table of the scratch copy's pyproject.toml.
+
+    Fast tests only: ``tests/python`` without the ``slow`` and ``cluster`` markers, and a test
+    that starts a process (``subprocess``, ``multiprocessing``: torchrun, spawned gloo ranks) is
+    skipped the moment it tries (``mutation_plugin.py``). mutmut only sees which tests reach which
+    function in its own process, so those tests would cost minutes and kill almost nothing.
+    mutmut keeps only each mutant's exit code; the plugin also appends the failing test of every
+    killed mutant to ``mutants/mutmut-kills.tsv`` (mutant, test, phase, last line of the error),
+    so a kill can be traced to the test that made it."""
     also = ", ".join(f'"{name}"' for name in also_copy)
     only = ", ".join(f'"hpc_harness/{name}"' for name in CORE)
     return f"""[tool.mutmut]
@@ -106,7 +100,8 @@ def project_files() -> list[str]:
 
 
 def prepare(workdir: Path) -> None:
-    """A fresh scratch copy: the project's files, the plugin, the mutmut settings."""
+    """A fresh scratch copy: the project's files, the plugin, and a pyproject.toml holding only
+    the mutmut settings."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -169,9 +164,10 @@ def carry_verdicts(
     workdir: Path, report: str, counts: dict[str, int], survivors: dict[str, str]
 ) -> None:
     """After the ``survivors`` of ``report`` (:func:`previous_report`) were re-tested in
-    ``workdir``: every mutant that was not re-tested keeps the report's verdict, killed. Exits
-    first, changing nothing, if the mutants are not the ones the report was made of (the core
-    changed since its run)."""
+    ``workdir``: every mutant that was not re-tested keeps the report's verdict, killed (a
+    timeout is counted as killed). Exits first, changing nothing, if the mutants are not the ones
+    the report was made of (the core changed since its run): the same number in each file and the
+    same mutated line for every survivor it lists."""
     changed = "the core changed since that run; run make mutation"
     metas = {}
     for name in CORE:
@@ -231,7 +227,12 @@ def status_of(code: int | None) -> str:
 
 
 def load_equivalents(path: Path) -> dict[tuple[str, str], str]:
-    """(function, mutated line) -> reason."""
+    """(function, mutated line) -> reason, from ``tests/mutation/equivalent.txt``.
+
+    One a line: ``<function>`` TAB ``<mutated line>`` TAB ``<reason>``, where ``<function>`` is
+    the mutant name without its number (``hpc_harness.pieces.x_save_checkpoint``) and ``<mutated
+    line>`` the changed source line, stripped (so an entry outlives renumbering but not a change
+    of that line)."""
     out: dict[tuple[str, str], str] = {}
     if not path.exists():
         return out
