@@ -117,6 +117,16 @@ readonly DB_SOCKET="$DB_DIR/mariadbd.sock"
 # The cgroup v1 controllers slurmd's plugins use (task/cgroup,
 # proctrack/cgroup, jobacct_gather/cgroup).
 readonly CGROUP_CONTROLLERS=(cpuset memory devices freezer cpuacct)
+# Each cluster's own cgroup root: slurmd puts its cgroups under
+# <CgroupMountpoint>/<controller>/slurm_<node name>, and two clusters both
+# have a node1 (slurm 22.05 has no knob for that 'slurm_%n'). So 'up' makes
+# a folder per cluster in each controller's hierarchy
+# (/sys/fs/cgroup/<controller>/hpc-cluster-<hash>) and bind-mounts it at
+# <folder>/cgroup/<controller>, which cgroup.conf's CgroupMountpoint names:
+# one cluster's job steps never touch the other's node cgroups (when they
+# did, steps failed with "job allocated no CPUs").
+readonly CGROUP_ROOT="$CLUSTER_DIR/cgroup"
+readonly CGROUP_NAME="hpc-cluster-$FOLDER_HASH"
 
 die() {
   echo "$PROG: error: $*" >&2
@@ -387,7 +397,8 @@ EOF
 # Read by slurmd's cgroup plugins (production shape, where the kernel allows).
 # ConstrainDevices fences off the fake GPUs (/dev/tty*) a job was not given.
 CgroupPlugin=cgroup/v1
-CgroupMountpoint=/sys/fs/cgroup
+# This cluster's own folder in each hierarchy (mount_cgroups), not /sys/fs/cgroup.
+CgroupMountpoint=$CGROUP_ROOT
 ConstrainCores=yes
 ConstrainRAMSpace=yes
 ConstrainDevices=yes
@@ -536,6 +547,43 @@ probe_cgroups() {
   cgroup_mode=cgroup
 }
 
+# mount_cgroups: this cluster's cgroup folder in each controller's hierarchy,
+# bind-mounted under CGROUP_ROOT (see CGROUP_ROOT); where the sandbox forbids
+# that, cgroup_mode 'none' with the reason. A cpuset folder starts with no
+# CPUs and no memory nodes: it gets its parent's.
+mount_cgroups() {
+  local controller hierarchy mount_dir file
+  for controller in "${CGROUP_CONTROLLERS[@]}"; do
+    hierarchy="/sys/fs/cgroup/$controller/$CGROUP_NAME"
+    mount_dir="$CGROUP_ROOT/$controller"
+    mkdir -p "$hierarchy" "$mount_dir" || die "cannot create $hierarchy or $mount_dir"
+    if [[ "$controller" == cpuset ]]; then
+      for file in cpuset.cpus cpuset.mems; do
+        [[ -n "$(<"$hierarchy/$file")" ]] || cat "/sys/fs/cgroup/cpuset/$file" >"$hierarchy/$file" ||
+          die "cannot set $hierarchy/$file"
+      done
+    fi
+    if ! mountpoint -q "$mount_dir" && ! mount --bind "$hierarchy" "$mount_dir" 2>/dev/null; then
+      unmount_cgroups
+      cgroup_mode=none cgroup_reason="cannot bind-mount $hierarchy at $mount_dir"
+      return 0
+    fi
+  done
+}
+
+# unmount_cgroups: undo mount_cgroups once the daemons have stopped: the bind
+# mounts go, and this cluster's cgroup folders, emptied of the node cgroups
+# slurmd left (deepest first; a folder with a process in it stays).
+unmount_cgroups() {
+  local controller hierarchy mount_dir
+  for controller in "${CGROUP_CONTROLLERS[@]}"; do
+    hierarchy="/sys/fs/cgroup/$controller/$CGROUP_NAME"
+    mount_dir="$CGROUP_ROOT/$controller"
+    ! mountpoint -q "$mount_dir" 2>/dev/null || umount "$mount_dir" || true
+    [[ ! -d "$hierarchy" ]] || find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+}
+
 # start_mariadb: the cluster's own MariaDB (datadir, socket, port and pid
 # file under db/; never the machine's), made on the first 'up'.
 start_mariadb() {
@@ -678,6 +726,7 @@ cmd_up() {
   ensure_hosts_entries
   choose_ports probe
   probe_cgroups
+  [[ "$cgroup_mode" != cgroup ]] || mount_cgroups
   write_slurm_conf "$cgroup_mode"
   check_ports
   start_munge
@@ -740,6 +789,7 @@ cmd_down() {
   stop_pidfile "$CLUSTER_DIR/run/slurmdbd.pid" slurmdbd
   stop_pidfile "$DB_DIR/mariadbd.pid" mariadbd
   stop_pidfile "$MUNGE_DIR/munged.pid" munged
+  unmount_cgroups
 }
 
 cmd_status() {
