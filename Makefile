@@ -107,10 +107,11 @@ pytest: cluster-up
 # reliability suites side by side, each on its own cluster) mostly waits on
 # SLURM's timers and its jobs' sleeps, but its waits are bounded: a batch
 # step that starts late fails its launch, a job that runs slow misses a
-# test's bound. The CPU line (the two unit runs at once, then pytest) only
-# needs cores, so it runs under nice: it takes the cores the cluster line
-# leaves idle and yields them as soon as a daemon or a job wants one. Nice
-# 10, not 19: the unit tests that time a signal's handling still get a
+# test's bound. The CPU line (the two unit runs and pytest, all three at
+# once: pytest waits too, on W&B agents' heartbeats and gloo rendezvous)
+# only needs cores, so it runs under nice: it takes the cores the cluster
+# line leaves idle and yields them as soon as a daemon or a job wants one.
+# Nice 10, not 19: the unit tests that time a signal's handling still get a
 # tenth of a core against a busy cluster line.
 # pytest and the unit runs need no cluster and use no file or port of the
 # cluster suites (jobs' MASTER_PORT is 15000-28999, torchrun --standalone
@@ -127,7 +128,7 @@ suites: cluster-up cluster-up-reliability
 cluster-suites: cluster-up cluster-up-reliability
 	@$(call beside,{ echo "reliability:"; $(SUB_MAKE) bats-reliability; },{ echo "integration:"; $(SUB_MAKE) bats-integration; })
 cpu-suites: deps
-	@rc=0; $(SUB_MAKE) bats-unit-both || rc=$$?; $(SUB_MAKE) -o cluster-up pytest || rc=$$?; exit "$$rc"
+	@$(call beside,$(SUB_MAKE) -o cluster-up pytest,$(SUB_MAKE) bats-unit-both)
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint suites bench-smoke
