@@ -726,9 +726,14 @@ cmd_up() {
   ensure_hosts_entries
   choose_ports probe
   probe_cgroups
-  [[ "$cgroup_mode" != cgroup ]] || mount_cgroups
   write_slurm_conf "$cgroup_mode"
   check_ports
+  # Mounted only once 'up' goes on (a refused 'up' leaves no mount behind);
+  # a refused bind mount means no cgroups, so slurm.conf is written again.
+  if [[ "$cgroup_mode" == cgroup ]]; then
+    mount_cgroups
+    [[ "$cgroup_mode" == cgroup ]] || write_slurm_conf "$cgroup_mode"
+  fi
   start_munge
   if [[ "$SHAPE" == production ]]; then
     start_mariadb
