@@ -47,8 +47,9 @@
 # HPC_CLUSTER_CGROUPS (auto, or no: never use them).
 #
 # Two clusters on one machine (two clones, or a clone beside a working tree)
-# share nothing: each has its own folder, munge socket and node-local folders
-# (the 'local' site profile's mimic SLURM_TMPDIR base is <folder>/local-ssd),
+# share nothing: each has its own folder, munge socket, node-local folders
+# (the 'local' site profile's mimic SLURM_TMPDIR base is <folder>/local-ssd)
+# and cgroups (CgroupMountpoint=<folder>/cgroup, see CGROUP_ROOT),
 # and its own ports: without the port knobs, 'up' takes a block of 128 ports
 # in 30000-32767 (above jobs' MASTER_PORT range, below Linux's ephemeral one)
 # chosen from a hash of the folder's path, the next free block when another
@@ -123,8 +124,9 @@ readonly CGROUP_CONTROLLERS=(cpuset memory devices freezer cpuacct)
 # a folder per cluster in each controller's hierarchy
 # (/sys/fs/cgroup/<controller>/hpc-cluster-<hash>) and bind-mounts it at
 # <folder>/cgroup/<controller>, which cgroup.conf's CgroupMountpoint names:
-# one cluster's job steps never touch the other's node cgroups (when they
-# did, steps failed with "job allocated no CPUs").
+# one cluster's job steps never touch the other's node cgroups (where two
+# clusters share slurm_node1/uid_0, running jobs of both fail to launch
+# their steps: "job allocated no CPUs").
 readonly CGROUP_ROOT="$CLUSTER_DIR/cgroup"
 readonly CGROUP_NAME="hpc-cluster-$FOLDER_HASH"
 
