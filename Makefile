@@ -126,9 +126,9 @@ NICE := nice -n 10
 suites: cluster-up cluster-up-reliability
 	@$(call beside,$(SUITE_MAKE) cluster-suites,$(NICE) $(SUITE_MAKE) cpu-suites)
 cluster-suites: cluster-up cluster-up-reliability
-	@$(call beside,{ echo "reliability:"; $(SUB_MAKE) bats-reliability; },{ echo "integration:"; $(SUB_MAKE) bats-integration; })
+	@$(call beside,{ echo "reliability:"; $(SUITE_MAKE) bats-reliability; },{ echo "integration:"; $(SUITE_MAKE) bats-integration; })
 cpu-suites: deps
-	@$(call beside,$(SUB_MAKE) -o cluster-up pytest,$(SUB_MAKE) bats-unit-both)
+	@$(call beside,$(SUITE_MAKE) pytest,$(SUB_MAKE) bats-unit-both)
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint suites bench-smoke
