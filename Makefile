@@ -23,7 +23,7 @@ export SLURM_CONF ?= $(CURDIR)/.cluster/etc/slurm.conf
 BATS_JOBS ?= 1
 
 .PHONY: help deps demo test lint shellcheck ruff cluster-suites \
-	check-bash42 bats-unit bats-unit-bash42 bats-unit-both bats-integration bats-reliability suites test-portability pytest test-reliability cluster-up cluster-up-reliability cluster-down cluster-status golden \
+	check-bash42 bats-unit bats-unit-bash42 bats-unit-both cpu-suites bats-integration bats-reliability suites test-portability pytest test-reliability cluster-up cluster-up-reliability cluster-down cluster-status golden \
 	bench bench-smoke gpu-check mutation
 
 help:
@@ -47,9 +47,11 @@ demo: cluster-up
 
 lint: shellcheck ruff check-bash42
 
+# Two shellcheck processes (each file is checked on its own, sources
+# followed): both cores instead of one.
 shellcheck: deps
 	@files=$$(tools/shell_files.sh); echo "shellcheck: $$(wc -w <<<"$$files") files"; \
-	  shellcheck -x $$files
+	  xargs -P 2 -n 20 shellcheck -x <<<"$$files"
 
 # Fails on bash constructs newer than 4.2 (what it checks: its header).
 check-bash42:
@@ -88,7 +90,7 @@ bats-integration: cluster-up
 # The reliability suite (faults, load, security, hostile inputs) on a cluster
 # of its own: it preempts with whole-node jobs, kills a slurmd and fills the
 # queue with a 1000-task array, which would disturb another suite's jobs.
-# Clusters in two folders share no daemon, port or node-local folder
+# Clusters in two folders share no daemon, port, node-local folder or cgroup
 # (local_cluster/cluster.sh), so it runs beside the integration suite.
 RELIABILITY_CLUSTER := $(CURDIR)/.cluster-reliability
 cluster-up-reliability: deps
@@ -101,25 +103,32 @@ PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
 	@$(PYTEST)
 
-# The suites in two lines, the unit runs (two at once) first: the cluster
-# suites, one after the other on their own clusters, mostly wait on SLURM's
-# timers and their jobs' sleeps, and pytest keeps the cores busy meanwhile.
-# More lines at once overload 2 cores: batch steps then start late and
-# SLURM fails their launch (JobLaunchFailure, seen in a clean-clone run).
-# pytest needs no cluster and uses no file or port of the cluster suites
-# (jobs' MASTER_PORT is 15000-28999, torchrun --standalone takes an ephemeral
-# port). The cluster suites' output is printed when both lines have ended.
-# -o deps: the sub-makes do not check the dependencies again (each check
-# imports torch); -o cluster-up...: nor start the clusters, which suites has
-# started (two 'cluster.sh up' at once write the same files).
+# Every suite at once, in two lines. The cluster line (the integration and
+# reliability suites side by side, each on its own cluster) mostly waits on
+# SLURM's timers and its jobs' sleeps, but its waits are bounded: a batch
+# step that starts late fails its launch, a job that runs slow misses a
+# test's bound. The CPU line (the two unit runs and pytest, all three at
+# once: pytest waits too, on W&B agents' heartbeats and gloo rendezvous)
+# only needs cores, so it runs under nice: it takes the cores the cluster
+# line leaves idle and yields them as soon as a daemon or a job wants one.
+# Nice 10, not 19: the unit tests that time a signal's handling still get a
+# tenth of a core against a busy cluster line.
+# pytest and the unit runs need no cluster and use no file or port of the
+# cluster suites (jobs' MASTER_PORT is 15000-28999, torchrun --standalone
+# takes an ephemeral port). The cluster line's output is printed when both
+# lines have ended. -o deps: the sub-makes do not check the dependencies
+# again (each check imports torch); -o cluster-up...: nor start the
+# clusters, which suites has started (two 'cluster.sh up' at once write the
+# same files).
 SUB_MAKE := $(MAKE) --no-print-directory -o deps
 SUITE_MAKE := $(SUB_MAKE) -o cluster-up -o cluster-up-reliability
+NICE := nice -n 10
 suites: cluster-up cluster-up-reliability
-	@$(SUITE_MAKE) bats-unit-both
-	@$(call beside,$(SUITE_MAKE) cluster-suites,$(SUITE_MAKE) pytest)
+	@$(call beside,$(SUITE_MAKE) cluster-suites,$(NICE) $(SUITE_MAKE) cpu-suites)
 cluster-suites: cluster-up cluster-up-reliability
-	@rc=0; echo "integration:"; $(SUB_MAKE) bats-integration || rc=$$?; \
-	  echo "reliability:"; $(SUB_MAKE) bats-reliability || rc=$$?; exit "$$rc"
+	@$(call beside,{ echo "reliability:"; $(SUITE_MAKE) bats-reliability; },{ echo "integration:"; $(SUITE_MAKE) bats-integration; })
+cpu-suites: deps
+	@$(call beside,$(SUITE_MAKE) pytest,$(SUB_MAKE) bats-unit-both)
 
 # The benchmarks' smoke run (1 rep, tiny sizes) checks that they still work.
 test: lint suites bench-smoke

@@ -47,8 +47,9 @@
 # HPC_CLUSTER_CGROUPS (auto, or no: never use them).
 #
 # Two clusters on one machine (two clones, or a clone beside a working tree)
-# share nothing: each has its own folder, munge socket and node-local folders
-# (the 'local' site profile's mimic SLURM_TMPDIR base is <folder>/local-ssd),
+# share nothing: each has its own folder, munge socket, node-local folders
+# (the 'local' site profile's mimic SLURM_TMPDIR base is <folder>/local-ssd)
+# and cgroups (CgroupMountpoint=<folder>/cgroup, see CGROUP_ROOT),
 # and its own ports: without the port knobs, 'up' takes a block of 128 ports
 # in 30000-32767 (above jobs' MASTER_PORT range, below Linux's ephemeral one)
 # chosen from a hash of the folder's path, the next free block when another
@@ -117,6 +118,17 @@ readonly DB_SOCKET="$DB_DIR/mariadbd.sock"
 # The cgroup v1 controllers slurmd's plugins use (task/cgroup,
 # proctrack/cgroup, jobacct_gather/cgroup).
 readonly CGROUP_CONTROLLERS=(cpuset memory devices freezer cpuacct)
+# Each cluster's own cgroup root: slurmd puts its cgroups under
+# <CgroupMountpoint>/<controller>/slurm_<node name>, and two clusters both
+# have a node1 (slurm 22.05 has no knob for that 'slurm_%n'). So 'up' makes
+# a folder per cluster in each controller's hierarchy
+# (/sys/fs/cgroup/<controller>/hpc-cluster-<hash>) and bind-mounts it at
+# <folder>/cgroup/<controller>, which cgroup.conf's CgroupMountpoint names:
+# one cluster's job steps never touch the other's node cgroups (where two
+# clusters share slurm_node1/uid_0, running jobs of both fail to launch
+# their steps: "job allocated no CPUs").
+readonly CGROUP_ROOT="$CLUSTER_DIR/cgroup"
+readonly CGROUP_NAME="hpc-cluster-$FOLDER_HASH"
 
 die() {
   echo "$PROG: error: $*" >&2
@@ -387,7 +399,8 @@ EOF
 # Read by slurmd's cgroup plugins (production shape, where the kernel allows).
 # ConstrainDevices fences off the fake GPUs (/dev/tty*) a job was not given.
 CgroupPlugin=cgroup/v1
-CgroupMountpoint=/sys/fs/cgroup
+# This cluster's own folder in each hierarchy (mount_cgroups), not /sys/fs/cgroup.
+CgroupMountpoint=$CGROUP_ROOT
 ConstrainCores=yes
 ConstrainRAMSpace=yes
 ConstrainDevices=yes
@@ -536,6 +549,43 @@ probe_cgroups() {
   cgroup_mode=cgroup
 }
 
+# mount_cgroups: this cluster's cgroup folder in each controller's hierarchy,
+# bind-mounted under CGROUP_ROOT (see CGROUP_ROOT); where the sandbox forbids
+# that, cgroup_mode 'none' with the reason. A cpuset folder starts with no
+# CPUs and no memory nodes: it gets its parent's.
+mount_cgroups() {
+  local controller hierarchy mount_dir file
+  for controller in "${CGROUP_CONTROLLERS[@]}"; do
+    hierarchy="/sys/fs/cgroup/$controller/$CGROUP_NAME"
+    mount_dir="$CGROUP_ROOT/$controller"
+    mkdir -p "$hierarchy" "$mount_dir" || die "cannot create $hierarchy or $mount_dir"
+    if [[ "$controller" == cpuset ]]; then
+      for file in cpuset.cpus cpuset.mems; do
+        [[ -n "$(<"$hierarchy/$file")" ]] || cat "/sys/fs/cgroup/cpuset/$file" >"$hierarchy/$file" ||
+          die "cannot set $hierarchy/$file"
+      done
+    fi
+    if ! mountpoint -q "$mount_dir" && ! mount --bind "$hierarchy" "$mount_dir" 2>/dev/null; then
+      unmount_cgroups
+      cgroup_mode=none cgroup_reason="cannot bind-mount $hierarchy at $mount_dir"
+      return 0
+    fi
+  done
+}
+
+# unmount_cgroups: undo mount_cgroups once the daemons have stopped: the bind
+# mounts go, and this cluster's cgroup folders, emptied of the node cgroups
+# slurmd left (deepest first; a folder with a process in it stays).
+unmount_cgroups() {
+  local controller hierarchy mount_dir
+  for controller in "${CGROUP_CONTROLLERS[@]}"; do
+    hierarchy="/sys/fs/cgroup/$controller/$CGROUP_NAME"
+    mount_dir="$CGROUP_ROOT/$controller"
+    ! mountpoint -q "$mount_dir" 2>/dev/null || umount "$mount_dir" || true
+    [[ ! -d "$hierarchy" ]] || find "$hierarchy" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+}
+
 # start_mariadb: the cluster's own MariaDB (datadir, socket, port and pid
 # file under db/; never the machine's), made on the first 'up'.
 start_mariadb() {
@@ -680,6 +730,12 @@ cmd_up() {
   probe_cgroups
   write_slurm_conf "$cgroup_mode"
   check_ports
+  # Mounted only once 'up' goes on (a refused 'up' leaves no mount behind);
+  # a refused bind mount means no cgroups, so slurm.conf is written again.
+  if [[ "$cgroup_mode" == cgroup ]]; then
+    mount_cgroups
+    [[ "$cgroup_mode" == cgroup ]] || write_slurm_conf "$cgroup_mode"
+  fi
   start_munge
   if [[ "$SHAPE" == production ]]; then
     start_mariadb
@@ -740,6 +796,7 @@ cmd_down() {
   stop_pidfile "$CLUSTER_DIR/run/slurmdbd.pid" slurmdbd
   stop_pidfile "$DB_DIR/mariadbd.pid" mariadbd
   stop_pidfile "$MUNGE_DIR/munged.pid" munged
+  unmount_cgroups
 }
 
 cmd_status() {

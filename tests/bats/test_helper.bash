@@ -5,10 +5,17 @@
 
 bats_require_minimum_version 1.5.0
 
+# bats sources this file again for every test, so it forks nothing: the
+# libraries' load.bash files run one 'dirname' per source line (17 forks, a
+# third of an empty test's cost); their src/ files are sourced here instead,
+# which is all that load.bash does.
 BATS_LIB_DIR="${BATS_LIB_DIR:-/usr/lib/bats}"
-load "$BATS_LIB_DIR/bats-support/load"
-load "$BATS_LIB_DIR/bats-assert/load"
-load "$BATS_LIB_DIR/bats-file/load"
+for bats_lib_file in "$BATS_LIB_DIR"/bats-support/src/*.bash "$BATS_LIB_DIR"/bats-assert/src/*.bash \
+  "$BATS_LIB_DIR"/bats-file/src/*.bash; do
+  # shellcheck source=/dev/null
+  source "$bats_lib_file"
+done
+unset bats_lib_file
 
 REPO_ROOT="$(cd "$BATS_TEST_DIRNAME/../../.." && pwd)"
 SUBMITTER="$REPO_ROOT/hpc_files/job_submitter.sh"
@@ -22,40 +29,21 @@ make_scratch() {
 }
 
 # A fake sbatch on PATH that records its argv (one word per line, then a
-# separator) and the script it was given, and prints a job id.
+# separator) in $STUB_SBATCH_LOG and prints a job id. The submitter also asks
+# scontrol for MaxArraySize before an array: answered as the local cluster
+# does (without a cluster, scontrol waits on DNS); sacctmgr for the user's
+# accounts: answered as a cluster without accounting, so a production-shaped
+# local cluster in SLURM_CONF does not answer for it; and squeue for the
+# experiment's queued jobs: none, unless a test writes squeue's lines
+# ('%F|%T|%j') into $STUB_SQUEUE_OUT. The stubs are fixtures
+# (fixtures/stub-bin), so a test forks nothing for them; a test replaces one
+# by writing its own into $BATS_TEST_TMPDIR/stub-bin, first on PATH.
 stub_sbatch() {
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   mkdir -p "$bin"
   export STUB_SBATCH_LOG="$BATS_TEST_TMPDIR/sbatch.log"
-  cat >"$bin/sbatch" <<'STUB'
-#!/usr/bin/env bash
-for arg in "$@"; do printf '%s\n' "$arg" >>"$STUB_SBATCH_LOG"; done
-echo "--" >>"$STUB_SBATCH_LOG"
-echo "4242"
-STUB
-  # The submitter asks scontrol for MaxArraySize before an array: answer as
-  # the local cluster does (without a cluster, scontrol waits on DNS); and
-  # sacctmgr for the user's accounts: as a cluster without accounting, so a
-  # production-shaped local cluster in SLURM_CONF does not answer for it.
-  cat >"$bin/scontrol" <<'STUB'
-#!/usr/bin/env bash
-[[ "$*" == "show config" ]] || exit 1
-echo "MaxArraySize            = 1001"
-STUB
-  cat >"$bin/sacctmgr" <<'STUB'
-#!/usr/bin/env bash
-echo "sacctmgr: error: Problem talking to the database: Connection refused" >&2
-exit 1
-STUB
-  # The submitter asks squeue for the experiment's queued jobs: none, unless
-  # a test writes squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT.
   export STUB_SQUEUE_OUT="$BATS_TEST_TMPDIR/squeue.out"
-  cat >"$bin/squeue" <<'STUB'
-#!/usr/bin/env bash
-[[ ! -f "$STUB_SQUEUE_OUT" ]] || cat "$STUB_SQUEUE_OUT"
-STUB
-  chmod +x "$bin/sbatch" "$bin/scontrol" "$bin/sacctmgr" "$bin/squeue"
-  export PATH="$bin:$PATH"
+  export PATH="$bin:$FIXTURES/stub-bin:$PATH"
 }
 
 # Fails the test unless the local cluster answers (make cluster-up starts it).

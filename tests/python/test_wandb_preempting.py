@@ -14,6 +14,9 @@ pytest.importorskip("wandb")
 from fake_wandb import read_records  # noqa: E402
 
 RUN_ID = "swrun042"
+# A bound on each training run, there to end a hang (a run takes about 10 s of CPU): make
+# test runs pytest under nice beside the cluster suites, where a run may wait minutes.
+RUN_TIMEOUT = 240
 
 
 def records(ckpt: Path) -> list[tuple[str, int | None]]:
@@ -52,7 +55,7 @@ def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_
                 proc.send_signal(signal.SIGUSR1)
                 break
         lines += proc.stdout.readlines()
-        proc.wait(timeout=90)
+        proc.wait(timeout=RUN_TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -66,7 +69,11 @@ def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_
     assert (ckpt / "wandb_run_id").read_text() == RUN_ID + "\n"
     # W&B hands it out again (same id): it resumes and finishes, not preempting this time.
     done = subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args], env=env, capture_output=True, text=True, timeout=90
+        [PY, "-m", "hpc_harness.train", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed from" in done.stdout
@@ -84,7 +91,11 @@ def test_a_crash_finishes_the_wandb_run_failed_and_marks_metrics_csv(tmp_path, d
     args = ["--epochs", "1", "--data-dir", digits_dir, "--ckpt-dir", str(ckpt)]
     args += ["--wandb", "offline", "--fail-at-step", "3", "--log-every", "1"]
     proc = subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args], env=env, capture_output=True, text=True, timeout=90
+        [PY, "-m", "hpc_harness.train", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "--fail-at-step 3 on rank 0" in proc.stderr

@@ -173,8 +173,10 @@ small_max_array() {
   assert_equal "${#arrays[@]}" 3
   assert_equal "$(cut -d' ' -f2 "$sub/array_jobs" | paste -sd' ')" "0 $max_array $((2 * max_array))"
   assert_equal "$(grep -c "^  arrays: " <<<"$out")" 1
-  for k in "${arrays[@]}"; do
-    wait_job_done "$k" 300
+  # Every task of each array (wait_job_done on an array id sees its first
+  # record alone, and returns while later tasks still run).
+  for k in 0 1 2; do
+    wait_array_done "${arrays[$k]}" $((k < 2 ? max_array : n - 2 * max_array)) 300
   done
   # Trial K ran line K (--seed=K) in trials/K, whichever array ran it.
   for ((k = 0; k < n; k++)); do

@@ -32,11 +32,14 @@ load '../test_helper'
   assert_equal "$stderr" "cluster.sh: error: SLURM_PREFIX '$BATS_TEST_TMPDIR/none' has no sbin/slurmctld and bin/sinfo"
 }
 
-# hold_port PORT: a listener on PORT until the test ends (holder_pid).
+# hold_port PORT: a listener on PORT until the test ends (holder_pid; the
+# teardown kills it). The wait for it to listen is long: make test runs the
+# unit tests under nice beside the cluster suites, and a python starting
+# there may wait seconds for a core.
 hold_port() {
-  python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(); time.sleep(60)' "$1" &
+  python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(); time.sleep(600)' "$1" &
   holder_pid=$!
-  local deadline=$((SECONDS + 10))
+  local deadline=$((SECONDS + 60))
   until ss -Hltn "sport = :$1" | grep -q .; do
     ((SECONDS < deadline)) || fail "port holder did not start listening"
     sleep 0.1
@@ -107,16 +110,9 @@ ports_of() {
 @test "cluster.sh up refuses a port that another program holds" {
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0",int(sys.argv[1]))); s.listen(); time.sleep(30)' "$port" &
-  local holder=$!
-  local deadline=$((SECONDS + 10))
-  until ss -Hltn "sport = :$port" | grep -q .; do
-    ((SECONDS < deadline)) || fail "port holder did not start listening"
-    sleep 0.1
-  done
+  hold_port "$port"
   HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" HPC_CLUSTER_CTLD_PORT="$port" \
     run --separate-stderr "$REPO_ROOT/local_cluster/cluster.sh" up
-  kill "$holder"
   HPC_CLUSTER_DIR="$BATS_TEST_TMPDIR/c" "$REPO_ROOT/local_cluster/cluster.sh" down >/dev/null
   assert_failure 1
   assert_regex "$stderr" "port $port \(slurmctld\) is in use by another program"
