@@ -89,15 +89,19 @@ bats-integration: cluster-up
 
 # The reliability suite (faults, load, security, hostile inputs) on a cluster
 # of its own: it preempts with whole-node jobs, kills a slurmd and fills the
-# queue with a 1000-task array, which would disturb another suite's jobs.
+# queue with 1500 array tasks, which would disturb another suite's jobs.
 # Clusters in two folders share no daemon, port, node-local folder or cgroup
 # (local_cluster/cluster.sh), so it runs beside the integration suite.
 RELIABILITY_CLUSTER := $(CURDIR)/.cluster-reliability
 cluster-up-reliability: deps
 	@HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) $(CLUSTER) up
+# Its output, durations included, is kept in build/reliability.tap:
+# tools/reliability_report.sh --from build/reliability.tap writes the report.
 bats-reliability: cluster-up-reliability
-	@HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
-	  bats -r tests/bats/reliability
+	@mkdir -p build; start=$$SECONDS; \
+	  HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
+	  bats --timing -r tests/bats/reliability | tee build/reliability.tap; \
+	  echo "# suite: $$((SECONDS - start)) s" >>build/reliability.tap
 
 PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
