@@ -2,32 +2,52 @@
 # What the cluster would refuse, said at submission with its numbers: a wall
 # time over the partition's MaxTime, memory over what its nodes have, an
 # account that is not the user's. Each check asks the cluster (scontrol,
-# sinfo, sacctmgr) and is skipped when it cannot say: SLURM then decides.
+# sinfo) and is skipped when it cannot say: SLURM then decides. Every
+# question goes to slurmctld, never to slurmdbd: sacctmgr's answer takes
+# about 200 ms, more than the rest of a submission (bench/submit_latency.sh).
 # Sourced; functions only.
 
 # validate_allocation: the checks, for the partition the job goes to (the
-# plan's first, else the cluster's default). --dry-run asks nothing.
+# plan's first, else the cluster's default). --dry-run asks nothing. The
+# three questions go out at once: each SLURM command costs about 12 ms, most
+# of it its own start.
 validate_allocation() {
-  local partition record
+  local answers user partitions nodes assoc record partition
   [[ -z "${opt_dry_run:-}" ]] || return 0
-  partition=${plan_partition%%,*}
-  [[ -n "$partition" ]] || partition=$(default_partition)
-  if [[ -n "$partition" ]] && record=$(timeout 10 scontrol show partition "$partition" -o 2>/dev/null); then
+  answers=$(mktemp -d "${TMPDIR:-/tmp}/hpc-limits.XXXXXX") || return 0
+  register_cleanup "$answers"
+  user=${USER:-$(id -un)}
+  timeout 10 scontrol show partition -o >"$answers/partitions" 2>/dev/null &
+  partitions=$!
+  timeout 10 sinfo -h -o '%R %m' >"$answers/nodes" 2>/dev/null &
+  nodes=$!
+  timeout 10 scontrol show assoc_mgr users="$user" flags=users,assoc >"$answers/assoc" 2>/dev/null &
+  assoc=$!
+  # A question SLURM did not answer leaves its check nothing to say.
+  wait "$partitions" || : >"$answers/partitions"
+  wait "$nodes" || : >"$answers/nodes"
+  wait "$assoc" || : >"$answers/assoc"
+  record=$(partition_record "$(<"$answers/partitions")" "${plan_partition%%,*}")
+  if [[ -n "$record" ]]; then
+    partition=$(record_field "$record" PartitionName)
     check_partition_time "$partition" "$record"
-    check_partition_memory "$partition" "$record"
+    check_partition_memory "$partition" "$record" "$(<"$answers/nodes")"
   fi
-  check_account
+  check_account "$user" "$(<"$answers/assoc")"
 }
 
-# default_partition: the partition marked Default=YES; '' when none answers.
-default_partition() {
+# partition_record RECORDS NAME: the line of 'scontrol show partition -o'
+# RECORDS for partition NAME, or for the Default=YES one when NAME is '';
+# nothing when none matches.
+partition_record() {
   local line
   while IFS= read -r line; do
-    [[ " $line " != *" Default=YES "* ]] || {
-      record_field "$line" PartitionName || true
+    if [[ -n "$2" && "$line" == "PartitionName=$2 "* ]] ||
+      [[ -z "$2" && " $line " == *" Default=YES "* ]]; then
+      printf '%s\n' "$line"
       return 0
-    }
-  done < <(timeout 10 scontrol show partition -o 2>/dev/null)
+    fi
+  done <<<"$1"
 }
 
 # check_partition_time PARTITION RECORD: --time within its MaxTime.
@@ -41,31 +61,33 @@ check_partition_time() {
     usage_error "--time $plan_time ($seconds s) is over the MaxTime of partition '$1', $max ($max_seconds s); lower -t or pick another partition with -p"
 }
 
-# check_partition_memory PARTITION RECORD: the job's memory per node (--mem)
-# within the partition's MaxMemPerNode and its largest node's RealMemory.
+# check_partition_memory PARTITION RECORD NODES: the job's memory per node
+# (--mem) within the partition's MaxMemPerNode and its largest node's
+# RealMemory (NODES: sinfo's 'PARTITION MEMORY' lines).
 check_partition_memory() {
-  local need limit="" largest=0 mb
+  local need limit="" largest=0 name mb
   need=$(parse_memory_mb "$plan_mem")
   [[ -n "$need" ]] && ((need > 0)) || return 0
   limit=$(record_field "$2" MaxMemPerNode) || true
   if [[ "$limit" =~ ^[0-9]+$ ]] && ((need > limit)); then
     usage_error "this job asks for $need MiB per node (--mem $plan_mem: -m/--mem-per-gpu x GPUs or processes) but partition '$1' allows $limit MiB (MaxMemPerNode); lower -m"
   fi
-  while read -r mb; do
-    [[ "$mb" =~ ^[0-9]+$ ]] && ((mb > largest)) && largest=$mb
-  done < <(timeout 10 sinfo -h -p "$1" -o '%m' 2>/dev/null)
+  while read -r name mb; do
+    [[ "$name" == "$1" && "$mb" =~ ^[0-9]+$ ]] && ((mb > largest)) && largest=$mb
+  done <<<"$3"
   ((largest == 0 || need <= largest)) ||
     usage_error "this job asks for $need MiB per node (--mem $plan_mem: -m/--mem-per-gpu x GPUs or processes) but the largest node of partition '$1' has $largest MiB; lower -m"
 }
 
-# check_account: where SLURM keeps accounts (slurmdbd), the job's account is
-# one of the user's, or the user has a default one; refused naming them.
+# check_account USER STATE: where SLURM keeps accounts, the job's account is
+# one of USER's, or USER has a default one; refused naming them. STATE is the
+# controller's copy of the associations ('scontrol show assoc_mgr'), as
+# sacctmgr's in a tenth of its time (sacctmgr asks slurmdbd); with no
+# association at all, the cluster keeps no accounting.
 check_account() {
-  local config user accounts default
-  config=$(timeout 10 scontrol show config 2>/dev/null) || return 0
-  [[ "$config" =~ AccountingStorageType[[:space:]]*=[[:space:]]*accounting_storage/slurmdbd ]] || return 0
-  user=${USER:-$(id -un)}
-  accounts=$(timeout 10 sacctmgr -nP show assoc where user="$user" format=account 2>/dev/null | sort -u | tr '\n' ' ') || return 0
+  local user=$1 state=$2 accounts default
+  [[ "$state" == *$'\n'ClusterName=* ]] || return 0
+  accounts=$(assoc_field "$state" "$user" ClusterName Account | sort -u | tr '\n' ' ')
   accounts=${accounts% }
   [[ -n "$accounts" ]] || usage_error "user $user has no SLURM account on this cluster (sacctmgr show assoc); ask the admins for one"
   if [[ -n "$plan_account" ]]; then
@@ -73,7 +95,23 @@ check_account() {
       usage_error "--account '$plan_account' is not one of user $user's accounts: ${accounts// /, }"
     return 0
   fi
-  default=$(timeout 10 sacctmgr -nP show user "$user" format=defaultaccount 2>/dev/null) || return 0
+  default=$(assoc_field "$state" "$user" UserName DefAccount)
   [[ -n "$default" ]] ||
     usage_error "user $user has no default SLURM account; give one with -a/--account: ${accounts// /, }"
+}
+
+# assoc_field STATE USER FIRST FIELD: FIELD's value in each record of
+# 'scontrol show assoc_mgr' STATE that starts with FIRST= and belongs to USER
+# (UserName=USER(uid)), one a line; empty values are left out.
+assoc_field() {
+  awk -v user="$2" -v first="$3=" -v field="$4=" '
+    index($1, first) == 1 {
+      name = ""; value = ""
+      for (i = 1; i <= NF; i++) {
+        if (index($i, "UserName=") == 1) name = substr($i, 10)
+        if (index($i, field) == 1) value = substr($i, length(field) + 1)
+      }
+      sub(/\(.*/, "", name)
+      if (name == user && value != "") print value
+    }' <<<"$1"
 }

@@ -51,12 +51,18 @@ trials_args() {
 
 # trials_py_command: trials.py on the experiment source, as an argv (into
 # trials_command); --list or --out-dir DIR goes after it.
+# A configs file, a command and --seeds need only the standard library:
+# python -S then skips site-packages, whose .pth files cost a venv's python
+# about half of its start (25 ms here, more from an NFS home), the largest
+# step of a submission (bench/submit_latency.sh). A sweep needs PyYAML, a
+# wandb sweep wandb.
 trials_py_command() {
-  local python
+  local python site=()
   trials_args
   python=$(login_python)
   require_trials_python "$python"
-  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$python" -m hpc_tools.trials "${trials_argv[@]}")
+  [[ -n "${opt_wandb_sweep:-}${opt_sweep:-}" ]] || site=(-S)
+  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$python" ${site[@]+"${site[@]}"} -m hpc_tools.trials "${trials_argv[@]}")
 }
 
 # list_trials: print the manifest to stdout; writes nothing.

@@ -31,11 +31,11 @@ make_scratch() {
 # A fake sbatch on PATH that records its argv (one word per line, then a
 # separator) in $STUB_SBATCH_LOG and prints a job id. The submitter also asks
 # scontrol for MaxArraySize before an array: answered as the local cluster
-# does (without a cluster, scontrol waits on DNS); sacctmgr for the user's
-# accounts: answered as a cluster without accounting, so a production-shaped
-# local cluster in SLURM_CONF does not answer for it; and squeue for the
-# experiment's queued jobs: none, unless a test writes squeue's lines
-# ('%F|%T|%j') into $STUB_SQUEUE_OUT. The stubs are fixtures
+# does (without a cluster, scontrol waits on DNS), and nothing else it asks
+# scontrol (the user's accounts: as a cluster without accounting, so a
+# production-shaped local cluster in SLURM_CONF does not answer for it); and
+# squeue for the experiment's queued jobs: none, unless a test writes
+# squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT. The stubs are fixtures
 # (fixtures/stub-bin), so a test forks nothing for them; a test replaces one
 # by writing its own into $BATS_TEST_TMPDIR/stub-bin, first on PATH.
 stub_sbatch() {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bats
 # What the cluster would refuse is refused at submission with its numbers:
 # --time over the partition's MaxTime, memory over its nodes', an account
-# that is not the user's. scontrol, sinfo and sacctmgr are stand-ins that
-# answer as a production cluster (accounting in slurmdbd) would. No cluster.
+# that is not the user's. scontrol and sinfo are stand-ins that answer as a
+# production cluster (accounting in slurmdbd) would. No cluster.
 
 load '../test_helper'
 load 'cli_helper'
@@ -11,24 +11,31 @@ setup() {
   cli_setup
   local bin="$BATS_TEST_TMPDIR/cluster-bin"
   mkdir -p "$bin"
+  # The controller's answers of a cluster that keeps accounts (slurmdbd):
+  # partitions, and alice's associations (def-lab, rrg-lab) and default account.
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
 case "$*" in
-  "show config") printf 'AccountingStorageType   = accounting_storage/slurmdbd\nMaxArraySize            = 1001\n' ;;
+  "show config") printf 'MaxArraySize            = 1001\n' ;;
   "show partition -o") printf 'PartitionName=cpu Default=YES MaxTime=1-00:00:00 MaxMemPerNode=UNLIMITED\nPartitionName=gpu MaxTime=03:00:00 MaxMemPerNode=40960\n' ;;
-  "show partition cpu -o") printf 'PartitionName=cpu Default=YES MaxTime=1-00:00:00 MaxMemPerNode=UNLIMITED\n' ;;
-  "show partition gpu -o") printf 'PartitionName=gpu MaxTime=03:00:00 MaxMemPerNode=40960\n' ;;
+  "show assoc_mgr users=alice flags=users,assoc")
+    printf 'Current Association Manager state\n\n'
+    case "${FAKE_ASSOCIATIONS:-}" in
+      none) printf 'No users currently cached in Slurm.\n\n\nNo associations currently cached in Slurm.\n'; exit 0 ;;
+      others) printf 'No users currently cached in Slurm.\n\n\nAssociation Records\n\nClusterName=c Account=root UserName= Partition= Priority=0 ID=1\n'; exit 0 ;;
+    esac
+    printf 'User Records\n\n'
+    printf 'UserName=alice(1000) DefAccount=%s DefWckey= AdminLevel=None\n\n' "${FAKE_DEFAULT_ACCOUNT-def-lab}"
+    printf 'Association Records\n\n'
+    printf 'ClusterName=c Account=root UserName= Partition= Priority=0 ID=1\n    ParentAccount= Lft=1 DefAssoc=No\n'
+    printf 'ClusterName=c Account=rrg-lab UserName=alice(1000) Partition= Priority=0 ID=6\n    ParentAccount= Lft=4 DefAssoc=No\n'
+    printf 'ClusterName=c Account=def-lab UserName=alice(1000) Partition= Priority=0 ID=4\n    ParentAccount= Lft=2 DefAssoc=Yes\n'
+    printf 'ClusterName=c Account=def-lab UserName=alice(1000) Partition=gpu Priority=0 ID=7\n    ParentAccount= Lft=3 DefAssoc=No\n'
+    ;;
   *) exit 1 ;;
 esac
 STUB
-  printf '#!/usr/bin/env bash\nprintf "30000\\n64000\\n"\n' >"$bin/sinfo"
-  cat >"$bin/sacctmgr" <<'STUB'
-#!/usr/bin/env bash
-case "$*" in
-  *"show assoc"*) printf 'rrg-lab\ndef-lab\ndef-lab\n' ;;
-  *"show user"*) printf '%s\n' "${FAKE_DEFAULT_ACCOUNT-def-lab}" ;;
-esac
-STUB
+  printf '#!/usr/bin/env bash\n[[ "$*" == "-h -o %%R %%m" ]] || exit 1\nprintf "cpu 30000\\ncpu 64000\\ngpu 64000\\nother 999999\\n"\n' >"$bin/sinfo"
   chmod +x "$bin"/*
   export PATH="$bin:$PATH" USER=alice
 }
@@ -57,8 +64,12 @@ submit_ok() {
 @test "an account that is not the user's, or none without a default: refused naming the user's accounts" {
   refuse "--account 'def-other' is not one of user alice's accounts: def-lab, rrg-lab" -- -C "$ONE_LINE" -a def-other
   FAKE_DEFAULT_ACCOUNT="" refuse "user alice has no default SLURM account; give one with -a/--account: def-lab, rrg-lab" -- -C "$ONE_LINE"
+  # Accounting on, but alice in no association.
+  FAKE_ASSOCIATIONS=others refuse "user alice has no SLURM account on this cluster (sacctmgr show assoc); ask the admins for one" -- -C "$ONE_LINE"
   submit_ok -C "$ONE_LINE" -a rrg-lab
   submit_ok -C "$ONE_LINE"
+  # No accounting at all: SLURM decides.
+  FAKE_ASSOCIATIONS=none submit_ok -C "$ONE_LINE" -a def-other
 }
 
 @test "--dry-run asks the cluster nothing" {

@@ -146,3 +146,23 @@ PY
   assert_equal "$(sed -n 3p "$OUT/trials.jsonl")" '{"argv":["wandb","agent","--count","1","ent/proj/abc123"],"params":{},"source":"wandb:ent/proj/abc123","trial":2}'
   assert_equal "$(list_trials)" "$(cat "$OUT/trials.jsonl")"
 }
+
+@test "python -S for the sources that need only the standard library; site-packages for a sweep (PyYAML) and a wandb sweep" {
+  opt_command=(python train.py)
+  trials_py_command
+  assert_equal "${trials_command[*]:2:3}" "$PYTHON -S -m"
+  opt_command=() opt_configs="$BATS_TEST_TMPDIR/configs.txt" opt_seeds=2
+  trials_py_command
+  assert_equal "${trials_command[*]:2:3}" "$PYTHON -S -m"
+  opt_seeds="" opt_sweep="$REPO_ROOT/sweeper.yml" opt_sweep_seed=0
+  trials_py_command
+  assert_equal "${trials_command[*]:2:3}" "$PYTHON -m hpc_tools.trials"
+  opt_sweep="" opt_wandb_sweep=abc plan_sweep_count=2
+  trials_py_command
+  assert_equal "${trials_command[*]:2:3}" "$PYTHON -m hpc_tools.trials"
+  # What -S leaves out is not needed: a command's trials are written.
+  opt_wandb_sweep="" opt_command=(python train.py)
+  rm -rf -- "$OUT" && mkdir -p "$OUT"
+  write_trials "$OUT"
+  assert_equal "$(cat "$OUT/commands.txt")" "python train.py"
+}
