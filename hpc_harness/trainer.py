@@ -43,6 +43,7 @@ from hpc_harness import pieces
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
+from hpc_harness.optim import Params
 from hpc_harness.precision import PrecisionError, make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
 from hpc_harness.strategy import Strategy, average_gradients, broadcast_buffers
@@ -148,7 +149,8 @@ class Trainer:
                 "--precision 16-mixed"
             )
         self.model = self.strategy.wrap(model)
-        self.optimizer = make_optimizer(self.model.parameters())
+        # the parameters, named as the user's model names them (optim.Params): groups are easy
+        self.optimizer = make_optimizer(Params(self.strategy._stateful(self.model)))
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
         self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if self._plateau and eval_data is None:

@@ -1,0 +1,110 @@
+"""The Trainer's optimizer factory: parameters with their names (optim.Params), nanoGPT's
+weight-decay groups and warmup-cosine LR, several optimizers and schedulers, checkpointed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import cpu_context, spawn_gloo
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hpc_harness.optim import Params, warmup_cosine, weight_decay_groups
+from hpc_harness.trainer import TrainConfig, Trainer
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(self.norm(x))
+
+
+NAMES = [n for n, _ in Net().named_parameters()]
+DECAY = ["blocks.0.weight", "blocks.1.weight", "head.weight"]
+
+
+def _loader(n: int = 16) -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
+    return DataLoader(data, batch_size=4, shuffle=True)
+
+
+def _config(tmp, **kw) -> TrainConfig:
+    return TrainConfig(ckpt_dir=str(tmp), log_every=0, checkpoint_every_s=0, **kw)
+
+
+def _groups_by_name(trainer: Trainer) -> list[list[str]]:
+    name = {id(p): n for n, p in trainer.strategy._stateful(trainer.model).named_parameters()}
+    return [[name[id(p)] for p in g["params"]] for g in trainer.optimizer.param_groups]
+
+
+def test_the_factory_gets_the_parameters_with_their_names(tmp_path) -> None:
+    seen = []
+
+    def make(params):
+        seen.append(params)
+        return torch.optim.SGD(params, lr=0.1)  # a list of parameters, as before
+
+    trainer = Trainer(Net(), make, _loader(), cpu_context(), _config(tmp_path))
+    (params,) = seen
+    assert isinstance(params, Params) and [n for n, _ in params.named] == NAMES
+    assert list(params) == list(trainer.model.parameters())
+    assert params.model is trainer.model
+
+
+def test_weight_decay_groups_leave_biases_and_norms_undecayed(tmp_path) -> None:
+    trainer = Trainer(
+        Net(),
+        lambda params: torch.optim.AdamW(weight_decay_groups(params, 0.1), lr=0.1),
+        _loader(),
+        cpu_context(),
+        _config(tmp_path),
+    )
+    decay, rest = _groups_by_name(trainer)
+    assert decay == DECAY and sorted(rest) == sorted(set(NAMES) - set(DECAY))
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.1, 0.0]
+    net = Net()
+    net.norm.weight.requires_grad_(False)  # frozen: in no group
+    groups = weight_decay_groups(net.named_parameters(), 0.1, lambda n, p: n.startswith("head"))
+    assert [len(g["params"]) for g in groups] == [1, 5]
+
+
+def test_warmup_cosine_is_nanogpts_get_lr() -> None:
+    f = warmup_cosine(warmup=4, total=14, min_ratio=0.1)
+    assert [f(s) for s in range(4)] == [0.2, 0.4, 0.6, 0.8]
+    assert f(4) == 1.0 and f(14) == pytest.approx(0.1) and f(99) == 0.1
+    assert f(9) == pytest.approx(0.1 + 0.5 * (1 + math.cos(math.pi / 2)) * 0.9)
+    with pytest.raises(ValueError, match="warmup < total"):
+        warmup_cosine(10, 10)
+
+
+def _named_under(rank: int, world_size: int, strategy: str, ck: str) -> list:
+    from conftest import gloo_context
+
+    names = []
+
+    def make(params):
+        names.append([n for n, _ in params.named])
+        return torch.optim.AdamW(weight_decay_groups(params, 0.1), lr=0.1)
+
+    cfg = _config(f"{ck}/{strategy}", strategy=strategy, epochs=1)
+    trainer = Trainer(Net(), make, _loader(), gloo_context(rank, world_size), cfg)
+    assert trainer.train() == "finished"
+    return [names[0], _groups_by_name(trainer)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_names_are_the_models_own_under_ddp_and_fsdp(tmp_path, strategy: str) -> None:
+    for names, (decay, rest) in spawn_gloo(_named_under, 2, strategy, str(tmp_path)):
+        assert names == NAMES  # no "module." (ddp), fsdp keeps them
+        assert decay == DECAY and len(rest) == len(NAMES) - len(DECAY)
