@@ -30,6 +30,7 @@ from torch import nn
 from hpc_harness import MIN_TORCH
 
 STRATEGIES = ("ddp", "dp", "ddp2", "fsdp")
+Optimizers = torch.optim.Optimizer | list[torch.optim.Optimizer]
 
 
 class StrategyError(RuntimeError):
@@ -252,11 +253,12 @@ class Strategy:
     # -- state (collective: call on every rank) --------------------------------
 
     def state(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool = False
+        self, model: nn.Module, optimizer: Optimizers, sharded: bool = False
     ) -> tuple[Any, Any]:
         """Model and optimizer state dicts keyed by parameter name: full tensors on rank 0's CPU
         (empty dicts on the other ranks), or with ``sharded`` every rank's own part (fsdp's
-        DTensor shards) for ``checkpoint.save_sharded``."""
+        DTensor shards) for ``checkpoint.save_sharded``. Several optimizers (a list) make one
+        optimizer state: torch's state_dict helpers merge them and split them again at a load."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         self.sync_buffers(model)
@@ -271,9 +273,7 @@ class Strategy:
         if self.name == "fsdp" and self.distributed:
             broadcast_buffers(self._stateful(model))
 
-    def load(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
+    def load(self, model: nn.Module, optimizer: Optimizers, state: dict[str, Any]) -> None:
         """Load ``state["model"]`` and ``state["optimizer"]`` (as :meth:`state` returns them);
         when distributed only rank 0's are read and broadcast (the others may hold None). With
         ``state["sharded"]`` (a folder of ``checkpoint.save_sharded``) every rank reads its
@@ -281,6 +281,7 @@ class Strategy:
         from torch.distributed.checkpoint import state_dict as dsd
 
         model = self._stateful(model)
+        optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
         for module in model.modules():  # a forward without a backward (an evaluation before
             if hasattr(module, "reshard"):  # training) leaves FSDP2's root unsharded: a load
                 module.reshard()  # into it fails ("mixed torch.Tensor and DTensor")
@@ -312,7 +313,7 @@ class Strategy:
                 dist.broadcast_object_list(whole, src=0)
                 with_state = whole.pop()
             if whole[0] is not None and _by_position(whole[0]):
-                optimizer.load_state_dict(whole[0])
+                optimizers[0].load_state_dict(whole[0])  # one optimizer's (older checkpoints)
                 return
             if whole[0] is not None:
                 optim, opts = whole[0], dsd.StateDictOptions()
@@ -321,7 +322,8 @@ class Strategy:
         dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
         for name, param in model.named_parameters():  # torch gave those a zero step's state
             if name not in with_state:
-                optimizer.state.pop(param, None)
+                for one in optimizers:
+                    one.state.pop(param, None)
 
     def _stateful(self, model: nn.Module) -> nn.Module:
         """The model whose state is saved: fsdp's own, else the one inside DDP/DataParallel."""

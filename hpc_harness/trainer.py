@@ -96,6 +96,14 @@ RESUME_FREE = frozenset(
 )
 
 
+Optimizers = torch.optim.Optimizer | list[torch.optim.Optimizer]
+
+
+def _as_list(made: Any) -> list[Any]:
+    """What a factory returned (one object, or a list or tuple of them) as a list."""
+    return list(made) if isinstance(made, (list, tuple)) else [made]
+
+
 def seed_everything(seed: int) -> None:
     """Seed torch (CPU and CUDA), numpy and python's random."""
     import random
@@ -124,11 +132,11 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        make_optimizer: Callable[[Params], Optimizers],
         train_loader: DataLoader,
         ctx: Any,
         config: TrainConfig,
-        make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        make_scheduler: Callable[[Optimizers], Any] | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
         eval_data: Dataset | None = None,
     ) -> None:
@@ -150,9 +158,15 @@ class Trainer:
             )
         self.model = self.strategy.wrap(model)
         # the parameters, named as the user's model names them (optim.Params): groups are easy
-        self.optimizer = make_optimizer(Params(self.strategy._stateful(self.model)))
-        self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
-        self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        made = make_optimizer(Params(self.strategy._stateful(self.model)))
+        # several optimizers (a list): each is stepped, all are saved as one state keyed by
+        # parameter name; self.optimizer is the first (the logged lr is its first group's)
+        self.optimizers = _as_list(made)
+        self.optimizer = self.optimizers[0]
+        self.schedulers = _as_list(make_scheduler(made)) if make_scheduler else []
+        self.scheduler = self.schedulers[0] if self.schedulers else None
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+        self._plateau = any(isinstance(s, plateau) for s in self.schedulers)
         if self._plateau and eval_data is None:
             raise ValueError(
                 f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
@@ -280,7 +294,8 @@ class Trainer:
 
     def _run_batch(self, batches: list[Any]) -> None:
         """One optimizer step over ``batches`` (``accumulate`` of them; the last may be fewer)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         step_loss = None
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
@@ -294,12 +309,15 @@ class Trainer:
             average_gradients(self.model, self.world_size)
             broadcast_buffers(self.model)
         if self.cfg.grad_clip:
-            self.scaler.unscale_(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:
+            self.scaler.step(optimizer)
         self.scaler.update()
-        if self.scheduler is not None and not self._plateau:
-            self.scheduler.step()
+        for scheduler in self.schedulers:
+            if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
 
     def _run_epoch(self, epoch: int) -> str:
         """Run the rest of ``epoch``; returns "finished" (its batches are done), "requeue" or
@@ -574,12 +592,12 @@ class Trainer:
             self.agreement.saved()
             return self.last_checkpoint
         sharded = self.cfg.sharded_checkpoint
-        model, optim = self.strategy.state(self.model, self.optimizer, sharded)
+        model, optim = self.strategy.state(self.model, self.optimizers, sharded)
         state = {
             "format_version": ckpt.FORMAT_VERSION,
             "model": model,
             "optimizer": optim,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scheduler": self._scheduler_state(),
             "scaler": self.precision.state_dict(),
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -610,6 +628,11 @@ class Trainer:
         self.agreement.saved()
         return path
 
+    def _scheduler_state(self) -> Any:
+        """One scheduler's state_dict (the format of a single one), a list for several."""
+        states = [s.state_dict() for s in self.schedulers]
+        return states if len(states) > 1 else (states[0] if states else None)
+
     def _write(self, state: dict[str, Any], path: str) -> None:
         """Rank 0 writes a checkpoint (a subclass may hold or count the write)."""
         ckpt.atomic_save(state, path)
@@ -625,11 +648,18 @@ class Trainer:
         )
         if state is None:
             return False
-        self.strategy.load(self.model, self.optimizer, state)
+        self.strategy.load(self.model, self.optimizers, state)
         if warning := self.strategy.switch_warning(state.get("strategy"), self.cfg.grad_clip):
             self._print(warning)
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        if self.schedulers and state.get("scheduler") is not None:
+            saved = _as_list(state["scheduler"])
+            if len(saved) != len(self.schedulers):
+                raise ckpt.RunMismatch(
+                    f"{state['path']} holds {len(saved)} schedulers' states, this run makes "
+                    f"{len(self.schedulers)}: resume with the same make_scheduler"
+                )
+            for scheduler, saved_state in zip(self.schedulers, saved):
+                scheduler.load_state_dict(saved_state)
         self.precision.load_state_dict(state.get("scaler"))
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
@@ -667,7 +697,7 @@ class Trainer:
         torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file
         of it. Collective."""
         sharded = self.cfg.sharded_checkpoint
-        model = self.strategy.state(self.model, self.optimizer, sharded)[0]
+        model = self.strategy.state(self.model, self.optimizers, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
         payload.update(metrics=self.metrics, hparams=ckpt.plain(self.cfg.hparams))
         pieces.save_final(self.cfg.ckpt_dir, payload, sharded)
@@ -760,8 +790,9 @@ class Trainer:
             values = " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
             self._print(f"hpc_harness: epoch {self.epoch} {values}")
             self.logger.log(self.global_step, self.epoch, self.metrics, last_at_step=True)
-        if self._plateau:
-            self.scheduler.step(self.metrics[self.cfg.monitor])
+        for scheduler in self.schedulers:
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(self.metrics[self.cfg.monitor])
         self.epoch += 1
         self.step_in_epoch = 0
         return True

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import cpu_context, spawn_gloo
+from conftest import cpu_context, load_model, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -108,3 +108,58 @@ def test_names_are_the_models_own_under_ddp_and_fsdp(tmp_path, strategy: str) ->
     for names, (decay, rest) in spawn_gloo(_named_under, 2, strategy, str(tmp_path)):
         assert names == NAMES  # no "module." (ddp), fsdp keeps them
         assert decay == DECAY and len(rest) == len(NAMES) - len(DECAY)
+
+
+def _two_optimizers(params: Params) -> list[torch.optim.Optimizer]:
+    blocks = [p for n, p in params.named if n.startswith("blocks.")]
+    rest = [p for n, p in params.named if not n.startswith("blocks.")]
+    return [torch.optim.AdamW(blocks, lr=0.05), torch.optim.SGD(rest, lr=0.1, momentum=0.9)]
+
+
+def _two_schedulers(optimizers: list[torch.optim.Optimizer]) -> list:
+    adamw, sgd = optimizers
+    return [
+        torch.optim.lr_scheduler.LambdaLR(adamw, warmup_cosine(3, 10)),
+        torch.optim.lr_scheduler.StepLR(sgd, step_size=2, gamma=0.5),
+    ]
+
+
+def _train_two(rank: int, world_size: int, ck: str, signal_at: int = 0) -> dict:
+    """Two optimizers and two schedulers, signalled at step ``signal_at`` (0: never) and
+    resumed; returns the learning rates."""
+    from conftest import gloo_context
+    from test_resume_world_sizes import SignalAtStep
+
+    ctx = gloo_context(rank, world_size) if world_size > 1 else cpu_context()
+    for _ in range(2 if signal_at else 1):
+        cfg = _config(ck, epochs=3, seed=2, signal_check_every=1)
+        trainer = SignalAtStep(Net(), _two_optimizers, _loader(), ctx, cfg, _two_schedulers)
+        trainer.signal_at, status = signal_at, trainer.train()
+        signal_at = 0
+    assert status == "finished"
+    return {"lrs": [o.param_groups[0]["lr"] for o in trainer.optimizers]}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_two_optimizers_and_schedulers_step_and_resume_bitwise(
+    tmp_path, monkeypatch, world_size: int
+) -> None:
+    from conftest import bitwise_equal
+
+    monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
+    if world_size == 1:
+        run = lambda ck, at: _train_two(0, 1, ck, at)  # noqa: E731
+    else:
+        run = lambda ck, at: spawn_gloo(_train_two, world_size, ck, at)[0]  # noqa: E731
+    straight, resumed = run(str(tmp_path / "straight"), 0), run(str(tmp_path / "ck"), 5)
+    for run_dir, result in (("straight", straight), ("ck", resumed)):
+        result["weights"] = load_model(str(tmp_path / run_dir / "last.pt"))
+    start = Net().state_dict()
+    assert all(not torch.equal(start[k], straight["weights"][k]) for k in start)  # both stepped
+    steps = 3 * 4 // world_size
+    assert straight["lrs"] == [
+        pytest.approx(0.05 * warmup_cosine(3, 10)(steps)),
+        pytest.approx(0.1 * 0.5 ** (steps // 2)),
+    ]
+    assert bitwise_equal(straight["weights"], resumed["weights"])
+    assert straight["lrs"] == resumed["lrs"]
