@@ -138,7 +138,7 @@ class Trainer:
         config: TrainConfig,
         make_scheduler: Callable[[Optimizers], Any] | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-        eval_data: Dataset | None = None,
+        eval_data: Dataset | DataLoader | None = None,
     ) -> None:
         self.ctx, self.cfg, self.loss_fn, self.eval_data = ctx, config, loss_fn, eval_data
         self.rank, self.world_size, self.is_main = ctx.rank, ctx.world_size, ctx.is_main
@@ -179,6 +179,7 @@ class Trainer:
         )
         batch_sampler = getattr(train_loader, "batch_sampler", None)
         self.batch_size = train_loader.batch_size or getattr(batch_sampler, "batch_size", 1)
+        self.eval_loader = self._eval_loader(eval_data)
         # an IterableDataset the user shards may end sooner on one rank than on the others:
         # every step then asks whether every rank has a batch (a host sync per step, here only)
         self._agree_each_step = self.world_size > 1 and isinstance(
@@ -524,8 +525,39 @@ class Trainer:
             metrics["test_acc"] = (out.argmax(dim=1) == targets).double().mean()
         return metrics
 
-    def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
-        batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
+    def _eval_loader(self, data: Dataset | DataLoader | None) -> DataLoader | None:
+        """The evaluation's DataLoader: this rank's samples (every world_size-th from its rank,
+        none padded: each counted once), in order. A DataLoader given keeps its batch size,
+        workers and collate_fn; a Dataset gets the training loader's batch size and collate_fn,
+        no workers. Its own generator, seeded at each evaluation: the workers' seeds are the
+        same in a resumed run, and the global RNG (dropout's) is not drawn from."""
+        if data is None:
+            return None
+        given = data if isinstance(data, DataLoader) else None
+        dataset = given.dataset if given is not None else data
+        if isinstance(dataset, IterableDataset) or (given is not None and not given.batch_size):
+            raise ValueError(
+                "eval_data expects a map-style Dataset, or a DataLoader of one with a "
+                "batch_size: the Trainer shards it by rank with its own sampler"
+            )
+        source = given if given is not None else self.train_loader
+        options = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
+        more = ("multiprocessing_context", "prefetch_factor", "persistent_workers")
+        kwargs = {k: getattr(source, k) for k in options}
+        if given is not None and given.num_workers > 0:
+            kwargs.update({k: getattr(given, k) for k in more})
+        else:
+            kwargs["num_workers"] = 0  # a Dataset is evaluated in this process
+        loader = DataLoader(
+            dataset,
+            batch_size=given.batch_size if given is not None else self.batch_size,
+            sampler=range(self.rank, len(dataset), self.world_size),
+            generator=torch.Generator(),
+            **kwargs,
+        )
+        return pieces.shield_workers(loader)
+
+    def _eval_batch(self, batch: Any) -> dict[str, Any]:
         self._evaluating = True  # self.log() in a training_step that eval_step calls: ignored
         try:
             with self.precision.autocast():
@@ -533,13 +565,18 @@ class Trainer:
         finally:
             self._evaluating = False
 
+    def _eval_samples(self, idx: list[int]) -> Any:
+        """The evaluation batch of the samples ``idx``, collated as the eval loader does."""
+        return self.eval_loader.collate_fn([self.eval_loader.dataset[i] for i in idx])
+
     @torch.no_grad()
     def _check_monitor(self) -> None:
         """Lightning's sanity check for the one name training relies on: the ``monitor`` of a
         ReduceLROnPlateau, from one evaluation batch before the first step, not after an epoch.
         It changes nothing in the run: the RNG states are seeded or restored after it."""
         self.model.eval()
-        names = sorted(self._eval_batch(list(range(min(self.batch_size, len(self.eval_data))))))
+        first = range(min(self.eval_loader.batch_size, len(self.eval_loader.dataset)))
+        names = sorted(self._eval_batch(self._eval_samples(list(first))))
         self.model.train()
         if self.cfg.monitor not in names:
             raise ValueError(
@@ -550,32 +587,35 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, stoppable: bool = False) -> dict[str, float] | None:
         """:meth:`eval_step`'s metrics averaged over ``eval_data``, sharded over ranks, every
-        sample counted once. Batches are built with the training DataLoader's ``collate_fn``.
-        Every rank runs the same number of forward passes (a rank short of samples repeats a
-        batch and discards it): ddp and fsdp forwards are collective. ``stoppable``: the stop
-        agreement is checked at every batch, and None returned once the ranks agreed to stop
-        (an evaluation can last longer than the signal's lead)."""
-        if self.eval_data is None:
+        sample counted once (:meth:`_eval_loader`). Every rank runs the same number of forward
+        passes (a rank short of samples repeats a batch and discards it): ddp and fsdp forwards
+        are collective. ``stoppable``: the stop agreement is checked at every batch, and None
+        returned once the ranks agreed to stop (an evaluation can last longer than the
+        signal's lead)."""
+        if self.eval_loader is None:
             return {}
         self.strategy.sync_buffers(self.model)  # one model on every rank
         self.model.eval()
-        n, size = len(self.eval_data), self.batch_size
-        mine = list(range(self.rank, n, self.world_size))
+        loader, size = self.eval_loader, self.eval_loader.batch_size
+        n, mine = len(loader.dataset), len(loader.sampler)
+        loader.generator.manual_seed(self.cfg.seed)  # the workers' seeds: the same each time
+        batches, first = iter(loader), None
         sums: dict[str, torch.Tensor] = {}
-        count = 0
         for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
             if stoppable and self.agreement.should_stop():
                 self.model.train()
                 return None
-            idx = mine[b : b + size]
-            values = self._eval_batch(idx or mine[:size] or [0])
-            for k, v in values.items():
+            count = max(0, min(size, mine - b))  # this batch's samples (0: ran out)
+            batch = next(batches) if count else first
+            if batch is None:  # a rank without samples (fewer than ranks) runs sample 0
+                batch = self._eval_samples([0])
+            first = batch if first is None else first
+            for k, v in self._eval_batch(batch).items():
                 total = sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=self.device))
-                if idx:  # a rank that has run out ran this forward for the others' sake
-                    total += torch.as_tensor(v, device=self.device).double() * len(idx)
-            count += len(idx)
+                if count:  # a rank that has run out ran this forward for the others' sake
+                    total += torch.as_tensor(v, device=self.device).double() * count
         names, zero = sorted(sums), torch.zeros((), dtype=torch.float64, device=self.device)
-        totals = torch.stack([*(sums[k] for k in names), zero + count])
+        totals = torch.stack([*(sums[k] for k in names), zero + mine])
         if (torch_dist := group()) is not None:
             torch_dist.all_reduce(totals)
         self.model.train()

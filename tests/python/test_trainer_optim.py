@@ -163,3 +163,54 @@ def test_two_optimizers_and_schedulers_step_and_resume_bitwise(
     ]
     assert bitwise_equal(straight["weights"], resumed["weights"])
     assert straight["lrs"] == resumed["lrs"]
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Sample i: (a fixed input, target i % 3, i, 1 if a worker loaded it)."""
+
+    def __len__(self) -> int:
+        return 7
+
+    def __getitem__(self, i: int):
+        in_worker = torch.utils.data.get_worker_info() is not None
+        x = torch.arange(4, dtype=torch.float32) * (i + 1) / 7
+        return x, i % 3, i, float(in_worker)
+
+
+class SeesIndices(Trainer):
+    def eval_step(self, batch):
+        x, y, idx, in_worker = batch
+        self.sizes.append(len(idx))
+        return {"idx": idx.double().mean(), "in_worker": in_worker.double().mean()}
+
+
+def _eval_under(rank: int, world_size: int, ck: str, workers: int) -> tuple:
+    from conftest import gloo_context
+
+    ctx = gloo_context(rank, world_size) if world_size > 1 else cpu_context()
+    loader = DataLoader(Indexed(), batch_size=3, num_workers=workers)
+    trainer = SeesIndices(Net(), _two_optimizers, _loader(), ctx, _config(ck), eval_data=loader)
+    trainer.sizes = []
+    return trainer.evaluate(), trainer.sizes
+
+
+def test_an_eval_dataloader_keeps_its_batch_size_and_workers(tmp_path) -> None:
+    metrics, sizes = _eval_under(0, 1, str(tmp_path), 1)
+    assert metrics == {"idx": 3.0, "in_worker": 1.0} and sizes == [3, 3, 1]
+
+
+def test_an_eval_dataloader_is_sharded_by_rank_every_sample_once(tmp_path) -> None:
+    (m0, sizes0), (m1, sizes1) = spawn_gloo(_eval_under, 2, str(tmp_path), 0)
+    assert m0 == m1 == {"idx": 3.0, "in_worker": 0.0}  # the mean of 0..6: each sample once
+    assert sizes0 == [3, 1] and sizes1 == [3, 3]  # 4 and 3 samples; rank 1 repeats a batch
+
+
+def test_an_eval_loader_of_an_iterable_dataset_is_refused(tmp_path) -> None:
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    with pytest.raises(ValueError, match="map-style Dataset"):
+        Trainer(
+            Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path), eval_data=Stream()
+        )
