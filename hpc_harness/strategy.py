@@ -183,9 +183,19 @@ class Strategy:
     ``checkpoint.save_sharded``.
     """
 
-    def __init__(self, name: str, ctx: Any, fsdp_wrap: tuple[type[nn.Module], ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        ctx: Any,
+        fsdp_wrap: tuple[type[nn.Module], ...] = (),
+        ddp_kwargs: dict[str, Any] | None = None,
+        fsdp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.fsdp_wrap = fsdp_wrap
+        # the user's options for DistributedDataParallel / fully_shard (the other's are unused)
+        self.ddp_kwargs = _own_options("ddp_kwargs", ddp_kwargs, ("module", "device_ids"))
+        self.fsdp_kwargs = _own_options("fsdp_kwargs", fsdp_kwargs, ("module", "mesh"))
         self.ctx = ctx
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
@@ -216,7 +226,7 @@ class Strategy:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
-            ddp = DDP(model, device_ids=ids)
+            ddp = DDP(model, device_ids=ids, **self.ddp_kwargs)
             if self.world_size > 2:  # two ranks sum a+b, the same in any order
                 FixedOrderReduction(ddp).register()
             return ddp
@@ -232,8 +242,8 @@ class Strategy:
             # available, which moved a CPU run's model (--gpus 0, gloo) to cuda:0
             mesh = init_device_mesh(self.ctx.device.type, (self.world_size,))
             for module in reversed(shard_units(model, self.fsdp_wrap)):  # inner ones first
-                fully_shard(module, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(module, mesh=mesh, **self.fsdp_kwargs)
+            fully_shard(model, mesh=mesh, **self.fsdp_kwargs)
         return model
 
     def switch_warning(self, saved: str | None, grad_clip: float | None) -> str | None:
@@ -330,6 +340,18 @@ class Strategy:
         while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
         return model
+
+
+def _own_options(what: str, options: dict[str, Any] | None, sets: tuple[str, ...]) -> dict:
+    """``options`` for DistributedDataParallel or fully_shard, refused if they name what the
+    strategy itself sets (``sets``: the model, its device, its mesh)."""
+    options = dict(options or {})
+    if taken := sorted(set(options) & set(sets)):
+        raise StrategyError(
+            f"TrainConfig.{what}: {', '.join(taken)} is set by the strategy itself (the model, "
+            f"this process's device or mesh); leave out {', '.join(sets)}"
+        )
+    return options
 
 
 def _by_position(optim_state: dict[str, Any]) -> bool:

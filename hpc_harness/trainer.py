@@ -69,6 +69,10 @@ class TrainConfig:
     # distribution and precision
     strategy: str = "ddp"
     fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
+    # more options for DistributedDataParallel (find_unused_parameters, bucket_cap_mb, ...) and
+    # fully_shard (reshard_after_forward, mp_policy, ...); those of the other strategy are unused
+    ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    fsdp_kwargs: dict[str, Any] = field(default_factory=dict)
     precision: str = "32"
     replace_sampler: bool = True
     sharded_checkpoint: bool = False  # each rank writes its shard (checkpoint.save_sharded)
@@ -90,9 +94,9 @@ class TrainConfig:
 # The TrainConfig fields that may change across a resume without making it another run: the
 # hardware, paths, where it stops (a finished run may be extended), logging, checkpoints.
 RESUME_FREE = frozenset(
-    "strategy fsdp_wrap sharded_checkpoint precision ckpt_dir run_dir max_steps epochs "
-    "log_every wandb wandb_project checkpoint_every checkpoint_every_s keep_last resume fresh "
-    "signal_check_every signal_check_s resume_free".split()
+    "strategy fsdp_wrap ddp_kwargs fsdp_kwargs sharded_checkpoint precision ckpt_dir run_dir "
+    "max_steps epochs log_every wandb wandb_project checkpoint_every checkpoint_every_s "
+    "keep_last resume fresh signal_check_every signal_check_s resume_free".split()
 )
 
 
@@ -147,7 +151,9 @@ class Trainer:
             raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
         if config.max_steps is not None and config.max_steps < 1:
             raise ValueError(f"max_steps expects 1 or more steps, got {config.max_steps}")
-        self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
+        self.strategy = Strategy(
+            config.strategy, ctx, config.fsdp_wrap, config.ddp_kwargs, config.fsdp_kwargs
+        )
         self.precision = make_precision(config.precision, self.device)
         if self.precision.dtype == torch.bfloat16 and self.strategy.data_parallel:
             raise PrecisionError(

@@ -214,3 +214,42 @@ def test_an_eval_loader_of_an_iterable_dataset_is_refused(tmp_path) -> None:
         Trainer(
             Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path), eval_data=Stream()
         )
+
+
+def _options_under(rank: int, world_size: int, ck: str, strategy: str) -> dict:
+    import torch.distributed.fsdp as fsdp
+    from conftest import gloo_context
+
+    calls, real = [], fsdp.fully_shard
+    fsdp.fully_shard = lambda module, **kw: calls.append(sorted(kw)) or real(module, **kw)
+    cfg = _config(ck, strategy=strategy, epochs=1)
+    cfg.ddp_kwargs = {"find_unused_parameters": True, "bucket_cap_mb": 1}
+    cfg.fsdp_kwargs = {"reshard_after_forward": False}
+    trainer = Trainer(Net(), _two_optimizers, _loader(), gloo_context(rank, world_size), cfg)
+    assert trainer.train() == "finished"
+    model = trainer.model
+    return {
+        "fully_shard": calls,
+        "find_unused": getattr(model, "find_unused_parameters", None),
+        "bucket_bytes": getattr(model, "bucket_bytes_cap", None),
+    }
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_options_reach_the_wrappers(tmp_path, strategy: str) -> None:
+    seen = spawn_gloo(_options_under, 2, str(tmp_path), strategy)[0]
+    if strategy == "ddp":
+        assert seen == {"fully_shard": [], "find_unused": True, "bucket_bytes": 2**20}
+    else:  # the three Linear layers (the ModuleList's class), then the root
+        assert seen["fully_shard"] == [["mesh", "reshard_after_forward"]] * 4
+
+
+@pytest.mark.parametrize(
+    ("options", "taken"),
+    [({"ddp_kwargs": {"device_ids": [0]}}, "device_ids"), ({"fsdp_kwargs": {"mesh": 1}}, "mesh")],
+)
+def test_options_the_strategy_sets_are_refused(tmp_path, options: dict, taken: str) -> None:
+    from hpc_harness.strategy import StrategyError
+
+    with pytest.raises(StrategyError, match=f"dp_kwargs: {taken} is set by the strategy"):
+        Trainer(Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path, **options))
