@@ -16,9 +16,9 @@ your own loop, use those directly (hpc_harness/examples/charlm.py)::
 
 It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
 atomically (by time, by steps, at a signal, at the end) and resumes the newest checkpoint: a
-resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks to
-override: ``training_step(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
-training metric.
+resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks:
+``training_step(batch)``, ``eval_step(batch)``, ``self.log(name, value)``; parameter groups and
+schedulers: optim.py; a nanoGPT-shaped run: hpc_harness/examples/nanogpt.py.
 """
 
 from __future__ import annotations
