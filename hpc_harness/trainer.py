@@ -10,8 +10,7 @@ your own loop, use those directly (hpc_harness/examples/charlm.py)::
     ctx = dist.setup(gpus=None)                       # ranks, backend, device, process group
     cfg = TrainConfig(epochs=10, ckpt_dir="ckpts", seed=0)  # checkpoint every 10 minutes
     trainer = Trainer(model, lambda params: torch.optim.AdamW(params, lr=1e-3),
-                      DataLoader(train_set, batch_size=32, shuffle=True), ctx, cfg,
-                      eval_data=test_set)
+                      DataLoader(train_set, 32, shuffle=True), ctx, cfg, eval_data=test_set)
     raise SystemExit(exit_code(trainer.train()))  # 0 finished, 42 checkpointed at a signal
 
 It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
