@@ -124,7 +124,7 @@ def _two_schedulers(optimizers: list[torch.optim.Optimizer]) -> list:
     ]
 
 
-def _train_two(rank: int, world_size: int, ck: str, signal_at: int = 0) -> dict:
+def _train_two(rank: int, world_size: int, ck: str, signal_at: int, strategy: str) -> dict:
     """Two optimizers and two schedulers, signalled at step ``signal_at`` (0: never) and
     resumed; returns the learning rates."""
     from conftest import gloo_context
@@ -132,7 +132,7 @@ def _train_two(rank: int, world_size: int, ck: str, signal_at: int = 0) -> dict:
 
     ctx = gloo_context(rank, world_size) if world_size > 1 else cpu_context()
     for _ in range(2 if signal_at else 1):
-        cfg = _config(ck, epochs=3, seed=2, signal_check_every=1)
+        cfg = _config(ck, epochs=3, seed=2, signal_check_every=1, strategy=strategy)
         trainer = SignalAtStep(Net(), _two_optimizers, _loader(), ctx, cfg, _two_schedulers)
         trainer.signal_at, status = signal_at, trainer.train()
         signal_at = 0
@@ -140,23 +140,25 @@ def _train_two(rank: int, world_size: int, ck: str, signal_at: int = 0) -> dict:
     return {"lrs": [o.param_groups[0]["lr"] for o in trainer.optimizers]}
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize(
+    ("strategy", "world_size"), [("ddp", 1), ("ddp", 2), ("fsdp", 2), ("ddp", 3)]
+)
 def test_two_optimizers_and_schedulers_step_and_resume_bitwise(
-    tmp_path, monkeypatch, world_size: int
+    tmp_path, monkeypatch, strategy: str, world_size: int
 ) -> None:
     from conftest import bitwise_equal
 
     monkeypatch.delenv("HPC_REQUEUE_MARKER", raising=False)
     if world_size == 1:
-        run = lambda ck, at: _train_two(0, 1, ck, at)  # noqa: E731
+        run = lambda ck, at: _train_two(0, 1, ck, at, strategy)  # noqa: E731
     else:
-        run = lambda ck, at: spawn_gloo(_train_two, world_size, ck, at)[0]  # noqa: E731
+        run = lambda ck, at: spawn_gloo(_train_two, world_size, ck, at, strategy)[0]  # noqa: E731
     straight, resumed = run(str(tmp_path / "straight"), 0), run(str(tmp_path / "ck"), 5)
     for run_dir, result in (("straight", straight), ("ck", resumed)):
         result["weights"] = load_model(str(tmp_path / run_dir / "last.pt"))
     start = Net().state_dict()
     assert all(not torch.equal(start[k], straight["weights"][k]) for k in start)  # both stepped
-    steps = 3 * 4 // world_size
+    steps = 3 * math.ceil(4 / world_size)  # 16 samples, 4 a batch: 4 batches an epoch in all
     assert straight["lrs"] == [
         pytest.approx(0.05 * warmup_cosine(3, 10)(steps)),
         pytest.approx(0.1 * 0.5 ** (steps // 2)),
