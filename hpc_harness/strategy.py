@@ -30,6 +30,7 @@ from torch import nn
 from hpc_harness import MIN_TORCH
 
 STRATEGIES = ("ddp", "dp", "ddp2", "fsdp")
+Optimizers = torch.optim.Optimizer | list[torch.optim.Optimizer]
 
 
 class StrategyError(RuntimeError):
@@ -182,9 +183,19 @@ class Strategy:
     ``checkpoint.save_sharded``.
     """
 
-    def __init__(self, name: str, ctx: Any, fsdp_wrap: tuple[type[nn.Module], ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        ctx: Any,
+        fsdp_wrap: tuple[type[nn.Module], ...] = (),
+        ddp_kwargs: dict[str, Any] | None = None,
+        fsdp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.fsdp_wrap = fsdp_wrap
+        # the user's options for DistributedDataParallel / fully_shard (the other's are unused)
+        self.ddp_kwargs = _own_options("ddp_kwargs", ddp_kwargs, ("module", "device_ids"))
+        self.fsdp_kwargs = _own_options("fsdp_kwargs", fsdp_kwargs, ("module", "mesh"))
         self.ctx = ctx
         self.world_size: int = ctx.world_size
         self.distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
@@ -215,7 +226,7 @@ class Strategy:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
-            ddp = DDP(model, device_ids=ids)
+            ddp = DDP(model, device_ids=ids, **self.ddp_kwargs)
             if self.world_size > 2:  # two ranks sum a+b, the same in any order
                 FixedOrderReduction(ddp).register()
             return ddp
@@ -231,8 +242,8 @@ class Strategy:
             # available, which moved a CPU run's model (--gpus 0, gloo) to cuda:0
             mesh = init_device_mesh(self.ctx.device.type, (self.world_size,))
             for module in reversed(shard_units(model, self.fsdp_wrap)):  # inner ones first
-                fully_shard(module, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(module, mesh=mesh, **self.fsdp_kwargs)
+            fully_shard(model, mesh=mesh, **self.fsdp_kwargs)
         return model
 
     def switch_warning(self, saved: str | None, grad_clip: float | None) -> str | None:
@@ -252,11 +263,12 @@ class Strategy:
     # -- state (collective: call on every rank) --------------------------------
 
     def state(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool = False
+        self, model: nn.Module, optimizer: Optimizers, sharded: bool = False
     ) -> tuple[Any, Any]:
         """Model and optimizer state dicts keyed by parameter name: full tensors on rank 0's CPU
         (empty dicts on the other ranks), or with ``sharded`` every rank's own part (fsdp's
-        DTensor shards) for ``checkpoint.save_sharded``."""
+        DTensor shards) for ``checkpoint.save_sharded``. Several optimizers (a list) make one
+        optimizer state: torch's state_dict helpers merge them and split them again at a load."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         self.sync_buffers(model)
@@ -271,9 +283,7 @@ class Strategy:
         if self.name == "fsdp" and self.distributed:
             broadcast_buffers(self._stateful(model))
 
-    def load(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
+    def load(self, model: nn.Module, optimizer: Optimizers, state: dict[str, Any]) -> None:
         """Load ``state["model"]`` and ``state["optimizer"]`` (as :meth:`state` returns them);
         when distributed only rank 0's are read and broadcast (the others may hold None). With
         ``state["sharded"]`` (a folder of ``checkpoint.save_sharded``) every rank reads its
@@ -281,6 +291,7 @@ class Strategy:
         from torch.distributed.checkpoint import state_dict as dsd
 
         model = self._stateful(model)
+        optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
         for module in model.modules():  # a forward without a backward (an evaluation before
             if hasattr(module, "reshard"):  # training) leaves FSDP2's root unsharded: a load
                 module.reshard()  # into it fails ("mixed torch.Tensor and DTensor")
@@ -312,7 +323,7 @@ class Strategy:
                 dist.broadcast_object_list(whole, src=0)
                 with_state = whole.pop()
             if whole[0] is not None and _by_position(whole[0]):
-                optimizer.load_state_dict(whole[0])
+                optimizers[0].load_state_dict(whole[0])  # one optimizer's (older checkpoints)
                 return
             if whole[0] is not None:
                 optim, opts = whole[0], dsd.StateDictOptions()
@@ -321,13 +332,26 @@ class Strategy:
         dsd.set_optimizer_state_dict(model, optimizer, optim, options=opts)
         for name, param in model.named_parameters():  # torch gave those a zero step's state
             if name not in with_state:
-                optimizer.state.pop(param, None)
+                for one in optimizers:
+                    one.state.pop(param, None)
 
     def _stateful(self, model: nn.Module) -> nn.Module:
         """The model whose state is saved: fsdp's own, else the one inside DDP/DataParallel."""
         while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module
         return model
+
+
+def _own_options(what: str, options: dict[str, Any] | None, sets: tuple[str, ...]) -> dict:
+    """``options`` for DistributedDataParallel or fully_shard, refused if they name what the
+    strategy itself sets (``sets``: the model, its device, its mesh)."""
+    options = dict(options or {})
+    if taken := sorted(set(options) & set(sets)):
+        raise StrategyError(
+            f"TrainConfig.{what}: {', '.join(taken)} is set by the strategy itself (the model, "
+            f"this process's device or mesh); leave out {', '.join(sets)}"
+        )
+    return options
 
 
 def _by_position(optim_state: dict[str, Any]) -> bool:

@@ -10,15 +10,14 @@ your own loop, use those directly (hpc_harness/examples/charlm.py)::
     ctx = dist.setup(gpus=None)                       # ranks, backend, device, process group
     cfg = TrainConfig(epochs=10, ckpt_dir="ckpts", seed=0)  # checkpoint every 10 minutes
     trainer = Trainer(model, lambda params: torch.optim.AdamW(params, lr=1e-3),
-                      DataLoader(train_set, batch_size=32, shuffle=True), ctx, cfg,
-                      eval_data=test_set)
+                      DataLoader(train_set, 32, shuffle=True), ctx, cfg, eval_data=test_set)
     raise SystemExit(exit_code(trainer.train()))  # 0 finished, 42 checkpointed at a signal
 
 It wraps the model for the strategy (strategy.py), shards the data by rank, checkpoints
 atomically (by time, by steps, at a signal, at the end) and resumes the newest checkpoint: a
-resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks to
-override: ``training_step(batch)``, ``eval_step(batch)``; ``self.log(name, value)`` logs a
-training metric.
+resumed run ends bitwise equal to an uninterrupted one (CPU, same world size). Hooks:
+``training_step(batch)``, ``eval_step(batch)``, ``self.log(name, value)``; parameter groups and
+schedulers: optim.py; a nanoGPT-shaped run: hpc_harness/examples/nanogpt.py.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from hpc_harness import pieces
 from hpc_harness.data import prepare_dataloader
 from hpc_harness.dist import group, say
 from hpc_harness.metrics import MetricsLogger
+from hpc_harness.optim import Params
 from hpc_harness.precision import PrecisionError, make_precision
 from hpc_harness.signals import REQUEUE_EXIT_CODE, StopAgreement
 from hpc_harness.strategy import Strategy, average_gradients, broadcast_buffers
@@ -68,6 +68,10 @@ class TrainConfig:
     # distribution and precision
     strategy: str = "ddp"
     fsdp_wrap: tuple[type[nn.Module], ...] = ()  # module classes fsdp shards (strategy.py)
+    # more options for DistributedDataParallel (find_unused_parameters, bucket_cap_mb, ...) and
+    # fully_shard (reshard_after_forward, mp_policy, ...); those of the other strategy are unused
+    ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    fsdp_kwargs: dict[str, Any] = field(default_factory=dict)
     precision: str = "32"
     replace_sampler: bool = True
     sharded_checkpoint: bool = False  # each rank writes its shard (checkpoint.save_sharded)
@@ -89,10 +93,18 @@ class TrainConfig:
 # The TrainConfig fields that may change across a resume without making it another run: the
 # hardware, paths, where it stops (a finished run may be extended), logging, checkpoints.
 RESUME_FREE = frozenset(
-    "strategy fsdp_wrap sharded_checkpoint precision ckpt_dir run_dir max_steps epochs "
-    "log_every wandb wandb_project checkpoint_every checkpoint_every_s keep_last resume fresh "
-    "signal_check_every signal_check_s resume_free".split()
+    "strategy fsdp_wrap ddp_kwargs fsdp_kwargs sharded_checkpoint precision ckpt_dir run_dir "
+    "max_steps epochs log_every wandb wandb_project checkpoint_every checkpoint_every_s "
+    "keep_last resume fresh signal_check_every signal_check_s resume_free".split()
 )
+
+
+Optimizers = torch.optim.Optimizer | list[torch.optim.Optimizer]
+
+
+def _as_list(made: Any) -> list[Any]:
+    """What a factory returned (one object, or a list or tuple of them) as a list."""
+    return list(made) if isinstance(made, (list, tuple)) else [made]
 
 
 def seed_everything(seed: int) -> None:
@@ -123,13 +135,13 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        make_optimizer: Callable[[Params], Optimizers],
         train_loader: DataLoader,
         ctx: Any,
         config: TrainConfig,
-        make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        make_scheduler: Callable[[Optimizers], Any] | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-        eval_data: Dataset | None = None,
+        eval_data: Dataset | DataLoader | None = None,
     ) -> None:
         self.ctx, self.cfg, self.loss_fn, self.eval_data = ctx, config, loss_fn, eval_data
         self.rank, self.world_size, self.is_main = ctx.rank, ctx.world_size, ctx.is_main
@@ -138,7 +150,9 @@ class Trainer:
             raise ValueError(f"accumulate expects 1 or more batches, got {config.accumulate}")
         if config.max_steps is not None and config.max_steps < 1:
             raise ValueError(f"max_steps expects 1 or more steps, got {config.max_steps}")
-        self.strategy = Strategy(config.strategy, ctx, config.fsdp_wrap)
+        self.strategy = Strategy(
+            config.strategy, ctx, config.fsdp_wrap, config.ddp_kwargs, config.fsdp_kwargs
+        )
         self.precision = make_precision(config.precision, self.device)
         if self.precision.dtype == torch.bfloat16 and self.strategy.data_parallel:
             raise PrecisionError(
@@ -148,9 +162,16 @@ class Trainer:
                 "--precision 16-mixed"
             )
         self.model = self.strategy.wrap(model)
-        self.optimizer = make_optimizer(self.model.parameters())
-        self.scheduler = make_scheduler(self.optimizer) if make_scheduler else None
-        self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        # the parameters, named as the user's model names them (optim.Params): groups are easy
+        made = make_optimizer(Params(self.strategy._stateful(self.model)))
+        # several optimizers (a list): each is stepped, all are saved as one state keyed by
+        # parameter name; self.optimizer is the first (the logged lr is its first group's)
+        self.optimizers = _as_list(made)
+        self.optimizer = self.optimizers[0]
+        self.schedulers = _as_list(make_scheduler(made)) if make_scheduler else []
+        self.scheduler = self.schedulers[0] if self.schedulers else None
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+        self._plateau = any(isinstance(s, plateau) for s in self.schedulers)
         if self._plateau and eval_data is None:
             raise ValueError(
                 f"ReduceLROnPlateau is stepped with {config.monitor} at each epoch end: "
@@ -163,6 +184,7 @@ class Trainer:
         )
         batch_sampler = getattr(train_loader, "batch_sampler", None)
         self.batch_size = train_loader.batch_size or getattr(batch_sampler, "batch_size", 1)
+        self.eval_loader = self._eval_loader(eval_data)
         # an IterableDataset the user shards may end sooner on one rank than on the others:
         # every step then asks whether every rank has a batch (a host sync per step, here only)
         self._agree_each_step = self.world_size > 1 and isinstance(
@@ -278,7 +300,8 @@ class Trainer:
 
     def _run_batch(self, batches: list[Any]) -> None:
         """One optimizer step over ``batches`` (``accumulate`` of them; the last may be fewer)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         step_loss = None
         for i, batch in enumerate(batches):
             with self._sync_gradients(i == len(batches) - 1):
@@ -292,12 +315,15 @@ class Trainer:
             average_gradients(self.model, self.world_size)
             broadcast_buffers(self.model)
         if self.cfg.grad_clip:
-            self.scaler.unscale_(self.optimizer)
+            for optimizer in self.optimizers:
+                self.scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:
+            self.scaler.step(optimizer)
         self.scaler.update()
-        if self.scheduler is not None and not self._plateau:
-            self.scheduler.step()
+        for scheduler in self.schedulers:
+            if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
 
     def _run_epoch(self, epoch: int) -> str:
         """Run the rest of ``epoch``; returns "finished" (its batches are done), "requeue" or
@@ -504,8 +530,39 @@ class Trainer:
             metrics["test_acc"] = (out.argmax(dim=1) == targets).double().mean()
         return metrics
 
-    def _eval_batch(self, idx: list[int]) -> dict[str, Any]:
-        batch = self.train_loader.collate_fn([self.eval_data[i] for i in idx])
+    def _eval_loader(self, data: Dataset | DataLoader | None) -> DataLoader | None:
+        """The evaluation's DataLoader: this rank's samples (every world_size-th from its rank,
+        none padded: each counted once), in order. A DataLoader given keeps its batch size,
+        workers and collate_fn; a Dataset gets the training loader's batch size and collate_fn,
+        no workers. Its own generator, seeded at each evaluation: the workers' seeds are the
+        same in a resumed run, and the global RNG (dropout's) is not drawn from."""
+        if data is None:
+            return None
+        given = data if isinstance(data, DataLoader) else None
+        dataset = given.dataset if given is not None else data
+        if isinstance(dataset, IterableDataset) or (given is not None and not given.batch_size):
+            raise ValueError(
+                "eval_data expects a map-style Dataset, or a DataLoader of one with a "
+                "batch_size: the Trainer shards it by rank with its own sampler"
+            )
+        source = given if given is not None else self.train_loader
+        options = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
+        more = ("multiprocessing_context", "prefetch_factor", "persistent_workers")
+        kwargs = {k: getattr(source, k) for k in options}
+        if given is not None and given.num_workers > 0:
+            kwargs.update({k: getattr(given, k) for k in more})
+        else:
+            kwargs["num_workers"] = 0  # a Dataset is evaluated in this process
+        loader = DataLoader(
+            dataset,
+            batch_size=given.batch_size if given is not None else self.batch_size,
+            sampler=range(self.rank, len(dataset), self.world_size),
+            generator=torch.Generator(),
+            **kwargs,
+        )
+        return pieces.shield_workers(loader)
+
+    def _eval_batch(self, batch: Any) -> dict[str, Any]:
         self._evaluating = True  # self.log() in a training_step that eval_step calls: ignored
         try:
             with self.precision.autocast():
@@ -513,13 +570,18 @@ class Trainer:
         finally:
             self._evaluating = False
 
+    def _eval_samples(self, idx: list[int]) -> Any:
+        """The evaluation batch of the samples ``idx``, collated as the eval loader does."""
+        return self.eval_loader.collate_fn([self.eval_loader.dataset[i] for i in idx])
+
     @torch.no_grad()
     def _check_monitor(self) -> None:
         """Lightning's sanity check for the one name training relies on: the ``monitor`` of a
         ReduceLROnPlateau, from one evaluation batch before the first step, not after an epoch.
         It changes nothing in the run: the RNG states are seeded or restored after it."""
         self.model.eval()
-        names = sorted(self._eval_batch(list(range(min(self.batch_size, len(self.eval_data))))))
+        first = range(min(self.eval_loader.batch_size, len(self.eval_loader.dataset)))
+        names = sorted(self._eval_batch(self._eval_samples(list(first))))
         self.model.train()
         if self.cfg.monitor not in names:
             raise ValueError(
@@ -530,32 +592,35 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, stoppable: bool = False) -> dict[str, float] | None:
         """:meth:`eval_step`'s metrics averaged over ``eval_data``, sharded over ranks, every
-        sample counted once. Batches are built with the training DataLoader's ``collate_fn``.
-        Every rank runs the same number of forward passes (a rank short of samples repeats a
-        batch and discards it): ddp and fsdp forwards are collective. ``stoppable``: the stop
-        agreement is checked at every batch, and None returned once the ranks agreed to stop
-        (an evaluation can last longer than the signal's lead)."""
-        if self.eval_data is None:
+        sample counted once (:meth:`_eval_loader`). Every rank runs the same number of forward
+        passes (a rank short of samples repeats a batch and discards it): ddp and fsdp forwards
+        are collective. ``stoppable``: the stop agreement is checked at every batch, and None
+        returned once the ranks agreed to stop (an evaluation can last longer than the
+        signal's lead)."""
+        if self.eval_loader is None:
             return {}
         self.strategy.sync_buffers(self.model)  # one model on every rank
         self.model.eval()
-        n, size = len(self.eval_data), self.batch_size
-        mine = list(range(self.rank, n, self.world_size))
+        loader, size = self.eval_loader, self.eval_loader.batch_size
+        n, mine = len(loader.dataset), len(loader.sampler)
+        loader.generator.manual_seed(self.cfg.seed)  # the workers' seeds: the same each time
+        batches, first = iter(loader), None
         sums: dict[str, torch.Tensor] = {}
-        count = 0
         for b in range(0, math.ceil(n / self.world_size), size):  # the same on every rank
             if stoppable and self.agreement.should_stop():
                 self.model.train()
                 return None
-            idx = mine[b : b + size]
-            values = self._eval_batch(idx or mine[:size] or [0])
-            for k, v in values.items():
+            count = max(0, min(size, mine - b))  # this batch's samples (0: ran out)
+            batch = next(batches) if count else first
+            if batch is None:  # a rank without samples (fewer than ranks) runs sample 0
+                batch = self._eval_samples([0])
+            first = batch if first is None else first
+            for k, v in self._eval_batch(batch).items():
                 total = sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=self.device))
-                if idx:  # a rank that has run out ran this forward for the others' sake
-                    total += torch.as_tensor(v, device=self.device).double() * len(idx)
-            count += len(idx)
+                if count:  # a rank that has run out ran this forward for the others' sake
+                    total += torch.as_tensor(v, device=self.device).double() * count
         names, zero = sorted(sums), torch.zeros((), dtype=torch.float64, device=self.device)
-        totals = torch.stack([*(sums[k] for k in names), zero + count])
+        totals = torch.stack([*(sums[k] for k in names), zero + mine])
         if (torch_dist := group()) is not None:
             torch_dist.all_reduce(totals)
         self.model.train()
@@ -572,12 +637,12 @@ class Trainer:
             self.agreement.saved()
             return self.last_checkpoint
         sharded = self.cfg.sharded_checkpoint
-        model, optim = self.strategy.state(self.model, self.optimizer, sharded)
+        model, optim = self.strategy.state(self.model, self.optimizers, sharded)
         state = {
             "format_version": ckpt.FORMAT_VERSION,
             "model": model,
             "optimizer": optim,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scheduler": self._scheduler_state(),
             "scaler": self.precision.state_dict(),
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -608,6 +673,11 @@ class Trainer:
         self.agreement.saved()
         return path
 
+    def _scheduler_state(self) -> Any:
+        """One scheduler's state_dict (the format of a single one), a list for several."""
+        states = [s.state_dict() for s in self.schedulers]
+        return states if len(states) > 1 else (states[0] if states else None)
+
     def _write(self, state: dict[str, Any], path: str) -> None:
         """Rank 0 writes a checkpoint (a subclass may hold or count the write)."""
         ckpt.atomic_save(state, path)
@@ -623,11 +693,18 @@ class Trainer:
         )
         if state is None:
             return False
-        self.strategy.load(self.model, self.optimizer, state)
+        self.strategy.load(self.model, self.optimizers, state)
         if warning := self.strategy.switch_warning(state.get("strategy"), self.cfg.grad_clip):
             self._print(warning)
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        if self.schedulers and state.get("scheduler") is not None:
+            saved = _as_list(state["scheduler"])
+            if len(saved) != len(self.schedulers):
+                raise ckpt.RunMismatch(
+                    f"{state['path']} holds {len(saved)} schedulers' states, this run makes "
+                    f"{len(self.schedulers)}: resume with the same make_scheduler"
+                )
+            for scheduler, saved_state in zip(self.schedulers, saved):
+                scheduler.load_state_dict(saved_state)
         self.precision.load_state_dict(state.get("scaler"))
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
@@ -665,7 +742,7 @@ class Trainer:
         torch.distributed.checkpoint.format_utils dcp_to_torch last.dcp model.pt`` makes a file
         of it. Collective."""
         sharded = self.cfg.sharded_checkpoint
-        model = self.strategy.state(self.model, self.optimizer, sharded)[0]
+        model = self.strategy.state(self.model, self.optimizers, sharded)[0]
         payload = {"model": model, "global_step": self.global_step, "epoch": self.epoch}
         payload.update(metrics=self.metrics, hparams=ckpt.plain(self.cfg.hparams))
         pieces.save_final(self.cfg.ckpt_dir, payload, sharded)
@@ -758,8 +835,9 @@ class Trainer:
             values = " ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
             self._print(f"hpc_harness: epoch {self.epoch} {values}")
             self.logger.log(self.global_step, self.epoch, self.metrics, last_at_step=True)
-        if self._plateau:
-            self.scheduler.step(self.metrics[self.cfg.monitor])
+        for scheduler in self.schedulers:
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(self.metrics[self.cfg.monitor])
         self.epoch += 1
         self.step_in_epoch = 0
         return True

@@ -258,11 +258,16 @@ def gloo_context(rank: int, world_size: int):
 
 def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeout_s) -> None:
     import datetime
+    import signal
     import traceback
 
     import torch
     import torch.distributed as dist
 
+    # a rank starts with the stop signals deliverable, as under torchrun: a forkserver that a
+    # shielded DataLoader started (test_trainer_requeue kills the first) blocks them, and its
+    # children inherit the mask, so a signal a test sends would never arrive
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGUSR1, signal.SIGTERM))
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     for k in list(os.environ):
