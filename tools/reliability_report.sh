@@ -38,7 +38,7 @@ fi
   echo "# Reliability suite"
   echo
   echo "Generated $how on $(date -u '+%Y-%m-%d %H:%M UTC'),"
-  echo "$(nproc) cores, slurm $(sinfo -V 2>/dev/null | awk '{print $2}'), against the local cluster (local_cluster/cluster.sh)."
+  echo "$(nproc) cores, slurm $(slurmd -V 2>/dev/null | awk '{print $2}'), against the local cluster (local_cluster/cluster.sh)."
   echo "Every fault is injected for real: signals through SLURM, a killed slurmd, preemption by a"
   echo "higher-priority partition, a truncated tarball, a too-small disk, concurrent submitters."
   echo
