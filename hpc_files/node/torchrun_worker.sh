@@ -61,13 +61,15 @@ run_worker() {
   [[ -z "$pending" ]] || forward "$pending"
   # A pipe this script holds both ends of: a read on it only times out.
   exec {tick}<> <(:) || tick=""
-  while kill -0 "$child" 2>/dev/null; do
+  # bash may reap the child during this loop and then print "Killed" (a
+  # program killed by a signal) to the loop's stderr: the exit code says it.
+  while kill -0 "$child"; do
     if [[ -n "$tick" ]]; then
       read -r -t 0.2 -u "$tick" _ || true
     else
       sleep 0.2 || true
     fi
-  done
+  done 2>/dev/null
   [[ -z "$tick" ]] || exec {tick}>&-
   while :; do
     seen=$signals
