@@ -254,3 +254,16 @@ sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) e
   assert_output --regexp 'not enough space in .*: the data needs [0-9]+ bytes, [0-9]+ bytes are free'
   refute_output --partial TRAINING-STARTED
 }
+
+@test "a job over its memory (-m 100M, 600 MiB allocated) under cgroups: killed, FAILED, its log names the oom-kill, status.sh says out of memory with exit 137" {
+  [[ "$(scontrol show config)" == *"ProctrackType           = proctrack/cgroup"* ]] ||
+    skip "this cluster runs without cgroups (see 'cluster.sh up')"
+  submit -g 0 -m 100M -W none -t 5 -e oom -- python3 -c 'import time; x = bytearray(600 * 1024 * 1024); time.sleep(5)'
+  wait_job_done "$job_id" 60
+  assert_job_state "$job_id" FAILED
+  run job_log "$job_id"
+  assert_output --regexp 'Detected [0-9]+ oom[-_]kill event'
+  run "$REPO_ROOT/hpc_files/status.sh" oom
+  assert_success
+  assert_line --index 3 --regexp '^0 +out of memory \(exit 137\) +0 '
+}

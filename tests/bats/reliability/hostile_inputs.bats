@@ -144,3 +144,15 @@ setup() {
   wait_job_done "$job_id" 60
   assert_job_state "$job_id" COMPLETED
 }
+
+@test "--account naming an account the user does not have: refused at submission (exit 2, one line) naming the user's accounts; nothing submitted, nothing created" {
+  local before
+  before=$(squeue -h -o %A | wc -l)
+  run --separate-stderr "$SUBMITTER" --site local -a no-such-account -W none -g 0 -- true
+  assert_failure 2
+  assert_equal "${#stderr_lines[@]}" 1
+  assert_regex "$stderr" "^job_submitter.sh: error: --account 'no-such-account' is not one of user $(id -un)'s accounts: .*def-lab.*rrg-lab"
+  assert_equal "$(squeue -h -o %A | wc -l)" "$before"
+  run find "$SCRATCH" -mindepth 2
+  assert_output ''
+}
