@@ -80,6 +80,11 @@ export SCRATCH="$work/scratch"
 # its own before python (about 4x a python start). HPC_PYTHON=PYTHON picks
 # another (a login node's system python3).
 export HPC_PYTHON=${HPC_PYTHON:-$BENCH_PY}
+# A user's hpc_files/hpc_tools gets its __pycache__ at the first submission
+# (the discarded warm-up round here), as submitit's modules got theirs at
+# install: a shell that sets PYTHONDONTWRITEBYTECODE would compile ours again
+# at every rep.
+unset PYTHONDONTWRITEBYTECODE
 data_root="$SCRATCH/$project/datasets"
 mkdir -p "$data_root/small"
 # The data set of the latency runs: 200 files of 1 KiB.
@@ -184,7 +189,10 @@ describe_phase() {
     plan_data) echo "tarball name: sha256 of the path list" ;;
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
-    prepare_trials) echo "trials: trials.jsonl + commands.txt from python -m hpc_tools.trials into a temporary folder" ;;
+    prepare_trials) echo "trials: python -m hpc_tools.trials started in the background (trials.jsonl + commands.txt into a temporary folder)" ;;
+    validate_allocation) echo "partition, node memory and account, asked of SLURM at once" ;;
+    queue_after_running) echo "the experiment's queued or running jobs (squeue)" ;;
+    finish_trials) echo "wait for trials.py, what it did not do beside the checks above" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
     fill_submission_dir) echo "one cp of the node scripts and runtime layers, the trials, git state (git rev-parse, status, diff; in the background), code snapshot (git ls-files + tar of the project's 500 files)" ;;
     plan_array) echo "array spec" ;;

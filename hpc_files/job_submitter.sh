@@ -34,7 +34,7 @@ source "$HPC_FILES_DIR/lib/limits.sh"
 source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
-  trap 'run_cleanup; remove_unsubmitted_dir' EXIT
+  trap 'stop_trials; run_cleanup; remove_unsubmitted_dir' EXIT
   parse_options "$@"
   if [[ -n "${opt_help:-}" ]]; then
     print_help
@@ -64,12 +64,13 @@ main() {
     list_trials
     return 0
   fi
+  prepare_trials
   validate_data_paths
   validate_experiment_folder
   validate_allocation
   queue_after_running
   check_wandb_credentials
-  prepare_trials
+  finish_trials
   refuse_bayes_unsubmitted
   refuse_bayes_over_trials
   plan_array "$trials_count" "${bayes_first:-}"

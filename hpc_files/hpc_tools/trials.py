@@ -34,9 +34,6 @@ from hpc_tools.manifest import (
     render,
     wandb_trials,
 )
-from hpc_tools.sampling import expand_sweep
-from hpc_tools.study import rounds_manifest
-from hpc_tools.sweep import load_sweep
 
 USAGE = """\
 usage: {prog} [--configs FILE] [--sweep FILE] [--trials N] [--sweep-seed S] [--seeds N]
@@ -151,6 +148,12 @@ def build(opts: dict) -> list[dict]:
             raise ToolError(f"{opts['count']} trials, more than {MAX_TRIALS}")
         return wandb_trials(opts["wandb_sweep"], opts["count"])
     if "sweep" in opts:
+        # Imported here: a configs file or a command, most submissions, need none of the sweep
+        # modules, and trials.py's start is the longest step of a submission.
+        from hpc_tools.sampling import expand_sweep
+        from hpc_tools.study import rounds_manifest
+        from hpc_tools.sweep import load_sweep
+
         path = opts["sweep"]
         spec = load_sweep(path)
         if spec["method"] != "bayes" and "rounds" in opts:

@@ -59,13 +59,14 @@ remove_unsubmitted_dir() {
   fi
 }
 
-# prepare_trials: the trials manifest, written (or refused) before anything
-# is created under SCRATCH, into a temporary folder (trials_dir) that
-# fill_submission_dir copies into the submission folder; sets trials_count.
+# prepare_trials: starts writing the trials manifest into a temporary folder
+# (trials_dir) that fill_submission_dir copies into the submission folder;
+# finish_trials collects it (or its refusal) before anything is created
+# under SCRATCH.
 prepare_trials() {
   trials_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials.XXXXXX") || die "mktemp failed"
   register_cleanup "$trials_dir"
-  write_trials "$trials_dir"
+  start_trials "$trials_dir"
 }
 
 # preview_submission: --dry-run. The batch script as a submission would

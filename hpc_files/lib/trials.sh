@@ -50,35 +50,66 @@ trials_args() {
 }
 
 # trials_py_command: trials.py on the experiment source, as an argv (into
-# trials_command); --list or --out-dir DIR goes after it.
+# trials_command; its python in trials_python); --list or --out-dir DIR goes
+# after it, once require_trials_python has passed.
 # A configs file, a command and --seeds need only the standard library:
 # python -S then skips site-packages, whose .pth files cost a venv's python
 # about half of its start (25 ms here, more from an NFS home), the largest
 # step of a submission (bench/submit_latency.sh). A sweep needs PyYAML, a
 # wandb sweep wandb.
 trials_py_command() {
-  local python site=()
+  local site=()
   trials_args
-  python=$(login_python)
-  require_trials_python "$python"
+  trials_python=$(login_python)
   [[ -n "${opt_wandb_sweep:-}${opt_sweep:-}" ]] || site=(-S)
-  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$python" ${site[@]+"${site[@]}"} -m hpc_tools.trials "${trials_argv[@]}")
+  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$trials_python" ${site[@]+"${site[@]}"} -m hpc_tools.trials "${trials_argv[@]}")
 }
 
 # list_trials: print the manifest to stdout; writes nothing.
 list_trials() {
   trials_py_command
+  require_trials_python "$trials_python"
   "${trials_command[@]}" --list
 }
 
-# write_trials DIR: trials.py writes DIR/trials.jsonl and DIR/commands.txt;
-# sets trials_count. Exits as trials.py did when it refuses the experiments.
-write_trials() {
-  local dir=$1 out
+# start_trials DIR: trials.py writes DIR/trials.jsonl and DIR/commands.txt,
+# in the background: its python start is the longest step of a submission
+# (bench/submit_latency.sh), and the checks that ask SLURM run meanwhile.
+# The python check runs there too, its refusal said by finish_trials.
+# Their stdout and stderr wait in a temporary folder for finish_trials.
+start_trials() {
   trials_py_command
-  out=$("${trials_command[@]}" --out-dir "$dir") || exit $?
+  trials_said=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials-said.XXXXXX") || die "mktemp failed"
+  register_cleanup "$trials_said"
+  {
+    require_trials_python "$trials_python"
+    exec "${trials_command[@]}" --out-dir "$1"
+  } >"$trials_said/stdout" 2>"$trials_said/stderr" &
+  trials_pid=$!
+}
+
+# finish_trials: waits for start_trials' trials.py and prints what it said,
+# after the messages of the checks that ran meanwhile; sets trials_count.
+# Exits as trials.py did when it refuses the experiments.
+finish_trials() {
+  local status=0
+  wait "$trials_pid" || status=$?
+  trials_pid=""
+  cat -- "$trials_said/stderr" >&2
+  ((status == 0)) || exit "$status"
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
-  read -r trials_count bayes_first <<<"$out"
+  read -r trials_count bayes_first <"$trials_said/stdout"
+}
+
+# stop_trials: on exit, a trials.py still running (a check refused the
+# submission meanwhile) is ended before the cleanup removes its folders.
+stop_trials() {
+  [[ -n "${trials_pid:-}" ]] || return 0
+  # It may have ended already; then the TERM finds no one, and wait reads
+  # its status.
+  kill "$trials_pid" 2>/dev/null || :
+  wait "$trials_pid" 2>/dev/null || :
+  trials_pid=""
 }
 
 # refuse_bayes_unsubmitted: method bayes is rounds of jobs, each round

@@ -206,6 +206,7 @@ RUNNING 0:0'
   opt_command=(python train.py --lr 0.1)
   trials_dir=""
   prepare_trials
+  finish_trials
   assert_equal "$trials_count" 1
   assert_equal "$(cat "$trials_dir/commands.txt")" "python train.py --lr 0.1"
   assert_file_exists "$trials_dir/trials.jsonl"
@@ -213,6 +214,7 @@ RUNNING 0:0'
   opt_configs="$BATS_TEST_TMPDIR/configs.txt"
   printf 'python train.py --lr 0.1\npython train.py --lr 0.2\n' >"$opt_configs"
   prepare_trials
+  finish_trials
   assert_equal "$trials_count" 2
   assert_equal "$(wc -l <"$trials_dir/commands.txt")" 2
   run_cleanup
