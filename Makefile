@@ -68,14 +68,19 @@ beside = log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
   rc=0; $(2) || rc=$$?; \
   wait "$$background" || rc=$$?; cat "$$log"; exit "$$rc"
 
+# $(call timed,NAME,COMMAND): COMMAND, then a line with its wall time, so
+# that make test's log says where its time goes.
+timed = start=$$SECONDS; rc=0; $(2) || rc=$$?; \
+  echo "time: $(1) $$((SECONDS - start)) s"; exit "$$rc"
+
 # Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
 bats-unit: deps
-	@bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
+	@$(call timed,bats-unit,bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
 
 # The same suites with GNU bash 4.2 first on PATH (EL7-era nodes): bats itself
 # and every script under test run under 4.2 (bash_version.bats checks it).
 bats-unit-bash42: deps
-	@BASH42_OPTIONAL=1 tools/with_bash42.sh bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli
+	@$(call timed,bats-unit-bash42,BASH42_OPTIONAL=1 tools/with_bash42.sh bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
 
 # Both unit runs at once: each keeps one core busy and they share nothing
 # (saves about 2 minutes of make test on 2 cores); the 4.2 run's output is
@@ -85,7 +90,7 @@ bats-unit-both: deps
 
 # Integration tests submit real jobs to the local cluster.
 bats-integration: cluster-up
-	@bats -r tests/bats/integration
+	@$(call timed,bats-integration,bats --timing -r tests/bats/integration)
 
 # The reliability suite (faults, load, security, hostile inputs) on a cluster
 # of its own: it preempts with whole-node jobs, kills a slurmd and fills the
@@ -105,7 +110,7 @@ bats-reliability: cluster-up-reliability
 
 PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
-	@$(PYTEST)
+	@$(call timed,pytest,$(PYTEST) --durations=20)
 
 # Every suite at once, in two lines. The cluster line (the integration and
 # reliability suites side by side, each on its own cluster) mostly waits on
