@@ -71,6 +71,15 @@ register_cleanup() {
   HPC_CLEANUP_PATHS+=("$1")
 }
 
+# make_work_dir: this run's private temporary folder (work_dir), made at the
+# first call and removed on exit. The steps name their files in it: one
+# mktemp a submission, not one a file.
+make_work_dir() {
+  [[ -z "${work_dir:-}" ]] || return 0
+  work_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-submit.XXXXXX") || die "mktemp failed"
+  register_cleanup "$work_dir"
+}
+
 run_cleanup() {
   ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
 }

@@ -14,26 +14,26 @@
 validate_allocation() {
   local answers user partitions nodes assoc record partition
   [[ -z "${opt_dry_run:-}" ]] || return 0
-  answers=$(mktemp -d "${TMPDIR:-/tmp}/hpc-limits.XXXXXX") || return 0
-  register_cleanup "$answers"
+  make_work_dir
+  answers=$work_dir/limits
   user=${USER:-$(id -un)}
-  timeout 10 scontrol show partition -o >"$answers/partitions" 2>/dev/null &
+  timeout 10 scontrol show partition -o >"$answers.partitions" 2>/dev/null &
   partitions=$!
-  timeout 10 sinfo -h -o '%R %m' >"$answers/nodes" 2>/dev/null &
+  timeout 10 sinfo -h -o '%R %m' >"$answers.nodes" 2>/dev/null &
   nodes=$!
-  timeout 10 scontrol show assoc_mgr users="$user" flags=users,assoc >"$answers/assoc" 2>/dev/null &
+  timeout 10 scontrol show assoc_mgr users="$user" flags=users,assoc >"$answers.assoc" 2>/dev/null &
   assoc=$!
   # A question SLURM did not answer leaves its check nothing to say.
-  wait "$partitions" || : >"$answers/partitions"
-  wait "$nodes" || : >"$answers/nodes"
-  wait "$assoc" || : >"$answers/assoc"
-  record=$(partition_record "$(<"$answers/partitions")" "${plan_partition%%,*}")
+  wait "$partitions" || : >"$answers.partitions"
+  wait "$nodes" || : >"$answers.nodes"
+  wait "$assoc" || : >"$answers.assoc"
+  record=$(partition_record "$(<"$answers.partitions")" "${plan_partition%%,*}")
   if [[ -n "$record" ]]; then
     partition=$(record_field "$record" PartitionName)
     check_partition_time "$partition" "$record"
-    check_partition_memory "$partition" "$record" "$(<"$answers/nodes")"
+    check_partition_memory "$partition" "$record" "$(<"$answers.nodes")"
   fi
-  check_account "$user" "$(<"$answers/assoc")"
+  check_account "$user" "$(<"$answers.assoc")"
 }
 
 # partition_record RECORDS NAME: the line of 'scontrol show partition -o'

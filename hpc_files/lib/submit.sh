@@ -60,12 +60,12 @@ remove_unsubmitted_dir() {
 }
 
 # prepare_trials: starts writing the trials manifest into a temporary folder
-# (trials_dir) that fill_submission_dir copies into the submission folder;
-# finish_trials collects it (or its refusal) before anything is created
-# under SCRATCH.
+# (trials_dir, in work_dir) that fill_submission_dir copies into the
+# submission folder; finish_trials collects it (or its refusal) before
+# anything is created under SCRATCH.
 prepare_trials() {
-  trials_dir=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials.XXXXXX") || die "mktemp failed"
-  register_cleanup "$trials_dir"
+  make_work_dir
+  trials_dir=$work_dir/trials
   start_trials "$trials_dir"
 }
 

@@ -37,8 +37,8 @@ trials_args() {
   elif ((${#opt_command[@]} > 0)); then
     # The command after '--' is one configs line, quoted so it means exactly
     # the words given.
-    inline_configs=$(mktemp "${TMPDIR:-/tmp}/hpc-inline.XXXXXX") || die "mktemp failed"
-    register_cleanup "$inline_configs"
+    make_work_dir
+    inline_configs=$work_dir/command.txt
     shell_quote "${opt_command[@]}" >"$inline_configs"
     printf '\n' >>"$inline_configs"
     # Messages name it as the user knows it, not by the temporary file.
@@ -76,15 +76,14 @@ list_trials() {
 # in the background: its python start is the longest step of a submission
 # (bench/submit_latency.sh), and the checks that ask SLURM run meanwhile.
 # The python check runs there too, its refusal said by finish_trials.
-# Their stdout and stderr wait in a temporary folder for finish_trials.
+# Their stdout and stderr wait in work_dir for finish_trials.
 start_trials() {
   trials_py_command
-  trials_said=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trials-said.XXXXXX") || die "mktemp failed"
-  register_cleanup "$trials_said"
+  make_work_dir
   {
     require_trials_python "$trials_python"
     exec "${trials_command[@]}" --out-dir "$1"
-  } >"$trials_said/stdout" 2>"$trials_said/stderr" &
+  } >"$work_dir/trials.stdout" 2>"$work_dir/trials.stderr" &
   trials_pid=$!
 }
 
@@ -95,10 +94,10 @@ finish_trials() {
   local status=0
   wait "$trials_pid" || status=$?
   trials_pid=""
-  cat -- "$trials_said/stderr" >&2
+  cat -- "$work_dir/trials.stderr" >&2
   ((status == 0)) || exit "$status"
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
-  read -r trials_count bayes_first <"$trials_said/stdout"
+  read -r trials_count bayes_first <"$work_dir/trials.stdout"
 }
 
 # stop_trials: on exit, a trials.py still running (a check refused the

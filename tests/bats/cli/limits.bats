@@ -75,3 +75,14 @@ submit_ok() {
 @test "--dry-run asks the cluster nothing" {
   dry -C "$ONE_LINE" -p gpu -t 04:00:00 -a def-other
 }
+
+@test "a submission, and a refusal while trials.py runs beside the checks, leave nothing in TMPDIR" {
+  export TMPDIR="$BATS_TEST_TMPDIR/tmp"
+  mkdir -p "$TMPDIR"
+  refuse "--account 'def-other' is not one of user alice's accounts" -- -C "$ONE_LINE" -a def-other
+  run find "$TMPDIR" -mindepth 1
+  assert_output ''
+  submit_ok -C "$ONE_LINE"
+  run find "$TMPDIR" -mindepth 1
+  assert_output ''
+}
