@@ -1,7 +1,8 @@
 # shellcheck shell=bash disable=SC2034 # SUBMITTER, FIXTURES, ... are read by the .bats files that load this
 # Shared by every .bats file: `load '../test_helper'` (from a subfolder).
 # Loads bats-support/assert/file, names the repository's scripts, and gives
-# integration tests bounded waits on the local cluster.
+# integration tests bounded waits on the local cluster and a bitwise
+# comparison of final weights.
 
 bats_require_minimum_version 1.5.0
 
@@ -203,4 +204,23 @@ digits_dataset() {
     "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$dir" >&2
   fi
   printf '%s' "$dir"
+}
+
+# assert_weights_equal A B: the checkpoints A and B (last.pt files) hold the
+# same model weights, bitwise; otherwise fail naming the tensors that differ.
+assert_weights_equal() {
+  local differ
+  if ! differ=$("$REPO_ROOT/.venv/bin/python" -c '
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=False)["model"]
+b = torch.load(sys.argv[2], weights_only=False)["model"]
+if a.keys() != b.keys():
+    print("tensors in one only:", *sorted(a.keys() ^ b.keys()))
+else:
+    print(*(k for k in a if not torch.equal(a[k], b[k])))
+' "$1" "$2"); then
+    fail "could not read the weights of $1 and $2"
+  elif [[ -n "$differ" ]]; then
+    fail "the weights of $1 and $2 differ: $differ"
+  fi
 }
