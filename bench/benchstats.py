@@ -26,6 +26,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -127,6 +128,13 @@ def diff_table(series: Sequence[Series], anchor: Series) -> str:
             f"| {min(diffs):+.1f} - {max(diffs):+.1f} ms | {slower}/{len(diffs)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, out: str | None) -> None:
+    """A benchmark's Markdown section, to ``out`` (if given) and stdout."""
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+    print(text)
 
 
 def read_samples(path: str, order: Sequence[str] = ()) -> list[Series]:

@@ -31,6 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchstats import write_section  # noqa: E402
+
 from hpc_harness import pruning  # noqa: E402
 from hpc_tools import early_terminate, sampling, sweep  # noqa: E402
 
@@ -166,11 +168,7 @@ def main() -> int:
         "min_iter there.",
         "",
     ]
-    text = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    print(text)
+    write_section("\n".join(lines), args.out)
     if not args.smoke and not ok:
         print("early_terminate: under 2x fewer epochs, or the best trial lost", file=sys.stderr)
         return 1

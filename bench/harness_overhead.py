@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torchrun_bench as tb
-from benchstats import Series, md_table
+from benchstats import Series, md_table, write_section
 
 CONFIGS = ("raw", "harness", "harness_ckpt100", "harness_quiet", "lightning")
 # --smoke runs each worker once: harness_ckpt100 and harness_quiet are the harness worker with
@@ -338,7 +338,7 @@ def driver(args: argparse.Namespace) -> int:
     meta = {**tb.run_meta(args, load_before), "steps": steps.pop(), "failures": failures}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    tb.write_section(render(results, meta), args.out)
+    write_section(render(results, meta), args.out)
     return 0
 
 

@@ -30,6 +30,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchstats import write_section
+
 CONFIGS = ("raw", "harness", "pieces")
 TARGET = 0.98
 SAMPLES = 40_000  # 625 steps an epoch: 2N steps stay in the first epoch
@@ -168,10 +170,7 @@ def main() -> int:
     # one step's instructions: start-up, imports, the first steps' warm-up and the final
     # checkpoint are in both runs and cancel out
     counts = {c: (counted[c, 2 * steps] - counted[c, steps]) / steps for c in CONFIGS}
-    text = render(counts, steps)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    write_section(render(counts, steps), args.out)
     return 0
 
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torchrun_bench as tb
-from benchstats import Series, md_table, paired_ratios
+from benchstats import Series, md_table, paired_ratios, write_section
 
 CONFIGS = ("raw", "harness", "pieces")
 TARGET = 0.98
@@ -318,7 +318,7 @@ def driver(args: argparse.Namespace) -> int:
     )
     if per_round is not None:
         text += render_interleaved(per_round)
-    tb.write_section(text, args.out)
+    write_section(text, args.out)
     return 0
 
 

@@ -24,6 +24,8 @@ import statistics
 import sys
 import time
 
+from benchstats import write_section
+
 from hpc_tools import sampling, sweep
 from hpc_tools.study import ensure_round, open_study, sampler, search_space, tell_round
 
@@ -108,11 +110,7 @@ def main() -> int:
         f"random/TPE: {(med_r - BRANIN_MIN) / max(med_t - BRANIN_MIN, 1e-12):.1f}x.",
         "",
     ]
-    text = "\n".join(lines)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    print(text)
+    write_section("\n".join(lines), args.out)
     if not args.smoke and med_t >= med_r:
         print("search_tpe: TPE was not better than random search", file=sys.stderr)
         return 1

@@ -1,13 +1,13 @@
 """What the torchrun benchmarks share (harness_overhead.py and loop_overhead.py, whose raw
 configuration is raw_ddp.py): their options, the interleaved order of their runs, one launch of
-a configuration under torchrun, the load average, and writing the Markdown section.
+a configuration under torchrun and the load average (benchstats writes the Markdown section).
 
     import torchrun_bench as tb
     args = tb.driver_args(__doc__, CONFIGS, WORKERS, reps=5, epochs=5).parse_args()
     for rep, config in tb.interleaved(tb.run_plan(args), args.reps, not args.no_warmup):
         run = tb.launch(config, [WORKER_SCRIPT, ...], args, workdir)  # run.result: rank 0's
         tb.note_run(rep, config, "...")
-    tb.write_section(render(...), args.out)
+    benchstats.write_section(render(...), args.out)
 
 A driver runs each configuration as ``python -m torch.distributed.run --standalone
 --nproc-per-node=2 WORKER --epochs E --samples S --result R`` in a fresh folder (the worker's
@@ -167,10 +167,3 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
-
-
-def write_section(text: str, out: str | None) -> None:
-    """The benchmark's Markdown section, to ``out`` (if given) and stdout."""
-    if out:
-        Path(out).write_text(text)
-    print(text)

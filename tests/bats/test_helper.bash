@@ -1,7 +1,8 @@
 # shellcheck shell=bash disable=SC2034 # SUBMITTER, FIXTURES, ... are read by the .bats files that load this
 # Shared by every .bats file: `load '../test_helper'` (from a subfolder).
 # Loads bats-support/assert/file, names the repository's scripts, and gives
-# integration tests bounded waits on the local cluster.
+# integration tests bounded waits on the local cluster and a bitwise
+# comparison of final weights.
 
 bats_require_minimum_version 1.5.0
 
@@ -122,6 +123,36 @@ submit() {
   [[ -n "$job_id" ]] || fail "no job id in: $out"
 }
 
+# straight_and_interrupted OPTION... -- COMMAND...: submit COMMAND twice with
+# the submitter's OPTIONs, as experiments 'straight' and 'interrupted' with
+# --ckpt-dir $BATS_TEST_TMPDIR/straight and .../interrupted. Once the second
+# has logged step 15 or later (mid-epoch), deliver the wall-time signal as
+# SLURM does, USR1 to the batch shell; release its requeue and wait until both
+# have COMPLETED. Sets straight and interrupted, the two job ids.
+straight_and_interrupted() {
+  local options=()
+  while (($#)) && [[ "$1" != -- ]]; do
+    options+=("$1")
+    shift
+  done
+  if (($# < 2)); then
+    fail "usage: straight_and_interrupted OPTION... -- COMMAND..."
+    return
+  fi
+  shift
+  submit ${options[@]+"${options[@]}"} -e straight -- "$@" --ckpt-dir "$BATS_TEST_TMPDIR/straight"
+  straight=$job_id
+  submit ${options[@]+"${options[@]}"} -e interrupted -- "$@" --ckpt-dir "$BATS_TEST_TMPDIR/interrupted"
+  interrupted=$job_id
+  wait_log "$interrupted" '^hpc_harness: step (1[5-9]|[2-9][0-9])/' 180
+  scancel --signal=USR1 --batch "$interrupted"
+  release_requeued "$interrupted" 1
+  wait_job_done "$straight" 240
+  wait_job_done "$interrupted" 240
+  assert_job_state "$straight" COMPLETED
+  assert_job_state "$interrupted" COMPLETED
+}
+
 # array_states JOB: 'TASK STATE' per array task, sorted by task.
 array_states() {
   scontrol show job -o "$1" | sed -n 's/.* ArrayTaskId=\([0-9]*\) .* JobState=\([A-Z_]*\) .*/\1 \2/p' | sort -n
@@ -137,6 +168,17 @@ wait_array_done() {
     fi
     ((SECONDS < deadline)) || fail "array $job not done within $3 s: $states"
     sleep 0.5
+  done
+}
+
+# wait_file FILE SECONDS [REGEX]: poll until FILE exists (and holds a line
+# matching REGEX); otherwise fail showing the queue and the logs' last lines.
+wait_file() {
+  local deadline=$((SECONDS + $2))
+  until [[ -e "$1" ]] && grep -qE "${3:-}" "$1"; do
+    ((SECONDS < deadline)) ||
+      fail "no $1 within $2 s; queue: $(squeue -h 2>&1 | head -n 10); logs: $(tail -n 5 "$SCRATCH/${REPO_ROOT##*/}/hpc_outputs/"* 2>&1 | tail -n 40)"
+    sleep 1
   done
 }
 
@@ -203,4 +245,23 @@ digits_dataset() {
     "$REPO_ROOT/.venv/bin/python" -c 'import sys; from hpc_harness.data import write_digits; write_digits(sys.argv[1])' "$dir" >&2
   fi
   printf '%s' "$dir"
+}
+
+# assert_weights_equal A B: the checkpoints A and B (last.pt files) hold the
+# same model weights, bitwise; otherwise fail naming the tensors that differ.
+assert_weights_equal() {
+  local differ
+  if ! differ=$("$REPO_ROOT/.venv/bin/python" -c '
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=False)["model"]
+b = torch.load(sys.argv[2], weights_only=False)["model"]
+if a.keys() != b.keys():
+    print("tensors in one only:", *sorted(a.keys() ^ b.keys()))
+else:
+    print(*(k for k in a if not torch.equal(a[k], b[k])))
+' "$1" "$2"); then
+    fail "could not read the weights of $1 and $2"
+  elif [[ -n "$differ" ]]; then
+    fail "the weights of $1 and $2 differ: $differ"
+  fi
 }

@@ -1,13 +1,21 @@
-"""Shared helpers for the hpc_harness tests: a clean environment and the digits files."""
+"""Shared helpers for the hpc_harness tests: a clean environment, the digits files, runs in
+subprocesses (to their end, or stopped by a signal mid-run), process groups of ranks and a
+stand-in wandb module."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.machinery
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,16 +114,26 @@ def digits_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(d)
 
 
+def module_command(module: str, args: list[str], nproc: int = 1) -> list[str]:
+    """``python -m MODULE ARGS``; with ``nproc`` over 1, under torchrun on this machine."""
+    if nproc == 1:
+        return [PY, "-m", module, *args]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [PY, *torchrun, "-m", module, *args]
+
+
+def run_command(
+    command: list[str], env: dict[str, str], timeout: float = 120, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end, its stdout and stderr captured as text."""
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def run_example(args: list[str], cwd: str, timeout: float = 120, **env: str):
     """Run ``python -m hpc_harness.train ARGS`` to completion; returns CompletedProcess."""
-    return subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args],
-        cwd=cwd,
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_command(module_command("hpc_harness.train", args), clean_env(**env), timeout, cwd)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.02) -> None:
@@ -125,6 +143,83 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.02) -> No
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def torchrun_workers(parent: int) -> dict[int, int]:
+    """{rank: pid} of torchrun's worker children, read from /proc."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            found[int(env[b"RANK"])] = int(pid)
+        except (OSError, KeyError, ValueError, IndexError):
+            continue
+    return found
+
+
+def run_interrupted(
+    command: list[str],
+    env: dict[str, str],
+    at_line: str,
+    *,
+    signum: int = signal.SIGUSR1,
+    torchrun_rank: int | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Start ``command``, send it ``signum`` once a line of its output starts with ``at_line``,
+    and read its output to the end. With ``torchrun_rank`` the signal goes to torchrun's worker
+    of that rank alone (the ranks must agree to stop), not to the process started. Returns its
+    exit code and its stdout and stderr as one text; fails the test where the line does not
+    come, or the run does not end, within ``timeout`` seconds (each)."""
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    line_or_end = threading.Event()
+
+    def read_output() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(at_line):
+                line_or_end.set()
+        line_or_end.set()
+
+    # a thread reads, so that a run that hangs before the line fails the test, not blocks it
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    try:
+        line_or_end.wait(timeout)
+        if not any(line.startswith(at_line) for line in lines):
+            out = "".join(lines)
+            pytest.fail(f"no line starting {at_line!r} (waited up to {timeout} s):\n{out}")
+        if torchrun_rank is None:
+            proc.send_signal(signum)
+        else:
+            wait_for(
+                lambda: torchrun_rank in torchrun_workers(proc.pid),
+                10,
+                f"torchrun's rank {torchrun_rank} worker in /proc",
+            )
+            os.kill(torchrun_workers(proc.pid)[torchrun_rank], signum)
+        reader.join(timeout)  # the output ends when the process and its workers have exited
+        if reader.is_alive():
+            pytest.fail(f"the run did not end within {timeout} s of the signal:\n{''.join(lines)}")
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            # torchrun killed outright leaves its workers running: they go first
+            for pid in torchrun_workers(proc.pid).values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+    return subprocess.CompletedProcess(command, proc.returncode, "".join(lines))
 
 
 def load_model(path: str) -> dict:
@@ -137,6 +232,57 @@ def bitwise_equal(a: dict, b: dict) -> bool:
     import torch
 
     return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class FakeRun:
+    """What MetricsLogger uses of a ``wandb.Run``, recorded; its folder is made as offline
+    wandb makes it, and ``fail`` makes its calls raise."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings, self.id = settings, settings["id"]
+        self.dir = os.path.join(settings["dir"], "wandb", f"offline-run-{self.id}", "files")
+        os.makedirs(self.dir, exist_ok=True)
+        self.logged: list[tuple[dict, int | None]] = []
+        self.commits: list[bool | None] = []
+        self.finished: list[int | None] = []
+        self.preempting = False
+        self.fail: Exception | None = None
+
+    def log(self, values: dict, step: int | None = None, commit: bool | None = None) -> None:
+        self.logged.append((values, step))
+        self.commits.append(commit)
+
+    def mark_preempting(self) -> None:
+        if self.fail:
+            raise self.fail
+        self.preempting = True
+
+    def finish(self, exit_code: int | None = None) -> None:
+        if self.fail:
+            raise self.fail
+        self.finished.append(exit_code)
+
+
+@pytest.fixture
+def wandb_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> list[FakeRun]:
+    """A stand-in ``wandb`` module in sys.modules (nothing imported or sent): the runs its
+    ``init`` started, in order. No key, sweep, run id, mode or names in the environment."""
+    from hpc_harness import metrics
+
+    runs: list[FakeRun] = []
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
+    module.init = lambda **settings: runs.append(FakeRun(**settings)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("WANDB_MODE", "HPC_WANDB", "project_name", "exp_name"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # Recorded as absent, so that what the logger sets is undone after the test.
+    monkeypatch.setenv(metrics.FLUSH_INTERVAL_ENV, "")
+    monkeypatch.delenv(metrics.FLUSH_INTERVAL_ENV)
+    return runs
 
 
 def free_port() -> int:

@@ -6,22 +6,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import (
-    PY,
     bitwise_equal,
     clean_env,
     fit_processes,
     gloo_context,
     load_model,
+    module_command,
+    run_command,
+    run_interrupted,
     spawn_gloo,
-    wait_for,
 )
-from test_torchrun import _workers
 from torch.utils.data import DataLoader
 
 from hpc_harness.examples.charlm import CharLM, CharWindows, build_parser, make_text
@@ -31,12 +30,7 @@ ARGS = ["--steps", "60", "--log-every", "5", "--seed", "5", "--checkpoint-every-
 
 
 def command(world_size: int, args: list[str]) -> list[str]:
-    module = ["-m", "hpc_harness.examples.charlm", *args]
-    if world_size == 1:
-        return [PY, *module]
-    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"] + (
-        module
-    )
+    return module_command("hpc_harness.examples.charlm", args, world_size)
 
 
 def test_the_text_model_and_data_are_small_and_fixed() -> None:
@@ -72,54 +66,26 @@ def test_stop_agreement_alone_reacts_at_its_fixed_interval() -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: int) -> None:
+    env = clean_env(**fit_processes(world_size))
     straight = tmp_path / "straight"
-    r = subprocess.run(
-        command(world_size, [*ARGS, "--ckpt-dir", str(straight)]),
-        env=clean_env(**fit_processes(world_size)),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    r = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(straight)]), env, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     ck, marker = tmp_path / "ck", tmp_path / "requeue.json"
-    proc = subprocess.Popen(
+    interrupted = run_interrupted(
         command(world_size, [*ARGS, "--ckpt-dir", str(ck), "--step-sleep", "0.03"]),
-        env=clean_env(**fit_processes(world_size), HPC_REQUEUE_MARKER=str(marker)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        {**env, "HPC_REQUEUE_MARKER": str(marker)},
+        "hpc_harness: step 10/",
+        torchrun_rank=None if world_size == 1 else 1,  # one rank only: the ranks must agree
     )
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: step 10/"):
-                break
-        if world_size == 1:
-            proc.send_signal(signal.SIGUSR1)
-        else:  # one rank only: the ranks must agree
-            wait_for(lambda: len(_workers(proc.pid)) == 2, 10, "both torchrun workers")
-            os.kill(_workers(proc.pid)[1], signal.SIGUSR1)
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
+    out = interrupted.stdout
     if world_size == 1:  # torchrun reports its own failure code; the marker is the channel
-        assert proc.returncode == REQUEUE_EXIT_CODE, out
+        assert interrupted.returncode == REQUEUE_EXIT_CODE, out
     info = json.loads(marker.read_text())
     assert 10 <= info["step"] < 60, out
     # rank 0 writes the marker and names its own signal: none when only rank 1 got one
     assert info["signal"] == ("SIGUSR1" if world_size == 1 else "")
     assert not (ck / "last.pt").exists()
-    resumed = subprocess.run(
-        command(world_size, [*ARGS, "--ckpt-dir", str(ck)]),
-        env=clean_env(**fit_processes(world_size)),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    resumed = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(ck)]), env, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout
     assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))

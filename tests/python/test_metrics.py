@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import csv
 import glob
-import importlib.machinery
-import os
 import re
 import socket
 import sys
 import time
-import types
 from typing import Any
 
 import pytest
@@ -68,47 +65,6 @@ def test_without_a_key_in_the_environment_or_netrc_there_is_none(tmp_path, monke
 # --------------------------------------------------------------------------- the wandb run
 # MetricsLogger against a stand-in ``wandb`` module (in sys.modules, so nothing is imported or
 # sent): what it hands to wandb.init, the run id it keeps, what it prints, and the requeue path.
-
-
-class FakeRun:
-    """What MetricsLogger uses of a ``wandb.Run``; ``fail`` makes its calls raise."""
-
-    def __init__(self, **settings: Any) -> None:
-        self.settings, self.id = settings, settings["id"]
-        self.dir = os.path.join(settings["dir"], "wandb", f"offline-run-{self.id}", "files")
-        self.logged: list[tuple[dict, int | None]] = []
-        self.finished: list[int | None] = []
-        self.preempting = False
-        self.fail: Exception | None = None
-
-    def log(self, values: dict, step: int | None = None) -> None:
-        self.logged.append((values, step))
-
-    def mark_preempting(self) -> None:
-        if self.fail:
-            raise self.fail
-        self.preempting = True
-
-    def finish(self, exit_code: int | None = None) -> None:
-        if self.fail:
-            raise self.fail
-        self.finished.append(exit_code)
-
-
-@pytest.fixture
-def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
-    """The runs wandb.init started, in order; no key, no sweep, no names in the environment."""
-    runs: list[FakeRun] = []
-    module = types.ModuleType("wandb")
-    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
-    module.init = lambda **settings: runs.append(FakeRun(**settings)) or runs[-1]
-    monkeypatch.setitem(sys.modules, "wandb", module)
-    for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("HPC_WANDB", "project_name", "exp_name"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return runs
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import JobLog
-from test_metrics import FakeRun, log, wandb_runs  # noqa: F401  (log, wandb_runs: fixtures)
+from conftest import FakeRun, JobLog
+from test_metrics import log  # noqa: F401  (a fixture)
 
 from hpc_harness import metrics, precision
 
@@ -304,7 +304,7 @@ def test_wandb_asked_for_but_not_installed_says_so_at_once(
 @pytest.mark.parametrize("mode", ["auto", None, "disabled"])
 def test_wandb_off_by_default_or_request_is_silent(
     tmp_path: Path,
-    wandb_runs: list[FakeRun],  # noqa: F811
+    wandb_runs: list[FakeRun],
     log: JobLog,  # noqa: F811
     mode: str | None,
 ) -> None:

@@ -5,13 +5,10 @@ A stand-in ``wandb`` module first, then one run with the real wandb (offline).""
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 import time
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import JobLog, job_log
@@ -19,39 +16,6 @@ from conftest import JobLog, job_log
 from hpc_harness import metrics
 
 pytest.importorskip("wandb_osh")
-
-
-class FakeRun:
-    def __init__(self, **settings: Any) -> None:
-        self.settings, self.id = settings, settings["id"]
-        self.dir = os.path.join(settings["dir"], "wandb", f"offline-run-{self.id}", "files")
-        os.makedirs(self.dir)
-        self.logged: list[tuple[dict, int | None]] = []
-        self.commits: list[bool | None] = []
-        self.finished: list[int | None] = []
-
-    def log(self, values: dict, step: int | None = None, commit: bool | None = None) -> None:
-        self.logged.append((values, step))
-        self.commits.append(commit)
-
-    def finish(self, exit_code: int | None = None) -> None:
-        self.finished.append(exit_code)
-
-
-@pytest.fixture
-def wandb_runs(tmp_path, monkeypatch) -> list[FakeRun]:
-    runs: list[FakeRun] = []
-    module = types.ModuleType("wandb")
-    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
-    module.init = lambda **settings: runs.append(FakeRun(**settings)) or runs[-1]
-    monkeypatch.setitem(sys.modules, "wandb", module)
-    for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_MODE", "HPC_WANDB"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    # Recorded as absent, so that what the logger sets is undone after the test.
-    monkeypatch.setenv(metrics.FLUSH_INTERVAL_ENV, "")
-    monkeypatch.delenv(metrics.FLUSH_INTERVAL_ENV)
-    return runs
 
 
 @pytest.fixture

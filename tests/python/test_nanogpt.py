@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import PY, bitwise_equal, clean_env, fit_processes, load_model, wait_for
-from test_torchrun import _workers
+from conftest import (
+    bitwise_equal,
+    clean_env,
+    fit_processes,
+    load_model,
+    module_command,
+    run_command,
+    run_interrupted,
+)
 
 from hpc_harness.examples import nanogpt
 from hpc_harness.pieces import REQUEUE_EXIT_CODE
@@ -65,72 +69,36 @@ def test_random_windows_are_nanogpts_get_batch() -> None:
 
 
 def command(world_size: int, args: list[str]) -> list[str]:
-    module = ["-m", "hpc_harness.examples.nanogpt", *args]
-    if world_size == 1:
-        return [PY, *module]
-    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"]
-    return torchrun + module
+    return module_command("hpc_harness.examples.nanogpt", args, world_size)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: int) -> None:
     env = clean_env(**fit_processes(world_size))
     straight = tmp_path / "straight"
-    r = subprocess.run(
-        command(world_size, [*ARGS, "--ckpt-dir", str(straight)]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(straight)]), env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "epoch 3 test_loss" in r.stdout, r.stdout  # evaluated every eval_interval steps
     ck, marker = tmp_path / "ck", tmp_path / "requeue.json"
-    proc = subprocess.Popen(
+    interrupted = run_interrupted(
         command(world_size, [*ARGS, "--ckpt-dir", str(ck), "--step-sleep", "0.05"]),
-        env={**env, "HPC_REQUEUE_MARKER": str(marker)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        {**env, "HPC_REQUEUE_MARKER": str(marker)},
+        "hpc_harness: epoch 0 test_loss",  # step 10
+        torchrun_rank=None if world_size == 1 else 1,  # one rank only: the ranks must agree
+        timeout=300,
     )
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: epoch 0 test_loss"):  # step 10
-                break
-        if world_size == 1:
-            proc.send_signal(signal.SIGUSR1)
-        else:  # one rank only: the ranks must agree
-            wait_for(lambda: len(_workers(proc.pid)) == 2, 10, "both torchrun workers")
-            os.kill(_workers(proc.pid)[1], signal.SIGUSR1)
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
+    out = interrupted.stdout
     if world_size == 1:
-        assert proc.returncode == REQUEUE_EXIT_CODE, out
+        assert interrupted.returncode == REQUEUE_EXIT_CODE, out
     info = json.loads(marker.read_text())
     assert 10 <= info["step"] < 40, out
     assert not (ck / "last.pt").exists()
-    resumed = subprocess.run(
-        command(world_size, [*ARGS, "--ckpt-dir", str(ck)]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(ck)]), env, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout
     assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))
     # another setting that shapes the run is another run: refused, not resumed
-    other = subprocess.run(
-        command(1, [*ARGS, "--ckpt-dir", str(ck), "--weight-decay", "0.5"]),
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    other = run_command(
+        command(1, [*ARGS, "--ckpt-dir", str(ck), "--weight-decay", "0.5"]), clean_env(), 300
     )
     assert other.returncode != 0 and "weight_decay" in other.stdout + other.stderr

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 
 import pytest
-from conftest import PY, bitwise_equal, clean_env, load_model, wait_for
+from conftest import (
+    bitwise_equal,
+    clean_env,
+    load_model,
+    module_command,
+    run_command,
+    run_interrupted,
+    wait_for,
+)
 
 from hpc_harness.signals import REQUEUE_EXIT_CODE
 from hpc_harness.train import main
@@ -54,31 +60,15 @@ def test_real_sigusr1_then_resume_is_exact(tmp_path, digits_dir: str, reference)
     """SIGUSR1 at an arbitrary moment -> exit 42; the resumed run matches the reference."""
     ck = str(tmp_path / "ck")
     args = [*COMMON, "--data-dir", digits_dir, "--ckpt-dir", ck, "--checkpoint-every", "0"]
-    proc = subprocess.Popen(
-        [PY, "-m", "hpc_harness.train", *args, "--step-sleep", "0.02", "--log-every", "1"],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    interrupted = run_interrupted(
+        module_command("hpc_harness.train", [*args, "--step-sleep", "0.02", "--log-every", "1"]),
+        clean_env(),
+        "hpc_harness: step 5/",
+        timeout=60,
     )
-    lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: step 5/"):
-                proc.send_signal(signal.SIGUSR1)
-                break
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
-    assert proc.returncode == REQUEUE_EXIT_CODE, out
-    assert "SIGUSR1 received: checkpointed at global step" in out
-    resumed = subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args], env=clean_env(), capture_output=True, text=True
-    )
+    assert interrupted.returncode == REQUEUE_EXIT_CODE, interrupted.stdout
+    assert "SIGUSR1 received: checkpointed at global step" in interrupted.stdout
+    resumed = run_command(module_command("hpc_harness.train", args), clean_env())
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     wait_for(lambda: (tmp_path / "ck" / "last.pt").exists(), 5, "last.pt")

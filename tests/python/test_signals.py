@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 import torch
-from conftest import PY, clean_env, job_log, run_example
+from conftest import clean_env, job_log, module_command, run_example, run_interrupted
 
 from hpc_harness import signals
 from hpc_harness.examples import faults
@@ -78,43 +77,16 @@ def test_a_marker_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch) ->
 def test_sigterm_to_the_example_saves_marks_and_exits_42(tmp_path, digits_dir: str) -> None:
     marker = tmp_path / "requeue.json"
     ck = tmp_path / "ck"
-    proc = subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "hpc_harness.train",
-            "--data-dir",
-            digits_dir,
-            "--ckpt-dir",
-            str(ck),
-            "--epochs",
-            "50",
-            "--step-sleep",
-            "0.01",
-            "--log-every",
-            "1",
-            "--signal-check-every",
-            "4",
-        ],
-        env=clean_env(HPC_REQUEUE_MARKER=str(marker)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    args = ["--data-dir", digits_dir, "--ckpt-dir", str(ck), "--epochs", "50"]
+    args += ["--step-sleep", "0.01", "--log-every", "1", "--signal-check-every", "4"]
+    interrupted = run_interrupted(
+        module_command("hpc_harness.train", args),
+        clean_env(HPC_REQUEUE_MARKER=str(marker)),
+        "hpc_harness: step 3/",
+        signum=signal.SIGTERM,
+        timeout=60,
     )
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: step 3/"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
-    assert proc.returncode == 42, out
+    assert interrupted.returncode == 42, interrupted.stdout
     info = json.loads(marker.read_text())
     assert info["signal"] == "SIGTERM"
     assert info["step"] % 4 == 0, "stops only at a flag-check boundary"

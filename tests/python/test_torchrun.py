@@ -5,56 +5,32 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 
 import pytest
 import torch
-from conftest import PY, bitwise_equal, clean_env, fit_processes, load_model, wait_for
+from conftest import (
+    bitwise_equal,
+    clean_env,
+    fit_processes,
+    load_model,
+    module_command,
+    run_command,
+    run_interrupted,
+)
 
 ARGS = ["--epochs", "8", "--log-every", "5", "--hidden", "64", "--seed", "3"]
 
 
 def torchrun(args: list[str]) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "hpc_harness.train",
-        *args,
-    ]
-
-
-def _workers(parent: int) -> dict[int, int]:
-    """{rank: pid} of torchrun's worker children, read from /proc."""
-    found = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            found[int(env[b"RANK"])] = int(pid)
-        except (OSError, KeyError, ValueError, IndexError):
-            continue
-    return found
+    return module_command("hpc_harness.train", args, 2)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, digits_dir) -> tuple[str, str]:
     ck = tmp_path_factory.mktemp("ddp") / "ck"
-    r = subprocess.run(
+    r = run_command(
         torchrun([*ARGS, "--data-dir", digits_dir, "--ckpt-dir", str(ck)]),
-        env=clean_env(**fit_processes(2)),
-        capture_output=True,
-        text=True,
+        clean_env(**fit_processes(2)),
         timeout=180,
     )
     assert r.returncode == 0, r.stdout + r.stderr
@@ -82,27 +58,12 @@ def test_signal_to_one_rank_stops_both_then_resume_is_exact(
     ck = tmp_path / "ck"
     marker = tmp_path / "requeue.json"
     base = [*ARGS, "--data-dir", digits_dir, "--ckpt-dir", str(ck), "--checkpoint-every", "0"]
-    proc = subprocess.Popen(
+    out = run_interrupted(
         torchrun([*base, "--step-sleep", "0.02"]),
-        env=clean_env(**fit_processes(2), HPC_REQUEUE_MARKER=str(marker)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: step 5/"):
-                break
-        wait_for(lambda: len(_workers(proc.pid)) == 2, 10, "both torchrun workers in /proc")
-        os.kill(_workers(proc.pid)[1], signal.SIGUSR1)  # rank 1 only: the ranks must agree
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
+        clean_env(**fit_processes(2), HPC_REQUEUE_MARKER=str(marker)),
+        "hpc_harness: step 5/",
+        torchrun_rank=1,  # rank 1 only: the ranks must agree
+    ).stdout
     # torchrun loses the workers' 42 (it reports a failure); the marker is the channel.
     assert marker.exists(), out
     info = json.loads(marker.read_text())
@@ -111,13 +72,7 @@ def test_signal_to_one_rank_stops_both_then_resume_is_exact(
     assert info["step"] >= 5 and os.path.exists(info["checkpoint"])
     assert info["checkpoint"].endswith(f"ckpt_step{info['step']:08d}.pt")
     assert "exiting 42" in out
-    resumed = subprocess.run(
-        torchrun(base),
-        env=clean_env(**fit_processes(2)),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    resumed = run_command(torchrun(base), clean_env(**fit_processes(2)), timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout
     ref_ck, _ = uninterrupted

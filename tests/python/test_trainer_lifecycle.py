@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import cpu_context, gloo_context
-from test_metrics import FakeRun, wandb_runs  # noqa: F401  (wandb_runs: a fixture)
+from conftest import FakeRun, cpu_context, gloo_context
 from test_pieces import TwoRanks
 from test_trainer_outputs import classes, fixed_clock, make_trainer
 from test_trainer_requeue import SignalAtStep
@@ -452,7 +451,7 @@ def test_the_final_line_gives_status_step_time_and_metrics(tmp_path, monkeypatch
 
 def test_the_logger_gets_the_run_dir_hparams_and_wandb_project(
     tmp_path,
-    wandb_runs: list[FakeRun],  # noqa: F811
+    wandb_runs: list[FakeRun],
 ) -> None:
     run_dir = str(tmp_path / "run")
     trainer = make_trainer(

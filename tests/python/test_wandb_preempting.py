@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PY, clean_env
+from conftest import clean_env, module_command, run_command, run_interrupted
 
 pytest.importorskip("wandb")
 from fake_wandb import read_records  # noqa: E402
@@ -40,27 +38,14 @@ def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_
     )
     args = ["--epochs", "1", "--data-dir", digits_dir, "--ckpt-dir", str(ckpt)]
     args += ["--wandb", "offline"]
-    proc = subprocess.Popen(
-        [PY, "-m", "hpc_harness.train", *args, "--step-sleep", "0.02", "--log-every", "1"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    interrupted = run_interrupted(
+        module_command("hpc_harness.train", [*args, "--step-sleep", "0.02", "--log-every", "1"]),
+        env,
+        "hpc_harness: step 5/",
+        timeout=RUN_TIMEOUT,
     )
-    lines: list[str] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("hpc_harness: step 5/"):
-                proc.send_signal(signal.SIGUSR1)
-                break
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
-    assert proc.returncode == 42, out
+    out = interrupted.stdout
+    assert interrupted.returncode == 42, out
     assert f"hpc_harness: wandb run id {RUN_ID} mode offline" in out
     assert f"wandb run {RUN_ID} marked preempting" in out
     first = records(ckpt)
@@ -68,13 +53,7 @@ def test_sigusr1_in_a_sweep_run_marks_it_preempting_and_finishes_it_with_42(tmp_
     assert ("exit", 42) in first
     assert (ckpt / "wandb_run_id").read_text() == RUN_ID + "\n"
     # W&B hands it out again (same id): it resumes and finishes, not preempting this time.
-    done = subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
+    done = run_command(module_command("hpc_harness.train", args), env, RUN_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed from" in done.stdout
     second = records(ckpt)
@@ -90,13 +69,7 @@ def test_a_crash_finishes_the_wandb_run_failed_and_marks_metrics_csv(tmp_path, d
     env["WANDB_SWEEP_ID"] = "fakesw01"
     args = ["--epochs", "1", "--data-dir", digits_dir, "--ckpt-dir", str(ckpt)]
     args += ["--wandb", "offline", "--fail-at-step", "3", "--log-every", "1"]
-    proc = subprocess.run(
-        [PY, "-m", "hpc_harness.train", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
+    proc = run_command(module_command("hpc_harness.train", args), env, RUN_TIMEOUT)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "--fail-at-step 3 on rank 0" in proc.stderr
     exits = [code for kind, code in records(ckpt) if kind == "exit"]

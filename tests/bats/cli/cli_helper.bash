@@ -1,8 +1,9 @@
-# shellcheck shell=bash disable=SC2034,SC2154 # PROJECT, ONE_LINE, ... are read by the .bats files; status, output and stderr are set by bats' run
+# shellcheck shell=bash disable=SC2034,SC2154 # PROJECT, ONE_LINE, project, ... are read by the .bats files; status, output and stderr are set by bats' run
 # Shared by tests/bats/cli/*.bats: `load 'cli_helper'` after '../test_helper'.
 # A clean environment for job_submitter.sh (private HOME, no HPC_* knobs,
-# SCRATCH with a space in its path, sbatch stubbed) and `refuse`, the check
-# every refused invocation goes through.
+# SCRATCH with a space in its path, sbatch stubbed), `refuse`, the check
+# every refused invocation goes through, and the fabricated submissions that
+# status.sh and results.sh read.
 
 # cli_setup: what every CLI test starts with.
 cli_setup() {
@@ -85,4 +86,27 @@ STUB
 # submission_dirs EXP: the submission folders of experiment EXP, one a line.
 submission_dirs() {
   find "$SCRATCH/$PROJECT/$1" -mindepth 1 -maxdepth 1 -type d ! -name checkpoints 2>/dev/null | LC_ALL=C sort
+}
+
+# fabricated_submissions: SCRATCH holding the submission folders, logs and
+# metrics.csv files that fixtures/results/fabricate.py writes for $project,
+# and an scontrol on PATH for which SLURM has forgotten their jobs: it logs
+# each call in $SCONTROL_LOG and fails as SLURM does, unless a test writes
+# what it answers into $SCONTROL_OUT.
+fabricated_submissions() {
+  local bin="$BATS_TEST_TMPDIR/stub-bin"
+  make_scratch
+  project=${REPO_ROOT##*/}
+  "$REPO_ROOT/.venv/bin/python" "$FIXTURES/results/fabricate.py" "$SCRATCH" "$project"
+  mkdir -p "$bin"
+  export SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" SCONTROL_OUT="$BATS_TEST_TMPDIR/scontrol.out"
+  cat >"$bin/scontrol" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$SCONTROL_LOG"
+if [[ -f "$SCONTROL_OUT" ]]; then cat "$SCONTROL_OUT"; exit 0; fi
+echo "slurm_load_jobs error: Invalid job id specified" >&2
+exit 1
+STUB
+  chmod +x "$bin/scontrol"
+  export PATH="$bin:$PATH"
 }

@@ -4,19 +4,12 @@
 # sorting, --no-group, --csv, --plot, --curves (and --run), and refusals.
 
 load '../test_helper'
+load 'cli_helper'
 
 RESULTS="$REPO_ROOT/hpc_files/results.sh"
 
 setup() {
-  make_scratch
-  project=${REPO_ROOT##*/}
-  "$REPO_ROOT/.venv/bin/python" "$FIXTURES/results/fabricate.py" "$SCRATCH" "$project"
-  # SLURM has forgotten the fabricated jobs.
-  local bin="$BATS_TEST_TMPDIR/stub-bin"
-  mkdir -p "$bin"
-  printf '#!/usr/bin/env bash\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n' >"$bin/scontrol"
-  chmod +x "$bin/scontrol"
-  export PATH="$bin:$PATH"
+  fabricated_submissions
 }
 
 @test "-h and --help print the usage and exit 0, without SCRATCH; every parser option is in it" {

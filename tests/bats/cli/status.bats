@@ -4,27 +4,12 @@
 # call, a requeued task's restart, --watch only on a terminal, and refusals.
 
 load '../test_helper'
+load 'cli_helper'
 
 STATUS="$REPO_ROOT/hpc_files/status.sh"
 
 setup() {
-  make_scratch
-  project=${REPO_ROOT##*/}
-  "$REPO_ROOT/.venv/bin/python" "$FIXTURES/results/fabricate.py" "$SCRATCH" "$project"
-  # scontrol: logs each call; answers from $SCONTROL_OUT, or fails as SLURM
-  # does for a job it has forgotten.
-  local bin="$BATS_TEST_TMPDIR/stub-bin"
-  mkdir -p "$bin"
-  export SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" SCONTROL_OUT="$BATS_TEST_TMPDIR/scontrol.out"
-  cat >"$bin/scontrol" <<'STUB'
-#!/usr/bin/env bash
-printf '%s\n' "$*" >>"$SCONTROL_LOG"
-if [[ -f "$SCONTROL_OUT" ]]; then cat "$SCONTROL_OUT"; exit 0; fi
-echo "slurm_load_jobs error: Invalid job id specified" >&2
-exit 1
-STUB
-  chmod +x "$bin/scontrol"
-  export PATH="$bin:$PATH"
+  fabricated_submissions
 }
 
 @test "-h and --help print the usage and exit 0, without SCRATCH" {

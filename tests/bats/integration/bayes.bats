@@ -18,15 +18,6 @@ setup() {
   data=$(digits_dataset)
 }
 
-# wait_file FILE SECONDS [REGEX]: until FILE exists (and holds a line matching REGEX)
-wait_file() {
-  local deadline=$((SECONDS + $2))
-  until [[ -e "$1" ]] && grep -qE "${3:-}" "$1"; do
-    ((SECONDS < deadline)) || fail "no $1 within $2 s; queue: $(squeue -h 2>&1 | head -n 10); logs: $(tail -n 5 "$SCRATCH/$project/hpc_outputs/"*bayes* 2>&1)"
-    sleep 1
-  done
-}
-
 @test "method bayes, 2 rounds x 3 trials: round 2 is asked from Optuna after round 1 was told; 6 distinct trials; results.sh lists all 6" {
   # The trials take the example's default data folder, \$scratch_dir/datasets/digits.
   mkdir -p "$SCRATCH/$project/datasets"

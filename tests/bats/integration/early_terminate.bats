@@ -22,15 +22,6 @@ setup() {
   "$REPO_ROOT/.venv/bin/python" -c 'import optuna' 2>/dev/null || skip "optuna is not installed (pip install -e '.[search]')"
 }
 
-# wait_file FILE SECONDS [REGEX]: until FILE exists (and holds a line matching REGEX)
-wait_file() {
-  local deadline=$((SECONDS + $2))
-  until [[ -e "$1" ]] && grep -qE "${3:-}" "$1"; do
-    ((SECONDS < deadline)) || fail "no $1 within $2 s; queue: $(squeue -h 2>&1 | head -n 10)"
-    sleep 1
-  done
-}
-
 @test "a 9-trial grid with early_terminate: bad learning rates pruned at their first rung, the best completes; status and results show PRUNED" {
   submit -n 1 -g 0 -c 1 -W none -t 5 -e egrid --sweep "$SWEEPS/early_grid.yml" --array-throttle 1
   local exp="$SCRATCH/$project/egrid" sub k

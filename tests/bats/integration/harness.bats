@@ -48,34 +48,15 @@ setup() {
 @test "2 nodes x 4 tasks: a wall-time signal checkpoints, requeues and resumes; final weights equal an uninterrupted run's, bitwise" {
   # World size 8 across two nodes: the fixed-order gradient reduction keeps
   # the interrupted run bitwise equal (an epoch's partial last batch included).
-  local args=(--epochs 2 --batch-size 8 --seed 7 --checkpoint-every 10 --signal-check-every 1 --step-sleep 0.05 --data-dir "$data")
-  submit -n 2 -g 4 -c 1 -W torchrun -t 10 -e straight -- python -m hpc_harness.train "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/straight"
-  local straight=$job_id
-  submit -n 2 -g 4 -c 1 -W torchrun -t 10 -e interrupted -- python -m hpc_harness.train "${args[@]}" --ckpt-dir "$BATS_TEST_TMPDIR/interrupted"
-  local interrupted=$job_id
-  # Mid-epoch, deliver the wall-time signal as SLURM does: USR1 to the batch shell.
-  wait_log "$interrupted" '^hpc_harness: step (1[5-9]|[2-9][0-9])/' 180
-  scancel --signal=USR1 --batch "$interrupted"
-  release_requeued "$interrupted" 1
-  wait_job_done "$straight" 240
-  wait_job_done "$interrupted" 240
-  assert_job_state "$straight" COMPLETED
-  assert_job_state "$interrupted" COMPLETED
+  local straight interrupted
+  straight_and_interrupted -n 2 -g 4 -c 1 -W torchrun -t 10 -- python -m hpc_harness.train \
+    --epochs 2 --batch-size 8 --seed 7 --checkpoint-every 10 --signal-check-every 1 --step-sleep 0.05 --data-dir "$data"
   run job_log "$interrupted"
   assert_output --partial 'hpc_harness: world_size=8 rank=0'
   assert_output --partial 'received SIGUSR1'
   assert_output --regexp "requeued $interrupted \(restart 1 of at most 10\)"
   assert_output --regexp 'resum(ed|ing) from .*ckpt_step'
-  run "$REPO_ROOT/.venv/bin/python" -c '
-import sys, torch
-a = torch.load(sys.argv[1], weights_only=False)["model"]
-b = torch.load(sys.argv[2], weights_only=False)["model"]
-assert a.keys() == b.keys(), (a.keys(), b.keys())
-diff = [k for k in a if not torch.equal(a[k], b[k])]
-print("differ:", diff) if diff else print("bitwise equal")
-' "$BATS_TEST_TMPDIR/straight/last.pt" "$BATS_TEST_TMPDIR/interrupted/last.pt"
-  assert_success
-  assert_output "bitwise equal"
+  assert_weights_equal "$BATS_TEST_TMPDIR/straight/last.pt" "$BATS_TEST_TMPDIR/interrupted/last.pt"
 }
 
 @test "same -e, another --lr: the job refuses to resume (exit 2, keys named; warned at submission); --fresh starts over and keeps the old files aside" {

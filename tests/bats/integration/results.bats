@@ -18,24 +18,13 @@ setup() {
   data=$(digits_dataset)
 }
 
-# array_done JOB TASKS SECONDS: wait until every task of the array has ended.
-array_done() {
-  local job=$1 tasks=$2 deadline=$((SECONDS + $3)) states
-  while :; do
-    states=$(scontrol show job -o "$job" | sed -n 's/.* ArrayTaskId=\([0-9]*\) .* JobState=\([A-Z_]*\) .*/\1 \2/p')
-    [[ "$(grep -cE ' (COMPLETED|FAILED|CANCELLED|TIMEOUT)$' <<<"$states")" == "$tasks" ]] && return 0
-    ((SECONDS < deadline)) || fail "array $job not done within $3 s: $states"
-    sleep 1
-  done
-}
-
 @test "a 2x2 grid x 2 seeds: results.sh shows 4 configurations (mean ± std over 2 seeds), the failed one with its exit code, sorted by test accuracy; --csv and --plot write files" {
   # The trials take the example's default data folder, \$scratch_dir/datasets/digits.
   mkdir -p "$SCRATCH/$project/datasets"
   cp -r "$data" "$SCRATCH/$project/datasets/digits"
   submit -n 1 -g 0 -c 1 -W none -t 10 -e grid --sweep "$REPO_ROOT/tests/bats/fixtures/sweeps/results_grid.yml" --seeds 2
   local grid=$job_id
-  array_done "$grid" 8 400
+  wait_array_done "$grid" 8 400
   run --separate-stderr "$RESULTS" grid --metrics test_acc,test_loss --csv "$BATS_TEST_TMPDIR/r.csv" --plot "$BATS_TEST_TMPDIR/r.png"
   printf "%s\n" "$output" >"$BATS_TEST_TMPDIR/results.txt"
   assert_success
@@ -76,7 +65,7 @@ array_done() {
   sub=$(dirname "$(grep -l "^$grid\$" "$SCRATCH/$project/grid"/*/job_id)")
   again=$(sbatch --parsable --array=4 "$sub/job.sbatch")
   again=${again%%;*}
-  array_done "$again" 1 200
+  wait_array_done "$again" 1 200
   run "$STATUS" grid
   assert_success
   assert_line --index 1 "job $again (tasks it did not run: job $grid), 8 task(s); states from SLURM"

@@ -1,31 +1,11 @@
 #!/usr/bin/env bats
 # hpc_files/lib/site.sh: site profiles, and how they meet the command line.
-# The libraries declare global tables (declare -A), so each check runs in a
-# fresh bash that sources them at top level, as job_submitter.sh does.
 
 load '../test_helper'
+load 'site_helper'
 
 setup() {
-  unset HPC_SITE HPC_SITES_DIR
-  export HOME="$BATS_TEST_TMPDIR/home"
-  export SITE_FILE="$BATS_TEST_TMPDIR/a site/test.conf"
-  mkdir -p "${SITE_FILE%/*}" "$HOME"
-}
-
-# in_libs CODE: run CODE (with set -euo pipefail) after sourcing common,
-# options and site.
-in_libs() {
-  run --separate-stderr bash -c 'set -euo pipefail
-    HPC_FILES_DIR=$1
-    source "$HPC_FILES_DIR/lib/common.sh"
-    source "$HPC_FILES_DIR/lib/options.sh"
-    source "$HPC_FILES_DIR/lib/site.sh"
-    eval "$2"' _ "$REPO_ROOT/hpc_files" "$1"
-}
-
-# site LINE...: write the test profile.
-site() {
-  printf '%s\n' "$@" >"$SITE_FILE"
+  site_setup
 }
 
 @test "scalars, comments, blank lines and spaces around '='" {

@@ -4,26 +4,11 @@
 # accepted) and never evaluated.
 
 load '../test_helper'
+load 'site_helper'
 
 setup() {
-  unset HPC_SITE HPC_SITES_DIR
-  export HOME="$BATS_TEST_TMPDIR/home"
-  export SITE_FILE="$BATS_TEST_TMPDIR/a site/test.conf"
+  site_setup
   export PWNED="$BATS_TEST_TMPDIR/pwned"
-  mkdir -p "${SITE_FILE%/*}" "$HOME"
-}
-
-in_libs() {
-  run --separate-stderr bash -c 'set -euo pipefail
-    HPC_FILES_DIR=$1
-    source "$HPC_FILES_DIR/lib/common.sh"
-    source "$HPC_FILES_DIR/lib/options.sh"
-    source "$HPC_FILES_DIR/lib/site.sh"
-    eval "$2"' _ "$REPO_ROOT/hpc_files" "$1"
-}
-
-site() {
-  printf '%s\n' "$@" >"$SITE_FILE"
 }
 
 # refused LINE ACCEPTED: a profile holding LINE (as line 2) is refused with
@@ -176,16 +161,6 @@ export NCCL_DEBUG=INFO'
   site 'partition = x'
   in_libs 'parse_options --site "$SITE_FILE"; load_site; printf "[%s]" "$(site_env_names)"'
   assert_output '[]'
-}
-
-# in_toolkit DIR CODE: like in_libs, with HPC_FILES_DIR=DIR/hpc_files.
-in_toolkit() {
-  run --separate-stderr bash -c 'set -euo pipefail
-    HPC_FILES_DIR=$1
-    source "$HPC_FILES_DIR/lib/common.sh"
-    source "$HPC_FILES_DIR/lib/options.sh"
-    source "$HPC_FILES_DIR/lib/site.sh"
-    eval "$2"' _ "$1/hpc_files" "$2"
 }
 
 @test "--site local finds the local cluster's slurm.conf when SLURM_CONF is unset" {
