@@ -199,10 +199,19 @@ wait_log() {
 }
 
 # release_requeued JOB RESTARTS [SECONDS]: once the job is pending again after
-# that requeue, lift SLURM's ~120 s requeue hold. Not within the second of
-# the requeue: slurmd compares credential times in whole seconds and would
-# refuse the new launch as 'Job credential revoked'.
+# that requeue (wait_requeued), lift SLURM's ~120 s requeue hold.
 release_requeued() {
+  wait_requeued "$@"
+  scontrol update JobId="$1" StartTime=now
+}
+
+# wait_requeued JOB RESTARTS [SECONDS]: until the job is pending again after
+# that requeue and may be released early: not within the second of the
+# requeue (slurmd compares credential times in whole seconds and would refuse
+# the new launch as 'Job credential revoked'), and not while the last run's
+# step daemons end (one still removing its cgroups on a loaded machine fails
+# the new run's step on that node: 'Slurmd could not set up environment').
+wait_requeued() {
   local job=$1 restarts=$2 deadline=$((SECONDS + ${3:-120})) requeued_at
   until [[ "$(job_field "$job" Restarts)" == "$restarts" && "$(job_state "$job")" == PENDING ]]; do
     ((SECONDS < deadline)) ||
@@ -213,7 +222,10 @@ release_requeued() {
   until (($(date +%s) >= requeued_at + 2)); do
     sleep 0.2
   done
-  scontrol update JobId="$job" StartTime=now
+  while pgrep -f "^slurmstepd: \[$job\." >/dev/null; do
+    ((SECONDS < deadline)) || fail "job $job: the last run's step daemons did not end in time: $(pgrep -af "^slurmstepd: \[$job\.")"
+    sleep 0.2
+  done
 }
 
 # cluster_test_setup: what every cluster test starts with: the cluster

@@ -50,11 +50,7 @@ setup() {
     python "$BORING" --nodes 2 --devices 2 --epochs 1 --step-sleep 1.0 --root "$BATS_TEST_TMPDIR/root"
   wait_log "$job_id" 'restart 0 training$' 180 4 # Lightning started its 4 ranks
   scancel --signal=USR1 --batch "$job_id"
-  local deadline=$((SECONDS + 120))
-  until [[ "$(job_field "$job_id" Restarts)" == 1 && "$(job_field "$job_id" JobState)" == PENDING ]]; do
-    ((SECONDS < deadline)) || fail "job $job_id was not requeued within 120 s: $(job_log "$job_id" | tail -n 30)"
-    sleep 0.5
-  done
+  wait_requeued "$job_id" 1
   assert_file_exists "$BATS_TEST_TMPDIR/root/hpc_ckpt_1.ckpt"
   scontrol update JobId="$job_id" StartTime=now
   wait_job_done "$job_id" 240
