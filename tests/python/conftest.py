@@ -272,11 +272,16 @@ def gloo_context(rank: int, world_size: int):
 
 def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeout_s) -> None:
     import datetime
+    import multiprocessing
     import signal
     import traceback
 
     import torch
     import torch.distributed as dist
+
+    # a rank's DataLoader workers start as under torchrun, by the platform's default method:
+    # a forkserver's child inherits "forkserver", whose workers would each import torch anew
+    multiprocessing.set_start_method(None, force=True)
 
     # a rank starts with the stop signals deliverable, as under torchrun: a forkserver that a
     # shielded DataLoader started (test_trainer_requeue kills the first) blocks them, and its
