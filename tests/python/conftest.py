@@ -194,15 +194,17 @@ def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> li
     for p in procs:
         p.join(timeout=120)
     shutil.rmtree(os.path.dirname(store), ignore_errors=True)
+    # a rank still waiting on a failed one is ended now: left alive, it would hold pytest's
+    # exit (multiprocessing joins its children) until its collective timed out
+    for p in procs:
+        if p.is_alive():
+            p.kill()
     results: dict[int, object] = {}
     while not queue.empty():
         rank, ok, value = queue.get()
         if not ok:
             raise AssertionError(f"rank {rank} failed:\n{value}")
         results[rank] = value
-    for p in procs:
-        if p.is_alive():
-            p.kill()
     assert sorted(results) == list(range(world_size)), f"ranks returned: {sorted(results)}"
     return [results[r] for r in range(world_size)]
 

@@ -287,7 +287,9 @@ def test_world_size_may_change_across_a_resume(tmp_path, digits_dir) -> None:
 
     base = [*SHORT, "--data-dir", digits_dir, "--ckpt-dir", str(tmp_path / "ck")]
     assert main([*base, "--max-steps", "5"]) == 0
-    (code0, out0), (code1, out1) = spawn_gloo(_main_as_rank, 2, [*base, "--max-steps", "8"])
+    (code0, out0), (code1, out1) = spawn_gloo(
+        _main_as_rank, 2, [*base, "--max-steps", "8"], timeout_s=60
+    )
     assert (code0, code1) == (0, 0), out0 + out1
     assert "resumed from" in out0
     assert "world size 1 -> 2 in epoch 0" in out0 and "global step 8" in out0, out0
