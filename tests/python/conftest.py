@@ -293,14 +293,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What a rank imports at its first optimizer (torch.optim imports torch._dynamo and sympy),
+# DDP or FSDP step and distributed checkpoint: about 1.3 s of CPU in each rank, where the
+# server imports it once a session.
+_RANK_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint.state_dict",
+]
+
+
 def _gloo_context():  # noqa: ANN202
     """Fresh processes forked from one server that imported torch once per session: each rank
     is a new process, as with "spawn", without the ~2 s of CPU its torch import costs (the
-    server runs no torch op and starts no thread before it forks)."""
+    server runs no torch op and starts no thread before it forks: _RANK_PRELOAD's imports
+    start none)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    ctx.set_forkserver_preload(_RANK_PRELOAD)
     return ctx
 
 
@@ -326,15 +340,17 @@ def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> li
     for p in procs:
         p.join(timeout=120)
     shutil.rmtree(os.path.dirname(store), ignore_errors=True)
+    # a rank still waiting on a failed one is ended now: left alive, it would hold pytest's
+    # exit (multiprocessing joins its children) until its collective timed out
+    for p in procs:
+        if p.is_alive():
+            p.kill()
     results: dict[int, object] = {}
     while not queue.empty():
         rank, ok, value = queue.get()
         if not ok:
             raise AssertionError(f"rank {rank} failed:\n{value}")
         results[rank] = value
-    for p in procs:
-        if p.is_alive():
-            p.kill()
     assert sorted(results) == list(range(world_size)), f"ranks returned: {sorted(results)}"
     return [results[r] for r in range(world_size)]
 
@@ -404,11 +420,16 @@ def gloo_context(rank: int, world_size: int):
 
 def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeout_s) -> None:
     import datetime
+    import multiprocessing
     import signal
     import traceback
 
     import torch
     import torch.distributed as dist
+
+    # a rank's DataLoader workers start as under torchrun, by the platform's default method:
+    # a forkserver's child inherits "forkserver", whose workers would each import torch anew
+    multiprocessing.set_start_method(None, force=True)
 
     # a rank starts with the stop signals deliverable, as under torchrun: a forkserver that a
     # shielded DataLoader started (test_trainer_requeue kills the first) blocks them, and its

@@ -438,7 +438,7 @@ def test_shielding_keeps_the_users_loader_class_and_happens_once() -> None:
 
 
 BIRTH_MASKS = """
-import signal, sys, torch
+import os, signal, sys, torch
 from torch.utils.data import DataLoader, Dataset
 from hpc_harness.data import shield_workers
 
@@ -450,7 +450,8 @@ class Recording(Dataset):  # unpickled in each worker before any of torch's work
     def __getitem__(self, i):
         return self.items[i]
     def __setstate__(self, state):
-        print(*map(int, signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+        mask = " ".join(str(int(s)) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        os.write(1, f"{mask}\\n".encode())  # one write: the workers print side by side
         self.__dict__.update(state)
 
 if __name__ == "__main__":

@@ -259,7 +259,7 @@ def test_hparams_of_functions_and_sets_have_the_same_fingerprint_in_every_proces
             text=True,
             check=True,
         ).stdout
-        for seed in ("1", "2", "3")
+        for seed in ("1", "2")  # two hash seeds that iterate the set in different orders
     }
     relu = "torch._VariableFunctionsClass.relu"
     assert seen == {f"{{'f': '{relu}', 't': ['a', 'b', 'c', 'd', 'e']}}\n"}
