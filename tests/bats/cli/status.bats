@@ -88,7 +88,8 @@ OUT
   # Until it has drawn twice (a loaded machine takes seconds a draw), then
   # ended as a closed terminal ends it.
   local out="$BATS_TEST_TMPDIR/watch.out" deadline=$((SECONDS + 60)) pid clears draws
-  script -qec "$(printf '%q ' "$STATUS" grid --watch 1)" /dev/null >"$out" 2>&1 &
+  : >"$out"
+  script -qec "$(printf '%q ' "$STATUS" grid --watch 1)" /dev/null >>"$out" 2>&1 &
   pid=$!
   while (($(grep -c '^task ' "$out" || true) < 2 && SECONDS < deadline)); do
     sleep 0.2
