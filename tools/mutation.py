@@ -64,6 +64,7 @@ def mutmut_settings(also_copy: list[str]) -> str:
     so a kill can be traced to the test that made it."""
     also = ", ".join(f'"{name}"' for name in also_copy)
     only = ", ".join(f'"hpc_harness/{name}"' for name in CORE)
+    paths = ", ".join(f'"{path}"' for path in pytest_pythonpath())
     return f"""[tool.mutmut]
 source_paths = ["hpc_harness"]
 only_mutate = [{only}]
@@ -80,11 +81,20 @@ timeout_multiplier = 5.0
 timeout_constant = 10.0  # s: the wall limit also covers a forked pytest start-up, >11 s under load
 
 [tool.pytest.ini_options]
+pythonpath = [{paths}]
 markers = ["cluster: needs the local SLURM cluster", "slow: takes more than a few seconds"]
 # a test that a mutant makes hang fails at 30 s (the slowest fast test takes 3): mutmut's own
 # limit, 10x the CPU time of all the tests of the mutant's function, is minutes in the Trainer
 timeout = 30
 """
+
+
+def pytest_pythonpath() -> list[str]:
+    """The project's pytest ``pythonpath`` (pyproject.toml): the tests import the login-node
+    package ``hpc_tools`` from ``hpc_files/``, and the scratch copy's pyproject.toml replaces the
+    project's. Read as one line of JSON-compatible strings: tomllib is Python 3.11's."""
+    found = re.search(r"^pythonpath = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
+    return json.loads(found.group(1)) if found else []
 
 
 def project_files() -> list[str]:

@@ -327,3 +327,6 @@ def test_a_resume_that_switches_strategy_warns_when_it_is_not_bitwise(
     assert (line is not None) == warned
     if warned:
         assert line.startswith(f"hpc_harness: warning: resuming a {saved} checkpoint under {now}")
+        # what rounds differently: the clipping norm, else the sums over more than 2 ranks
+        why = "grad_clip's norm" if clip else f"{world_size} ranks' gradient sums"
+        assert f"{now}: {why} round differently" in line

@@ -88,6 +88,13 @@ def test_warmup_cosine_is_nanogpts_get_lr() -> None:
         warmup_cosine(10, 10)
 
 
+def test_warmup_cosine_without_warmup_starts_at_the_base_lr_and_ends_at_a_tenth() -> None:
+    f = warmup_cosine(warmup=0, total=10)  # no warmup is allowed; min_ratio defaults to 0.1
+    assert f(0) == 1.0 and f(10) == pytest.approx(0.1) and f(11) == 0.1
+    with pytest.raises(ValueError, match="warmup < total"):
+        warmup_cosine(-1, 10)
+
+
 def _named_under(rank: int, world_size: int, strategy: str, ck: str) -> list:
     from conftest import gloo_context
 
