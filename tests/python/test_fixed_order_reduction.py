@@ -49,6 +49,14 @@ def test_groups_are_the_parameters_in_reverse_cut_at_group_bytes(fake_group) -> 
     assert _shapes(reduction) == [[(2,), (2, 2)], [(2,), (2, 2)], [(2,)]]
 
 
+def test_the_mean_is_over_the_ddp_models_own_group(fake_group) -> None:
+    """DDP(process_group=...) through ddp_kwargs: its gradients are averaged over that group."""
+    import torch.distributed as dist
+
+    ddp = SimpleNamespace(module=_three_layers(), process_group=dist.new_group([0]))
+    assert FixedOrderReduction(ddp).world_size == 1  # the default group has 2
+
+
 def _big_then_two_floats(big_bytes: int) -> nn.Module:
     model = nn.Module()
     model.big = nn.Parameter(torch.zeros(big_bytes // 4))
@@ -75,8 +83,19 @@ def gloo_group_of_1():
     dist.destroy_process_group()
 
 
-def test_ddp_gradients_through_the_hook_are_the_plain_ones_at_every_step(gloo_group_of_1) -> None:
+def test_ddp_gradients_through_the_hook_are_the_plain_ones_at_every_step(
+    gloo_group_of_1, monkeypatch
+) -> None:
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    reduced_in, all_reduce = [], dist.all_reduce
+
+    def spy(tensor: torch.Tensor, group=None, async_op: bool = False):
+        reduced_in.append(group)
+        return all_reduce(tensor, group=group, async_op=async_op)
+
+    monkeypatch.setattr(dist, "all_reduce", spy)
 
     plain = _three_layers()
     ddp = DDP(copy.deepcopy(plain), bucket_cap_mb=1e-5)  # a bucket a parameter, in any order
@@ -92,3 +111,4 @@ def test_ddp_gradients_through_the_hook_are_the_plain_ones_at_every_step(gloo_gr
         for p, q in zip(plain.parameters(), ddp.parameters()):
             assert torch.equal(q.grad, p.grad)
         assert reduction.launched == 0 and reduction.grads == [{}, {}, {}]
+    assert reduced_in == [ddp.process_group] * 9  # each group once a step, in the DDP's group
