@@ -82,3 +82,22 @@ def test_a_loader_without_a_length_trains_to_max_steps_or_asks_for_it(tmp_path) 
     assert (trainer.train(), trainer.steps, trainer.epoch) == ("max_steps", 12, 2)
     with pytest.raises(ValueError, match=r"has no length \(an IterableDataset without __len__\)"):
         build(None)
+
+
+class LongerThanItsLength(Stream):
+    """Yields ``n`` samples but says it has fewer: the epoch is the steps its length makes."""
+
+    def __len__(self) -> int:
+        return self.n - 4
+
+
+def test_an_epoch_ends_at_its_agreed_steps_even_if_the_loader_has_more(tmp_path) -> None:
+    """One process here: the agreed steps are the loader's own length; the loader of the rank
+    with the fewest steps in a group is the same case (test above, spawned ranks)."""
+    from conftest import cpu_context
+
+    cfg = TrainConfig(epochs=2, ckpt_dir=str(tmp_path), log_every=0, checkpoint_every_s=0)
+    loader = DataLoader(LongerThanItsLength(10), batch_size=2)  # 3 steps said, 5 yielded
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    trainer = Counting(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg)
+    assert (trainer.train(), trainer.steps, trainer.global_step) == ("finished", 6, 6)
