@@ -101,3 +101,30 @@ def test_an_epoch_ends_at_its_agreed_steps_even_if_the_loader_has_more(tmp_path)
     sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
     trainer = Counting(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg)
     assert (trainer.train(), trainer.steps, trainer.global_step) == ("finished", 6, 6)
+
+
+class OtherRankHas:
+    """A group of two, faked in this process, whose other rank's next step has ``batches``."""
+
+    class ReduceOp:
+        MIN = "min"
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        assert op == "min"
+        tensor.fill_(min(int(tensor), self.batches))
+
+
+@pytest.mark.parametrize(("other", "expected"), [(1, [0, 1]), (0, [])])
+def test_an_unsized_step_is_trained_only_if_every_rank_has_a_batch(
+    monkeypatch, other: int, expected: list[int]
+) -> None:
+    from hpc_harness import trainer as trainer_mod
+
+    trainer = Trainer.__new__(Trainer)  # only what _next_chunk reads
+    trainer.cfg, trainer.device = TrainConfig(accumulate=2), torch.device("cpu")
+    trainer.steps_per_epoch, trainer.step_in_epoch, trainer._agree_each_step = None, 0, True
+    monkeypatch.setattr(trainer_mod, "group", lambda: OtherRankHas(other))
+    assert trainer._next_chunk(iter(range(5))) == expected
