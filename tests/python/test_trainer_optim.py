@@ -95,6 +95,24 @@ def test_warmup_cosine_without_warmup_starts_at_the_base_lr_and_ends_at_a_tenth(
         warmup_cosine(-1, 10)
 
 
+def test_a_checkpoint_holds_one_schedulers_state_as_is_and_several_as_a_list(tmp_path) -> None:
+    """One scheduler's state is saved in the format of a single scheduler (checkpoints of runs
+    before several were allowed, and readers of the file, expect it); none saves None."""
+
+    def saved(make_optimizer, make_scheduler=None):
+        return Trainer(
+            Net(), make_optimizer, _loader(), cpu_context(), _config(tmp_path), make_scheduler
+        )._scheduler_state()
+
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    step_lr = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2)  # noqa: E731
+    assert saved(sgd) is None
+    one = saved(sgd, step_lr)
+    assert isinstance(one, dict) and one["step_size"] == 2
+    two = saved(_two_optimizers, _two_schedulers)
+    assert isinstance(two, list) and [type(s) for s in two] == [dict, dict]
+
+
 def _named_under(rank: int, world_size: int, strategy: str, ck: str) -> list:
     from conftest import gloo_context
 
