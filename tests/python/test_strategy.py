@@ -282,6 +282,18 @@ def test_a_checkpoint_with_the_optimizer_keyed_by_position_still_resumes(tmp_pat
     )
 
 
+def test_a_resume_that_switches_strategy_says_why_it_is_not_bitwise(tmp_path, capsys) -> None:
+    ctx = cpu_context()
+    assert _trainer(ctx, str(tmp_path), "fsdp", 2, grad_clip=1.0).train() == "max_steps"
+    capsys.readouterr()
+    assert _trainer(ctx, str(tmp_path), "ddp", grad_clip=1.0)._resume()
+    out = capsys.readouterr()
+    assert (
+        "hpc_harness: warning: resuming a fsdp checkpoint under ddp: grad_clip's norm round "
+        "differently" in out.out + out.err
+    )
+
+
 def _fsdp_five_steps(rank: int, world_size: int, tmp: str) -> None:
     for sharded in (False, True):
         ck = f"{tmp}/{'sharded' if sharded else 'full'}"

@@ -11,6 +11,7 @@ from conftest import cpu_context, load_model, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from hpc_harness import checkpoint as ckpt
 from hpc_harness.optim import Params, warmup_cosine, weight_decay_groups
 from hpc_harness.trainer import TrainConfig, Trainer
 
@@ -111,6 +112,20 @@ def test_a_checkpoint_holds_one_schedulers_state_as_is_and_several_as_a_list(tmp
     assert isinstance(one, dict) and one["step_size"] == 2
     two = saved(_two_optimizers, _two_schedulers)
     assert isinstance(two, list) and [type(s) for s in two] == [dict, dict]
+
+
+def test_a_resume_with_another_number_of_schedulers_stops(tmp_path) -> None:
+    def trainer(make_scheduler) -> Trainer:
+        cfg = _config(tmp_path, epochs=1)
+        return Trainer(Net(), _two_optimizers, _loader(), cpu_context(), cfg, make_scheduler)
+
+    assert trainer(_two_schedulers).train() == "finished"
+    path = tmp_path / "ckpt_step00000004.pt"
+    with pytest.raises(ckpt.RunMismatch) as stopped:
+        trainer(lambda optimizers: _two_schedulers(optimizers)[:1]).train()
+    assert str(stopped.value) == (
+        f"{path} holds 2 schedulers' states, this run makes 1: resume with the same make_scheduler"
+    )
 
 
 def _named_under(rank: int, world_size: int, strategy: str, ck: str) -> list:
