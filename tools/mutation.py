@@ -42,7 +42,7 @@ PLUGIN = Path(__file__).resolve().parent / "mutation_plugin.py"
 TARGET = 0.85
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from count_core_lines import CORE  # noqa: E402
+from count_core_lines import CORE, code_lines  # noqa: E402
 
 # mutmut's exit-code table (mutmut/stats.py), folded into the report's columns.
 KILLED = {1, 3}  # a test failed or pytest errored; a negative code not in TIMEOUT (a signal
@@ -313,6 +313,11 @@ def md_code(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
+def core_size() -> int:
+    """Lines of code in the core (count_core_lines.code_lines), the number the report states."""
+    return sum(code_lines((ROOT / "hpc_harness" / name).read_text()) for name in CORE)
+
+
 def write_report(
     results: list[FileResult], timing: tuple[float, float] | None, out: Path, note: str = ""
 ) -> float:
@@ -348,6 +353,8 @@ def write_report(
         "- mutated: the files `tools/count_core_lines.py` counts; tests: `tests/python` without "
         "the `slow` and `cluster` markers, a test that starts a process skipped "
         "(`tools/mutation_plugin.py`)",
+        f"- core size: {core_size()} lines of code in {len(CORE)} files "
+        "(`tools/count_core_lines.py`: non-blank, non-comment, non-docstring)",
         "- full run: "
         + (
             f"{timing[0] / 60:.1f} min wall, {timing[1] / 60:.1f} min CPU (all processes; "
