@@ -322,6 +322,16 @@ def test_a_finished_run_extended_by_epochs_and_max_steps_ends_as_the_longer_run(
         build(ck, epochs=1).train()
 
 
+def test_a_checkpoint_one_step_into_the_epoch_after_the_last_is_refused(tmp_path) -> None:
+    """4 steps an epoch: step 5 is epoch 1's first step, past a run of 1 epoch (its step 4,
+    epoch 1's start, is that run's end)."""
+    ck = str(tmp_path / "ck")
+    assert build(ck, epochs=2, max_steps=5).train() == "max_steps"
+    with pytest.raises(ckpt.RunMismatch) as refused:
+        build(ck, epochs=1).train()
+    assert str(refused.value) == ckpt.past_end_error(ck, 5, "epochs", 1)
+
+
 class OwnRngShuffle(NumpyShuffle):
     """A sampler with a numpy Generator of its own (not the global RNG the harness saves)."""
 
