@@ -128,3 +128,19 @@ def test_an_unsized_step_is_trained_only_if_every_rank_has_a_batch(
     trainer.steps_per_epoch, trainer.step_in_epoch, trainer._agree_each_step = None, 0, True
     monkeypatch.setattr(trainer_mod, "group", lambda: OtherRankHas(other))
     assert trainer._next_chunk(iter(range(5))) == expected
+
+
+def test_an_empty_sized_loader_has_no_steps_and_an_unsized_one_no_count(tmp_path) -> None:
+    """Length 0 is a length (an epoch of no steps); no length stays no length however many
+    batches a step takes."""
+    from conftest import cpu_context
+
+    def build(data, **kw) -> Counting:
+        cfg = TrainConfig(epochs=1, ckpt_dir=str(tmp_path), log_every=0, **kw)
+        sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+        return Counting(nn.Linear(3, 2), sgd, DataLoader(data, batch_size=2), cpu_context(), cfg)
+
+    assert build(SizedStream(0)).steps_per_epoch == 0
+    unsized = build(Stream(10), accumulate=2, max_steps=2)  # 5 batches: 3 steps a pass
+    assert unsized.steps_per_epoch is None
+    assert (unsized.train(), unsized.steps) == ("max_steps", 2)
