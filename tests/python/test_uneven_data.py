@@ -144,3 +144,49 @@ def test_an_empty_sized_loader_has_no_steps_and_an_unsized_one_no_count(tmp_path
     unsized = build(Stream(10), accumulate=2, max_steps=2)  # 5 batches: 3 steps a pass
     assert unsized.steps_per_epoch is None
     assert (unsized.train(), unsized.steps) == ("max_steps", 2)
+
+
+class OtherRankSteps:
+    """A group of two, faked in this process, whose other rank's loader makes ``steps`` steps
+    an epoch (-1: it has no length)."""
+
+    class ReduceOp:
+        MIN = "min"
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        assert op == "min"
+        tensor.copy_(torch.minimum(tensor, torch.tensor([self.steps, -self.steps])))
+
+
+@pytest.mark.parametrize(
+    ("other", "steps", "said"), [(3, 3, "3 to 5"), (7, 5, "5 to 7"), (5, 5, "")]
+)
+def test_the_ranks_agree_on_the_fewest_steps_and_say_so(
+    tmp_path, monkeypatch, capsys, other: int, steps: int, said: str
+) -> None:
+    from conftest import cpu_context
+
+    from hpc_harness import trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "group", lambda: OtherRankSteps(other))
+    cfg = TrainConfig(ckpt_dir=str(tmp_path), log_every=0)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    loader = DataLoader(SizedStream(10), batch_size=2)  # 5 steps here
+    trainer = Trainer(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg)
+    assert trainer.steps_per_epoch == steps
+    out = capsys.readouterr()
+    warned = [line for line in (out.out + out.err).splitlines() if "steps an epoch" in line]
+    assert warned == (
+        [
+            f"hpc_harness: warning: the ranks' loaders have {said} steps an epoch: every rank "
+            f"trains the first {steps} (the fewest), the rest are left out"
+        ]
+        if said
+        else []
+    )
+    monkeypatch.setattr(trainer_mod, "group", lambda: OtherRankSteps(-1))  # no length there
+    cfg.max_steps = 4
+    assert Trainer(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg).steps_per_epoch is None
