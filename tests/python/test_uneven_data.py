@@ -162,7 +162,7 @@ class OtherRankSteps:
 
 
 @pytest.mark.parametrize(
-    ("other", "steps", "said"), [(3, 3, "3 to 5"), (7, 5, "5 to 7"), (5, 5, "")]
+    ("other", "steps", "said"), [(3, 3, "3 to 5"), (7, 5, "5 to 7"), (5, 5, ""), (0, 0, "0 to 5")]
 )
 def test_the_ranks_agree_on_the_fewest_steps_and_say_so(
     tmp_path, monkeypatch, capsys, other: int, steps: int, said: str
