@@ -247,6 +247,20 @@ def test_an_eval_dataloader_is_sharded_by_rank_every_sample_once(tmp_path) -> No
     assert sizes0 == [3, 1] and sizes1 == [3, 3]  # 4 and 3 samples; rank 1 repeats a batch
 
 
+def test_the_eval_loader_of_a_dataset_is_this_ranks_share_read_in_this_process(tmp_path) -> None:
+    """Rank 1 of 2 (no group needed to build it): every second sample from 1, no workers even
+    when the training loader has some; starting no worker, nothing is iterated here."""
+    import dataclasses
+
+    ctx = dataclasses.replace(cpu_context(), rank=1, world_size=2)
+    loader = DataLoader(_loader().dataset, batch_size=4, num_workers=2)
+    trainer = Trainer(
+        Net(), _two_optimizers, loader, ctx, _config(tmp_path), eval_data=_loader(7).dataset
+    )
+    assert list(trainer.eval_loader.sampler) == [1, 3, 5]
+    assert trainer.eval_loader.num_workers == 0 and trainer.eval_loader.batch_size == 4
+
+
 def test_an_eval_loader_of_an_iterable_dataset_is_refused(tmp_path) -> None:
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
