@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import gloo_context, spawn_gloo
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hpc_harness.trainer import TrainConfig, Trainer
 
@@ -79,9 +79,14 @@ def test_a_loader_without_a_length_trains_to_max_steps_or_asks_for_it(tmp_path) 
         return Counting(nn.Linear(3, 2), sgd, loader, cpu_context(), cfg)
 
     trainer = build(12)
+    assert trainer.total_steps == 12
     assert (trainer.train(), trainer.steps, trainer.epoch) == ("max_steps", 12, 2)
-    with pytest.raises(ValueError, match=r"has no length \(an IterableDataset without __len__\)"):
+    with pytest.raises(ValueError) as refused:
         build(None)
+    assert str(refused.value) == (
+        "the training DataLoader has no length (an IterableDataset without __len__): set "
+        "max_steps (an epoch is then one pass over it)"
+    )
 
 
 class LongerThanItsLength(Stream):
@@ -144,6 +149,26 @@ def test_an_empty_sized_loader_has_no_steps_and_an_unsized_one_no_count(tmp_path
     unsized = build(Stream(10), accumulate=2, max_steps=2)  # 5 batches: 3 steps a pass
     assert unsized.steps_per_epoch is None
     assert (unsized.train(), unsized.steps) == ("max_steps", 2)
+    again = build(Stream(10), accumulate=2, max_steps=2)  # mid-epoch: nothing left to do
+    assert (again.train(), again.steps, again.epoch) == ("max_steps", 0, 0)
+
+
+def test_several_ranks_with_an_iterable_dataset_agree_at_every_step(tmp_path) -> None:
+    """Built as rank 0 of 2 (no group needed to build it); a map-style dataset or one rank
+    does not."""
+    import dataclasses
+
+    from conftest import cpu_context
+
+    def agrees(data, world_size: int) -> bool:
+        ctx = dataclasses.replace(cpu_context(), world_size=world_size)
+        cfg = TrainConfig(ckpt_dir=str(tmp_path), log_every=0, max_steps=4)
+        sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+        loader = DataLoader(data, batch_size=2)
+        return Trainer(nn.Linear(3, 2), sgd, loader, ctx, cfg)._agree_each_step
+
+    assert agrees(SizedStream(10), 2) is True and agrees(SizedStream(10), 1) is False
+    assert agrees(TensorDataset(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)), 2) is False
 
 
 class OtherRankSteps:
