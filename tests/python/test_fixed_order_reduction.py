@@ -112,3 +112,21 @@ def test_ddp_gradients_through_the_hook_are_the_plain_ones_at_every_step(
             assert torch.equal(q.grad, p.grad)
         assert reduction.launched == 0 and reduction.grads == [{}, {}, {}]
     assert reduced_in == [ddp.process_group] * 9  # each group once a step, in the DDP's group
+
+
+def test_ddp_gets_the_options_and_above_2_ranks_the_fixed_order(gloo_group_of_1) -> None:
+    """Strategy.wrap under a group (of 1 here: the context says the world size)."""
+    from hpc_harness.strategy import Strategy
+
+    def wrapped(world_size: int) -> nn.Module:
+        ctx = SimpleNamespace(
+            world_size=world_size, local_world_size=1, device=torch.device("cpu"), devices=[]
+        )
+        options = {"find_unused_parameters": True}
+        return Strategy("ddp", ctx, ddp_kwargs=options).wrap(_three_layers())
+
+    three, two = wrapped(3), wrapped(2)
+    assert three.find_unused_parameters and two.find_unused_parameters
+    ((hook, _),) = three._comm_hooks
+    assert isinstance(hook.__self__, FixedOrderReduction) and hook.__self__.ddp is three
+    assert two._comm_hooks == []  # two ranks sum a + b alike in any order

@@ -305,11 +305,26 @@ def test_ddp_and_fsdp_options_reach_the_wrappers(tmp_path, strategy: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("options", "taken"),
-    [({"ddp_kwargs": {"device_ids": [0]}}, "device_ids"), ({"fsdp_kwargs": {"mesh": 1}}, "mesh")],
+    ("options", "named", "sets"),
+    [
+        ({"ddp_kwargs": {"device_ids": [0]}}, "ddp_kwargs: device_ids", "module, device_ids"),
+        (
+            {"ddp_kwargs": {"module": 1, "device_ids": [0]}},
+            "ddp_kwargs: device_ids, module",
+            "module, device_ids",
+        ),
+        ({"fsdp_kwargs": {"mesh": 1}}, "fsdp_kwargs: mesh", "module, mesh"),
+        ({"fsdp_kwargs": {"module": 1}}, "fsdp_kwargs: module", "module, mesh"),
+    ],
 )
-def test_options_the_strategy_sets_are_refused(tmp_path, options: dict, taken: str) -> None:
+def test_options_the_strategy_sets_are_refused(
+    tmp_path, options: dict, named: str, sets: str
+) -> None:
     from hpc_harness.strategy import StrategyError
 
-    with pytest.raises(StrategyError, match=f"dp_kwargs: {taken} is set by the strategy"):
+    with pytest.raises(StrategyError) as refused:
         Trainer(Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path, **options))
+    assert str(refused.value) == (
+        f"TrainConfig.{named} is set by the strategy itself (the model, this process's device "
+        f"or mesh); leave out {sets}"
+    )
