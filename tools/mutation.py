@@ -42,7 +42,7 @@ PLUGIN = Path(__file__).resolve().parent / "mutation_plugin.py"
 TARGET = 0.85
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from count_core_lines import CORE  # noqa: E402
+from count_core_lines import CORE, code_lines  # noqa: E402
 
 # mutmut's exit-code table (mutmut/stats.py), folded into the report's columns.
 KILLED = {1, 3}  # a test failed or pytest errored; a negative code not in TIMEOUT (a signal
@@ -64,6 +64,7 @@ def mutmut_settings(also_copy: list[str]) -> str:
     so a kill can be traced to the test that made it."""
     also = ", ".join(f'"{name}"' for name in also_copy)
     only = ", ".join(f'"hpc_harness/{name}"' for name in CORE)
+    paths = ", ".join(f'"{path}"' for path in pytest_pythonpath())
     return f"""[tool.mutmut]
 source_paths = ["hpc_harness"]
 only_mutate = [{only}]
@@ -80,11 +81,20 @@ timeout_multiplier = 5.0
 timeout_constant = 10.0  # s: the wall limit also covers a forked pytest start-up, >11 s under load
 
 [tool.pytest.ini_options]
+pythonpath = [{paths}]
 markers = ["cluster: needs the local SLURM cluster", "slow: takes more than a few seconds"]
 # a test that a mutant makes hang fails at 30 s (the slowest fast test takes 3): mutmut's own
 # limit, 10x the CPU time of all the tests of the mutant's function, is minutes in the Trainer
 timeout = 30
 """
+
+
+def pytest_pythonpath() -> list[str]:
+    """The project's pytest ``pythonpath`` (pyproject.toml): the tests import the login-node
+    package ``hpc_tools`` from ``hpc_files/``, and the scratch copy's pyproject.toml replaces the
+    project's. Read as one line of JSON-compatible strings: tomllib is Python 3.11's."""
+    found = re.search(r"^pythonpath = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
+    return json.loads(found.group(1)) if found else []
 
 
 def project_files() -> list[str]:
@@ -303,6 +313,11 @@ def md_code(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
+def core_size() -> int:
+    """Lines of code in the core (count_core_lines.code_lines), the number the report states."""
+    return sum(code_lines((ROOT / "hpc_harness" / name).read_text()) for name in CORE)
+
+
 def write_report(
     results: list[FileResult], timing: tuple[float, float] | None, out: Path, note: str = ""
 ) -> float:
@@ -338,6 +353,8 @@ def write_report(
         "- mutated: the files `tools/count_core_lines.py` counts; tests: `tests/python` without "
         "the `slow` and `cluster` markers, a test that starts a process skipped "
         "(`tools/mutation_plugin.py`)",
+        f"- core size: {core_size()} lines of code in {len(CORE)} files "
+        "(`tools/count_core_lines.py`: non-blank, non-comment, non-docstring)",
         "- full run: "
         + (
             f"{timing[0] / 60:.1f} min wall, {timing[1] / 60:.1f} min CPU (all processes; "

@@ -130,6 +130,21 @@ def test_the_fingerprint_is_plain_json_with_sorted_keys_and_classes_as_their_rep
     assert list(fp["sched"]) == ["kind", "warmup"]
 
 
+# --------------------------------------------------------------------------- the final model
+
+
+def test_final_step_is_last_pts_step_read_memory_mapped(tmp_path, monkeypatch) -> None:
+    """A resumed run that had finished compares it with its checkpoint's step; the model's
+    tensors are not read for it (mmap)."""
+    assert ckpt.final_path(str(tmp_path)) == str(tmp_path / "last.pt")  # plain by default
+    assert ckpt.final_step(str(tmp_path)) is None  # missing: written again
+    ckpt.save_final(str(tmp_path), {"model": {"w": torch.zeros(3)}, "global_step": 7})
+    mmaps, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: mmaps.append(kw["mmap"]) or load(*a, **kw))
+    assert ckpt.final_step(str(tmp_path)) == 7  # last.pt, not last.dcp, by default
+    assert mmaps == [True]
+
+
 # --------------------------------------------------------------------------- prune
 
 

@@ -1,14 +1,19 @@
 """metrics.py with ``HPC_WANDB_SYNC_DIR`` (``--wandb-sync login``): the run is offline and
 wandb-osh's trigger hook leaves a ``<hash>.command`` file naming the run's folder after every
 ``log()`` and at ``close()``; the login node's syncer (hpc_files/wandb_sync.py) consumes them.
-A stand-in ``wandb`` module first, then one run with the real wandb (offline)."""
+A stand-in ``wandb`` module first, then one run with the real wandb (offline). And the row and
+exit code of a run that ends in an exception (mark_failed), with the stand-in."""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import JobLog, job_log
@@ -73,7 +78,16 @@ def test_an_untaken_trigger_is_warned_about_once_not_at_every_log(
         logger.log(step, 0, {"loss": 1.0})
     logger.close()
     warned = [r for r in caplog.records if "Syncing not active or too slow" in r.getMessage()]
-    assert len(warned) == 1
+    (command,) = sync_dir.glob("*.command")
+    assert [r.getMessage() for r in warned] == [
+        f"Syncing not active or too slow: Command {command} file still exists"
+    ]
+
+
+def test_the_once_filter_passes_wandb_oshs_other_messages() -> None:
+    once = metrics._OnceFilter()
+    other = logging.LogRecord("wandb_osh", logging.INFO, __file__, 1, "Syncing", None, None)
+    assert once.filter(other) and once.filter(other) and not once.warned
 
 
 def test_the_last_row_of_a_step_is_committed_at_once_only_when_synced(
@@ -86,6 +100,7 @@ def test_the_last_row_of_a_step_is_committed_at_once_only_when_synced(
     logger.log(5, 0, {"test_acc": 0.5}, last_at_step=True)
     logger.close()
     assert wandb_runs[0].commits == [None, True]
+    assert wandb_runs[0].logged[-1] == ({"test_acc": 0.5, "epoch": 0}, 5)
     assert os.environ[metrics.FLUSH_INTERVAL_ENV] == "2"
     monkeypatch.delenv(metrics.SYNC_DIR_ENV)
     logger = metrics.MetricsLogger(str(tmp_path / "plain"), wandb_mode="offline")
@@ -109,7 +124,11 @@ def test_without_the_folder_no_trigger_and_without_wandb_osh_a_warning(
     logger.log(0, 0, {"loss": 1.0})
     logger.close()
     assert not where.exists()
-    assert any("wandb-osh is not installed" in line for line in log.shown.splitlines())
+    assert any(
+        "wandb-osh is not installed (pip install wandb-osh); the run is synced only by a later "
+        "wandb sync" in line
+        for line in log.shown.splitlines()
+    )
 
 
 def test_a_trigger_that_cannot_be_written_warns_and_training_goes_on(
@@ -122,6 +141,78 @@ def test_a_trigger_that_cannot_be_written_warns_and_training_goes_on(
     logger.close()
     assert wandb_runs[0].logged and wandb_runs[0].finished == [0]
     assert "could not leave a wandb-osh trigger" in log.shown
+
+
+def test_an_offline_run_without_the_sync_folder_keeps_wandbs_flush_interval(
+    tmp_path, wandb_runs, monkeypatch
+) -> None:
+    monkeypatch.delenv(metrics.SYNC_DIR_ENV, raising=False)
+    metrics.MetricsLogger(str(tmp_path / "plain"), wandb_mode="offline").close()
+    assert metrics.FLUSH_INTERVAL_ENV not in os.environ
+
+
+def test_triggers_go_to_the_folder_of_the_start_even_if_the_variable_changes(
+    tmp_path, wandb_runs, sync_dir, monkeypatch
+) -> None:
+    logger = metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="auto")
+    monkeypatch.setenv(metrics.SYNC_DIR_ENV, str(tmp_path / "elsewhere"))
+    logger.log(0, 0, {"loss": 1.0})
+    logger.close()
+    assert len(_triggers(sync_dir)) == 1 and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_trigger_makes_its_folder_and_the_folders_above(tmp_path) -> None:
+    where = tmp_path / "not" / "yet" / "there"
+    metrics.trigger_wandb_sync(str(tmp_path / "run"), str(where))
+    assert _triggers(where) == [(tmp_path / "run").resolve().as_posix()]
+
+
+class _Stderr(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_wandb_oshs_colours_are_off_in_a_log_file_and_kept_in_a_terminal(
+    tmp_path, wandb_runs, sync_dir, monkeypatch, tty: bool
+) -> None:
+    formatters = [h.formatter for h in logging.getLogger("wandb_osh").handlers]
+    coloured = [f for f in formatters if hasattr(f, "no_color")]
+    assert coloured, "wandb-osh's log handler has a colorlog formatter"
+    for formatter in coloured:
+        monkeypatch.setattr(formatter, "no_color", False)
+    monkeypatch.setattr(sys, "stderr", _Stderr(tty))
+    metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="auto").close()
+    assert [f.no_color for f in coloured] == [not tty] * len(coloured)
+
+
+def test_a_run_that_raises_ends_with_a_failed_row_and_exit_code_1(tmp_path, wandb_runs) -> None:
+    logger = metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="offline")
+    logger.log(2, 0, {"loss": 1.0})
+    logger.mark_failed(3, 1)
+    logger.close()
+    assert wandb_runs[0].finished == [1]
+    rows = (tmp_path / "run" / metrics.CSV_NAME).read_text().splitlines()
+    assert rows[-1].split(",")[1:] == ["3", "1", "failed", "1"]
+    metrics.MetricsLogger(str(tmp_path / "off"), enabled=False).mark_failed(3, 1)  # no file
+
+
+def test_a_failed_row_that_cannot_be_written_leaves_the_exception_alone(
+    tmp_path, wandb_runs
+) -> None:
+    logger = metrics.MetricsLogger(str(tmp_path / "run"), wandb_mode="offline")
+
+    def full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    logger._csv = types.SimpleNamespace(writerow=full)
+    logger.mark_failed(3, 1)  # no OSError on top of the run's own exception
+    logger.close()
+    assert wandb_runs[0].finished == [1]
 
 
 @pytest.mark.slow

@@ -481,3 +481,17 @@ def test_start_fresh_leaves_the_folder_of_this_same_job_requeued(tmp_path, monke
     hp.start_fresh(str(ck))
     assert [p.split(".old-")[0] for p in os.listdir(tmp_path)] == ["ck"]
     assert os.listdir(tmp_path) != ["ck"]
+
+
+def test_the_state_helpers_broadcast_from_rank0_in_a_group_of_more_than_one() -> None:
+    """state_dicts and load_state use a Strategy of the group's size: distributed in a group of
+    2 (the tensors broadcast from rank 0), not alone."""
+    import torch.distributed as dist
+
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    assert not hp._saving_half().distributed
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=2)
+    try:
+        assert hp._saving_half().distributed
+    finally:
+        dist.destroy_process_group()

@@ -282,6 +282,18 @@ def test_a_checkpoint_with_the_optimizer_keyed_by_position_still_resumes(tmp_pat
     )
 
 
+def test_a_resume_that_switches_strategy_says_why_it_is_not_bitwise(tmp_path, capsys) -> None:
+    ctx = cpu_context()
+    assert _trainer(ctx, str(tmp_path), "fsdp", 2, grad_clip=1.0).train() == "max_steps"
+    capsys.readouterr()
+    assert _trainer(ctx, str(tmp_path), "ddp", grad_clip=1.0)._resume()
+    out = capsys.readouterr()
+    assert (
+        "hpc_harness: warning: resuming a fsdp checkpoint under ddp: grad_clip's norm round "
+        "differently" in out.out + out.err
+    )
+
+
 def _fsdp_five_steps(rank: int, world_size: int, tmp: str) -> None:
     for sharded in (False, True):
         ck = f"{tmp}/{'sharded' if sharded else 'full'}"
@@ -327,3 +339,32 @@ def test_a_resume_that_switches_strategy_warns_when_it_is_not_bitwise(
     assert (line is not None) == warned
     if warned:
         assert line.startswith(f"hpc_harness: warning: resuming a {saved} checkpoint under {now}")
+        # what rounds differently: the clipping norm, else the sums over more than 2 ranks
+        why = "grad_clip's norm" if clip else f"{world_size} ranks' gradient sums"
+        assert f"{now}: {why} round differently" in line
+
+
+def test_fsdp_options_reach_every_fully_shard_call_in_this_process() -> None:
+    """fully_shard on a fake group of 2 (no second process): reshard_after_forward=False keeps
+    every unit's parameters gathered after the forward (no post-forward mesh)."""
+    import torch.distributed as dist
+
+    from hpc_harness.strategy import Strategy
+
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=2)
+    try:
+        ctx = cpu_context()
+        ctx = type(ctx)(**{**vars(ctx), "world_size": 2})
+
+        def resharded(**options) -> list[bool]:
+            model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))  # the norm: the root's
+            strategy = Strategy("fsdp", ctx, fsdp_wrap=(nn.Linear,), fsdp_kwargs=options)
+            units = [m for m in strategy.wrap(model).modules() if hasattr(m, "_get_fsdp_state")]
+            groups = [u._get_fsdp_state()._fsdp_param_group for u in units]
+            return [g.post_forward_mesh_info is not None for g in groups if g is not None]
+
+        assert resharded() == [True, True]  # the root, then the Linear unit
+        assert resharded(reshard_after_forward=False) == [False, False]
+    finally:
+        dist.destroy_process_group()

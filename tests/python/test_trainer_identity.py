@@ -6,8 +6,10 @@ whose text changes between processes, and errors on rank 0 alone. Each test fail
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
+from typing import Any
 
 import numpy as np
 import pytest
@@ -322,6 +324,16 @@ def test_a_finished_run_extended_by_epochs_and_max_steps_ends_as_the_longer_run(
         build(ck, epochs=1).train()
 
 
+def test_a_checkpoint_one_step_into_the_epoch_after_the_last_is_refused(tmp_path) -> None:
+    """4 steps an epoch: step 5 is epoch 1's first step, past a run of 1 epoch (its step 4,
+    epoch 1's start, is that run's end)."""
+    ck = str(tmp_path / "ck")
+    assert build(ck, epochs=2, max_steps=5).train() == "max_steps"
+    with pytest.raises(ckpt.RunMismatch) as refused:
+        build(ck, epochs=1).train()
+    assert str(refused.value) == ckpt.past_end_error(ck, 5, "epochs", 1)
+
+
 class OwnRngShuffle(NumpyShuffle):
     """A sampler with a numpy Generator of its own (not the global RNG the harness saves)."""
 
@@ -369,6 +381,54 @@ def test_a_sampler_with_random_state_no_checkpoint_saves_is_warned_of_once(
         "hpc_harness: warning: OwnRngShuffle.rng is a Generator no checkpoint saves: a resumed "
         "run will not draw what this one would; give it state_dict() and load_state_dict()\n"
     ) in out
+
+
+class Draws(torch.utils.data.Dataset):
+    """8 samples; the test gives it attributes."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(3), torch.tensor(0)
+
+
+def test_which_random_state_of_a_dataset_is_warned_of(tmp_path, capsys) -> None:
+    """Behind the harness's own sampler (not warned of), the dataset's attributes are read."""
+
+    def warned(data: Any) -> list[str]:
+        build(str(tmp_path), loader=DataLoader(data, batch_size=2, shuffle=True))
+        return [line for line in capsys.readouterr().out.splitlines() if "no checkpoint" in line]
+
+    def draws(**attributes: Any) -> Draws:
+        data = Draws()
+        vars(data).update(attributes)
+        return data
+
+    rest = "no checkpoint saves: a resumed run will not draw what this one would; give it "
+    rest += "state_dict() and load_state_dict()"
+    assert warned(draws(gen=torch.Generator())) == [
+        f"hpc_harness: warning: Draws.gen is a Generator {rest}"
+    ]
+    assert warned(draws(rng=random.Random(0))) == [
+        f"hpc_harness: warning: Draws.rng is a Random {rest}"
+    ]
+    assert warned(draws(generator=torch.Generator())) == []  # the name the harness saves
+    assert warned([(torch.zeros(3), torch.tensor(0))] * 8) == []  # a list: no attributes
+
+
+def test_only_an_object_that_saves_and_loads_its_state_is_checkpointed(tmp_path) -> None:
+    class OnlyLoads(Draws):
+        def load_state_dict(self, state: Any) -> None:
+            raise AssertionError("never called: it cannot save a state")
+
+    class OnlySaves(Draws):
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+    for data in (OnlyLoads(), OnlySaves()):
+        loader = DataLoader(data, batch_size=2, shuffle=True)
+        assert build(str(tmp_path), loader=loader)._stateful() == []
 
 
 def test_a_fingerprint_of_an_older_harness_with_epochs_in_it_still_resumes(tmp_path) -> None:

@@ -11,6 +11,7 @@ from conftest import cpu_context, load_model, spawn_gloo
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from hpc_harness import checkpoint as ckpt
 from hpc_harness.optim import Params, warmup_cosine, weight_decay_groups
 from hpc_harness.trainer import TrainConfig, Trainer
 
@@ -86,6 +87,45 @@ def test_warmup_cosine_is_nanogpts_get_lr() -> None:
     assert f(9) == pytest.approx(0.1 + 0.5 * (1 + math.cos(math.pi / 2)) * 0.9)
     with pytest.raises(ValueError, match="warmup < total"):
         warmup_cosine(10, 10)
+
+
+def test_warmup_cosine_without_warmup_starts_at_the_base_lr_and_ends_at_a_tenth() -> None:
+    f = warmup_cosine(warmup=0, total=10)  # no warmup is allowed; min_ratio defaults to 0.1
+    assert f(0) == 1.0 and f(10) == pytest.approx(0.1) and f(11) == 0.1
+    with pytest.raises(ValueError, match="warmup < total"):
+        warmup_cosine(-1, 10)
+
+
+def test_a_checkpoint_holds_one_schedulers_state_as_is_and_several_as_a_list(tmp_path) -> None:
+    """One scheduler's state is saved in the format of a single scheduler (checkpoints of runs
+    before several were allowed, and readers of the file, expect it); none saves None."""
+
+    def saved(make_optimizer, make_scheduler=None):
+        return Trainer(
+            Net(), make_optimizer, _loader(), cpu_context(), _config(tmp_path), make_scheduler
+        )._scheduler_state()
+
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    step_lr = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2)  # noqa: E731
+    assert saved(sgd) is None
+    one = saved(sgd, step_lr)
+    assert isinstance(one, dict) and one["step_size"] == 2
+    two = saved(_two_optimizers, _two_schedulers)
+    assert isinstance(two, list) and [type(s) for s in two] == [dict, dict]
+
+
+def test_a_resume_with_another_number_of_schedulers_stops(tmp_path) -> None:
+    def trainer(make_scheduler) -> Trainer:
+        cfg = _config(tmp_path, epochs=1)
+        return Trainer(Net(), _two_optimizers, _loader(), cpu_context(), cfg, make_scheduler)
+
+    assert trainer(_two_schedulers).train() == "finished"
+    path = tmp_path / "ckpt_step00000004.pt"
+    with pytest.raises(ckpt.RunMismatch) as stopped:
+        trainer(lambda optimizers: _two_schedulers(optimizers)[:1]).train()
+    assert str(stopped.value) == (
+        f"{path} holds 2 schedulers' states, this run makes 1: resume with the same make_scheduler"
+    )
 
 
 def _named_under(rank: int, world_size: int, strategy: str, ck: str) -> list:
@@ -207,15 +247,33 @@ def test_an_eval_dataloader_is_sharded_by_rank_every_sample_once(tmp_path) -> No
     assert sizes0 == [3, 1] and sizes1 == [3, 3]  # 4 and 3 samples; rank 1 repeats a batch
 
 
+def test_the_eval_loader_of_a_dataset_is_this_ranks_share_read_in_this_process(tmp_path) -> None:
+    """Rank 1 of 2 (no group needed to build it): every second sample from 1, no workers even
+    when the training loader has some; starting no worker, nothing is iterated here."""
+    import dataclasses
+
+    ctx = dataclasses.replace(cpu_context(), rank=1, world_size=2)
+    loader = DataLoader(_loader().dataset, batch_size=4, num_workers=2)
+    trainer = Trainer(
+        Net(), _two_optimizers, loader, ctx, _config(tmp_path), eval_data=_loader(7).dataset
+    )
+    assert list(trainer.eval_loader.sampler) == [1, 3, 5]
+    assert trainer.eval_loader.num_workers == 0 and trainer.eval_loader.batch_size == 4
+
+
 def test_an_eval_loader_of_an_iterable_dataset_is_refused(tmp_path) -> None:
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
             return iter([])
 
-    with pytest.raises(ValueError, match="map-style Dataset"):
+    with pytest.raises(ValueError) as refused:
         Trainer(
             Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path), eval_data=Stream()
         )
+    assert str(refused.value) == (
+        "eval_data expects a map-style Dataset, or a DataLoader of one with a batch_size: the "
+        "Trainer shards it by rank with its own sampler"
+    )
 
 
 def _options_under(rank: int, world_size: int, ck: str, strategy: str) -> dict:
@@ -247,11 +305,26 @@ def test_ddp_and_fsdp_options_reach_the_wrappers(tmp_path, strategy: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("options", "taken"),
-    [({"ddp_kwargs": {"device_ids": [0]}}, "device_ids"), ({"fsdp_kwargs": {"mesh": 1}}, "mesh")],
+    ("options", "named", "sets"),
+    [
+        ({"ddp_kwargs": {"device_ids": [0]}}, "ddp_kwargs: device_ids", "module, device_ids"),
+        (
+            {"ddp_kwargs": {"module": 1, "device_ids": [0]}},
+            "ddp_kwargs: device_ids, module",
+            "module, device_ids",
+        ),
+        ({"fsdp_kwargs": {"mesh": 1}}, "fsdp_kwargs: mesh", "module, mesh"),
+        ({"fsdp_kwargs": {"module": 1}}, "fsdp_kwargs: module", "module, mesh"),
+    ],
 )
-def test_options_the_strategy_sets_are_refused(tmp_path, options: dict, taken: str) -> None:
+def test_options_the_strategy_sets_are_refused(
+    tmp_path, options: dict, named: str, sets: str
+) -> None:
     from hpc_harness.strategy import StrategyError
 
-    with pytest.raises(StrategyError, match=f"dp_kwargs: {taken} is set by the strategy"):
+    with pytest.raises(StrategyError) as refused:
         Trainer(Net(), _two_optimizers, _loader(), cpu_context(), _config(tmp_path, **options))
+    assert str(refused.value) == (
+        f"TrainConfig.{named} is set by the strategy itself (the model, this process's device "
+        f"or mesh); leave out {sets}"
+    )

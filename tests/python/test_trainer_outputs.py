@@ -313,3 +313,38 @@ def test_a_signal_while_the_logger_closes_is_still_the_trainers(tmp_path, monkey
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == [] and trainer.agreement.signum == signal.SIGTERM
+
+
+def test_the_epochs_evaluation_is_the_last_row_of_its_step_and_no_other_is(
+    tmp_path, monkeypatch
+) -> None:
+    """With ``--wandb-sync login`` the logger commits a row marked last_at_step at once (W&B
+    holds a step's row open otherwise): the evaluation is that row, the progress lines are not."""
+    rows: list[tuple[list[str], bool]] = []
+    log = MetricsLogger.log
+
+    def spy(self, step, epoch, values, *, last_at_step=False) -> None:
+        rows.append((sorted(values), last_at_step))
+        log(self, step, epoch, values, last_at_step=last_at_step)
+
+    monkeypatch.setattr(MetricsLogger, "log", spy)
+    assert make_trainer(str(tmp_path / "ck"), log_every=2).train() == "finished"
+    progress = ["lr", "samples_per_s", "train_loss"]
+    assert rows == [(progress, False), (progress, False), (["test_acc", "test_loss"], True)]
+
+
+def test_a_run_that_raises_leaves_a_failed_row_at_its_step_and_epoch(tmp_path) -> None:
+    ck = str(tmp_path / "ck")
+    trainer = make_trainer(ck, epochs=2)  # 4 steps an epoch
+    train_step = trainer.training_step
+
+    def fails_at_step_6(batch):
+        if trainer.global_step == 5:
+            raise RuntimeError("a bug in step 6")
+        return train_step(batch)
+
+    trainer.training_step = fails_at_step_6
+    with pytest.raises(RuntimeError, match="a bug in step 6"):
+        trainer.train()
+    last = csv_rows(ck)[-1]
+    assert (last["step"], last["epoch"], last["name"], last["value"]) == ("5", "1", "failed", "1")
