@@ -274,9 +274,16 @@ def wandb_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> list[FakeRun]:
     module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it
     module.init = lambda **settings: runs.append(FakeRun(**settings)) or runs[-1]
     monkeypatch.setitem(sys.modules, "wandb", module)
-    for name in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("WANDB_MODE", "HPC_WANDB", "project_name", "exp_name"):
+    for name in (
+        "WANDB_SWEEP_ID",
+        "WANDB_RUN_ID",
+        "WANDB_API_KEY",
+        "WANDB_BASE_URL",
+        "WANDB_MODE",
+        "HPC_WANDB",
+        "project_name",
+        "exp_name",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     # Recorded as absent, so that what the logger sets is undone after the test.
@@ -432,8 +439,8 @@ def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeou
     multiprocessing.set_start_method(None, force=True)
 
     # a rank starts with the stop signals deliverable, as under torchrun: a forkserver that a
-    # shielded DataLoader started (test_trainer_requeue kills the first) blocks them, and its
-    # children inherit the mask, so a signal a test sends would never arrive
+    # shielded DataLoader started blocks them, and its children inherit the mask, so a signal
+    # a test sends would never arrive
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGUSR1, signal.SIGTERM))
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
