@@ -34,7 +34,7 @@ source "$HPC_FILES_DIR/lib/limits.sh"
 source "$HPC_FILES_DIR/lib/experiment.sh"
 
 main() {
-  trap 'stop_trials; run_cleanup; remove_unsubmitted_dir' EXIT
+  trap 'stop_background; run_cleanup; remove_unsubmitted_dir' EXIT
   parse_options "$@"
   if [[ -n "${opt_help:-}" ]]; then
     print_help
@@ -65,6 +65,7 @@ main() {
     return 0
   fi
   prepare_trials
+  ask_slurm
   validate_data_paths
   validate_experiment_folder
   validate_allocation

@@ -80,6 +80,52 @@ make_work_dir() {
   register_cleanup "$work_dir"
 }
 
+# Processes a submission runs in the background while it goes on (trials.py,
+# the questions to SLURM), by name: their pids.
+declare -gA HPC_BACKGROUND=()
+
+# start_background NAME COMMAND...: COMMAND in the background as NAME (its
+# redirections are the caller's: 'start_background NAME cmd >file' sends
+# the background command's output there).
+start_background() {
+  local name=$1
+  shift
+  "$@" &
+  HPC_BACKGROUND[$name]=$!
+}
+
+# await NAME: waits for the background process NAME; returns its status
+# (127 when none of that name was started).
+await() {
+  local pid=${HPC_BACKGROUND[$1]:-}
+  [[ -n "$pid" ]] || return 127
+  unset "HPC_BACKGROUND[$1]"
+  wait "$pid"
+}
+
+# await_answer NAME: waits for the background question NAME (ask_slurm,
+# ask_queue), whose answer is then in the file $work_dir/answer.NAME. Fails,
+# the file emptied, when it gave no answer.
+await_answer() {
+  await "$1" && return 0
+  : >"$work_dir/answer.$1"
+  return 1
+}
+
+# stop_background: on exit, the background processes still running (a check
+# refused the submission meanwhile) end before the cleanup removes the
+# folders they write into. One that has ended already is only waited for.
+stop_background() {
+  local name
+  # bash 4.2 calls an empty array unbound under set -u.
+  ((${#HPC_BACKGROUND[@]} > 0)) || return 0
+  for name in "${!HPC_BACKGROUND[@]}"; do
+    kill "${HPC_BACKGROUND[$name]}" 2>/dev/null || :
+    wait "${HPC_BACKGROUND[$name]}" 2>/dev/null || :
+  done
+  HPC_BACKGROUND=()
+}
+
 run_cleanup() {
   ((${#HPC_CLEANUP_PATHS[@]} == 0)) || rm -rf -- "${HPC_CLEANUP_PATHS[@]}"
 }

@@ -12,11 +12,25 @@
 # The stop record's name in the experiment folder (bayes.py reads it too).
 readonly STOP_RECORD=stopped
 
-# experiment_jobs EXP_DIR JOB_NAME: the (array) job ids of the experiment
-# that squeue lists and that are not ending (COMPLETING), ascending, one a
-# line. Returns 1 when squeue gives no answer within 10 s.
+# ask_queue: the user's jobs (slurm_user), asked of squeue in the
+# background (start_background) for queue_after_running (answer.queue).
+ask_queue() {
+  make_work_dir
+  slurm_user=${USER:-$(id -un)}
+  start_background queue user_queue "$slurm_user" >"$work_dir/answer.queue"
+}
+
+# user_queue USER: squeue's lines for USER's jobs ('%F|%T|%j': the array job
+# id, the state, the name); fails when squeue gives no answer within 10 s.
+user_queue() {
+  timeout 10 squeue -h -u "$1" -o '%F|%T|%j' 2>/dev/null
+}
+
+# experiment_jobs EXP_DIR JOB_NAME: of the user's jobs that squeue lists on
+# stdin (user_queue's lines), the (array) job ids of the experiment that are
+# not ending (COMPLETING), ascending, one a line.
 experiment_jobs() {
-  local exp_dir=$1 name=$2 file id state job listing user
+  local exp_dir=$1 name=$2 file id state job
   local -A recorded=() live=()
   for file in "$exp_dir"/*/job_id "$exp_dir"/*/job_ids "$exp_dir"/*/bayes_controller_job_id "$exp_dir"/*/setup_job_id; do
     [[ -f "$file" ]] || continue
@@ -24,14 +38,12 @@ experiment_jobs() {
       [[ ! "$id" =~ ^[0-9]+$ ]] || recorded[$id]=1
     done <"$file"
   done
-  user=$(id -un) || return 1
   # The name last: a project folder's name may hold the separator.
-  listing=$(timeout 10 squeue -h -u "$user" -o '%F|%T|%j' 2>/dev/null) || return 1
   while IFS='|' read -r id state job; do
     [[ "$id" =~ ^[0-9]+$ && "$state" != COMPLETING ]] || continue
     [[ -n "${recorded[$id]:-}" || "$job" == "$name" ]] || continue
     live[$id]=1
-  done <<<"$listing"
+  done
   ((${#live[@]} == 0)) || printf '%s\n' "${!live[@]}" | sort -n
 }
 
@@ -45,7 +57,8 @@ queue_after_running() {
   local listing joined
   [[ -z "${HPC_BAYES_ROUND:-}" ]] || return 0
   # No answer from squeue (no cluster here): sbatch will say so.
-  listing=$(experiment_jobs "$plan_exp_dir" "$plan_job_name") || return 0
+  await_answer queue || return 0
+  listing=$(experiment_jobs "$plan_exp_dir" "$plan_job_name" <"$work_dir/answer.queue")
   if [[ -z "$listing" ]]; then
     [[ -z "${opt_after_running:-}" ]] ||
       info "--after-running: no job of experiment '$opt_exp_name' is queued or running; it starts when SLURM allows"
@@ -84,7 +97,7 @@ HELP
 
 # stop_main ARG...: stop.sh.
 stop_main() {
-  local target="" exp exp_dir listing pass id cancelled=""
+  local target="" exp exp_dir queue listing pass id cancelled=""
   local -a ids
   local -A seen=()
   while (($# > 0)); do
@@ -119,8 +132,9 @@ stop_main() {
   # A controller that was submitting a round as the record appeared queues
   # it and records its job id: the next pass cancels it.
   for pass in 1 2 3 4 5 6 7 8 9 10; do
-    listing=$(experiment_jobs "$exp_dir" "${project_name}_$exp") ||
+    queue=$(user_queue "${USER:-$(id -un)}") ||
       die "squeue gave no answer; the stop is recorded ($exp_dir/$STOP_RECORD) but no job was cancelled"
+    listing=$(experiment_jobs "$exp_dir" "${project_name}_$exp" <<<"$queue")
     [[ -n "$listing" ]] || break
     mapfile -t ids <<<"$listing"
     scancel -- "${ids[@]}" || die "scancel ${ids[*]} failed"
@@ -205,6 +219,7 @@ retry_failed() {
     return 0
   fi
   joined=$(IFS=,; printf '%s' "${trials[*]}")
+  ask_queue
   queue_after_running
   [[ ! -f "$retry_dir/array_jobs" ]] || mapfile -t firsts < <(awk '{ print $2 }' "$retry_dir/array_jobs" | sort -n)
   # Trial K runs as task K - F of the part from trial F (the last F <= K).

@@ -7,33 +7,48 @@
 # about 200 ms, more than the rest of a submission (bench/submit_latency.sh).
 # Sourced; functions only.
 
-# validate_allocation: the checks, for the partition the job goes to (the
-# plan's first, else the cluster's default). --dry-run asks nothing. The
-# three questions go out at once: each SLURM command costs about 12 ms, most
-# of it its own start.
-validate_allocation() {
-  local answers user partitions nodes assoc record partition
+# ask_slurm: the questions the submission's checks put to SLURM, sent at
+# once and in the background (start_background) as soon as the plan names
+# the partition and the experiment: each SLURM command costs about 12 ms,
+# most of it its own start, and trials.py and the checks that ask nothing
+# run meanwhile. squeue lists the user's jobs (queue_after_running); unless
+# --dry-run, one scontrol answers the partitions and the user's accounts, and
+# sinfo the nodes' memory (validate_allocation). The answers wait in
+# work_dir, each in answer.NAME (await_answer).
+ask_slurm() {
+  ask_queue
   [[ -z "${opt_dry_run:-}" ]] || return 0
-  make_work_dir
-  answers=$work_dir/limits
-  user=${USER:-$(id -un)}
-  timeout 10 scontrol show partition -o >"$answers.partitions" 2>/dev/null &
-  partitions=$!
-  timeout 10 sinfo -h -o '%R %m' >"$answers.nodes" 2>/dev/null &
-  nodes=$!
-  timeout 10 scontrol show assoc_mgr users="$user" flags=users,assoc >"$answers.assoc" 2>/dev/null &
-  assoc=$!
-  # A question SLURM did not answer leaves its check nothing to say.
-  wait "$partitions" || : >"$answers.partitions"
-  wait "$nodes" || : >"$answers.nodes"
-  wait "$assoc" || : >"$answers.assoc"
-  record=$(partition_record "$(<"$answers.partitions")" "${plan_partition%%,*}")
+  start_background controller ask_controller "$slurm_user" >"$work_dir/answer.controller"
+  start_background nodes timeout 10 sinfo -h -o '%R %m' >"$work_dir/answer.nodes" 2>/dev/null
+}
+
+# ask_controller USER: one scontrol, which reads its commands from stdin,
+# for the partitions (one a line) and USER's associations. Its status is
+# that of the last command that failed (a cluster without accounting may
+# fail the second): what it printed is the answer, each check finding its
+# own records in it.
+ask_controller() {
+  timeout 10 scontrol -o 2>/dev/null <<<"show partition
+show assoc_mgr users=$1 flags=users,assoc" || :
+}
+
+# validate_allocation: the checks, for the partition the job goes to (the
+# plan's first, else the cluster's default). --dry-run asks nothing. A
+# question SLURM did not answer leaves its check nothing to say.
+validate_allocation() {
+  local controller nodes record partition
+  [[ -z "${opt_dry_run:-}" ]] || return 0
+  await_answer controller || :
+  await_answer nodes || :
+  controller=$(<"$work_dir/answer.controller")
+  nodes=$(<"$work_dir/answer.nodes")
+  record=$(partition_record "$controller" "${plan_partition%%,*}")
   if [[ -n "$record" ]]; then
     partition=$(record_field "$record" PartitionName)
     check_partition_time "$partition" "$record"
-    check_partition_memory "$partition" "$record" "$(<"$answers.nodes")"
+    check_partition_memory "$partition" "$record" "$nodes"
   fi
-  check_account "$user" "$(<"$answers.assoc")"
+  check_account "$slurm_user" "$controller"
 }
 
 # partition_record RECORDS NAME: the line of 'scontrol show partition -o'

@@ -73,18 +73,20 @@ list_trials() {
 }
 
 # start_trials DIR: trials.py writes DIR/trials.jsonl and DIR/commands.txt,
-# in the background: its python start is the longest step of a submission
-# (bench/submit_latency.sh), and the checks that ask SLURM run meanwhile.
-# The python check runs there too, its refusal said by finish_trials.
-# Their stdout and stderr wait in work_dir for finish_trials.
+# in the background (start_background): its python start is the longest
+# step of a submission (bench/submit_latency.sh), and the checks that ask
+# SLURM run meanwhile. The python check runs there too, its refusal said by
+# finish_trials. Their stdout and stderr wait in work_dir for finish_trials.
 start_trials() {
   trials_py_command
   make_work_dir
-  {
-    require_trials_python "$trials_python"
-    exec "${trials_command[@]}" --out-dir "$1"
-  } >"$work_dir/trials.stdout" 2>"$work_dir/trials.stderr" &
-  trials_pid=$!
+  start_background trials run_trials_py "$1" >"$work_dir/trials.stdout" 2>"$work_dir/trials.stderr"
+}
+
+# run_trials_py DIR: the python check, then trials.py writing into DIR.
+run_trials_py() {
+  require_trials_python "$trials_python"
+  exec "${trials_command[@]}" --out-dir "$1"
 }
 
 # finish_trials: waits for start_trials' trials.py and prints what it said,
@@ -92,23 +94,11 @@ start_trials() {
 # Exits as trials.py did when it refuses the experiments.
 finish_trials() {
   local status=0
-  wait "$trials_pid" || status=$?
-  trials_pid=""
+  await trials || status=$?
   cat -- "$work_dir/trials.stderr" >&2
   ((status == 0)) || exit "$status"
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
   read -r trials_count bayes_first <"$work_dir/trials.stdout"
-}
-
-# stop_trials: on exit, a trials.py still running (a check refused the
-# submission meanwhile) is ended before the cleanup removes its folders.
-stop_trials() {
-  [[ -n "${trials_pid:-}" ]] || return 0
-  # It may have ended already; then the TERM finds no one, and wait reads
-  # its status.
-  kill "$trials_pid" 2>/dev/null || :
-  wait "$trials_pid" 2>/dev/null || :
-  trials_pid=""
 }
 
 # refuse_bayes_unsubmitted: method bayes is rounds of jobs, each round

@@ -12,17 +12,21 @@ setup() {
   local bin="$BATS_TEST_TMPDIR/cluster-bin"
   mkdir -p "$bin"
   # The controller's answers of a cluster that keeps accounts (slurmdbd):
-  # partitions, and alice's associations (def-lab, rrg-lab) and default account.
+  # partitions, and alice's associations (def-lab, rrg-lab) and default
+  # account. 'scontrol -o' reads its commands from stdin, as scontrol does
+  # (echoing each after its prompt); its status is the last failed one's.
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
+answer() {
 case "$*" in
   "show config") printf 'MaxArraySize            = 1001\n' ;;
-  "show partition -o") printf 'PartitionName=cpu Default=YES MaxTime=1-00:00:00 MaxMemPerNode=UNLIMITED\nPartitionName=gpu MaxTime=03:00:00 MaxMemPerNode=40960\n' ;;
+  "show partition") printf 'PartitionName=cpu Default=YES MaxTime=1-00:00:00 MaxMemPerNode=UNLIMITED\nPartitionName=gpu MaxTime=03:00:00 MaxMemPerNode=40960\n' ;;
   "show assoc_mgr users=alice flags=users,assoc")
     printf 'Current Association Manager state\n\n'
     case "${FAKE_ASSOCIATIONS:-}" in
-      none) printf 'No users currently cached in Slurm.\n\n\nNo associations currently cached in Slurm.\n'; exit 0 ;;
-      others) printf 'No users currently cached in Slurm.\n\n\nAssociation Records\n\nClusterName=c Account=root UserName= Partition= Priority=0 ID=1\n'; exit 0 ;;
+      fail) printf 'slurm_load_assoc_mgr_info error\n'; return 1 ;;
+      none) printf 'No users currently cached in Slurm.\n\n\nNo associations currently cached in Slurm.\n'; return 0 ;;
+      others) printf 'No users currently cached in Slurm.\n\n\nAssociation Records\n\nClusterName=c Account=root UserName= Partition= Priority=0 ID=1\n'; return 0 ;;
     esac
     printf 'User Records\n\n'
     printf 'UserName=alice(1000) DefAccount=%s DefWckey= AdminLevel=None\n\n' "${FAKE_DEFAULT_ACCOUNT-def-lab}"
@@ -32,8 +36,18 @@ case "$*" in
     printf 'ClusterName=c Account=def-lab UserName=alice(1000) Partition= Priority=0 ID=4\n    ParentAccount= Lft=2 DefAssoc=Yes\n'
     printf 'ClusterName=c Account=def-lab UserName=alice(1000) Partition=gpu Priority=0 ID=7\n    ParentAccount= Lft=3 DefAssoc=No\n'
     ;;
-  *) exit 1 ;;
+  *) return 1 ;;
 esac
+}
+if [[ "$*" == -o ]]; then
+  rc=0
+  while read -r command; do
+    printf 'scontrol: %s\n' "$command"
+    answer "$command" || rc=1
+  done
+  exit "$rc"
+fi
+answer "$@"
 STUB
   printf '#!/usr/bin/env bash\n[[ "$*" == "-h -o %%R %%m" ]] || exit 1\nprintf "cpu 30000\\ncpu 64000\\ngpu 64000\\nother 999999\\n"\n' >"$bin/sinfo"
   chmod +x "$bin"/*
@@ -50,7 +64,11 @@ submit_ok() {
   refuse "--time 04:00:00 (14400 s) is over the MaxTime of partition 'gpu', 03:00:00 (10800 s); lower -t or pick another partition with -p" -- \
     -C "$ONE_LINE" -p gpu -t 04:00:00
   refuse "--time 2-00 (172800 s) is over the MaxTime of partition 'cpu', 1-00:00:00 (86400 s)" -- -C "$ONE_LINE" -t 2-00
+  # One scontrol asks for the partitions and the accounts: a failed account
+  # question loses neither the partition check nor the submission.
+  FAKE_ASSOCIATIONS=fail refuse "--time 04:00:00 (14400 s) is over the MaxTime of partition 'gpu'" -- -C "$ONE_LINE" -p gpu -t 04:00:00
   submit_ok -C "$ONE_LINE" -p gpu -t 03:00:00
+  FAKE_ASSOCIATIONS=fail submit_ok -C "$ONE_LINE" -a def-other
 }
 
 @test "memory per node over the partition's MaxMemPerNode or its largest node: refused with both numbers" {

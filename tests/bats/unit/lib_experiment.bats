@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # hpc_files/lib/experiment.sh experiment_jobs: an experiment's jobs as
 # squeue (stubbed) lists them, found by the ids its submission folders
-# recorded and by its job name.
+# recorded and by its job name; ask_queue asks squeue in the background.
 
 load '../test_helper'
 
@@ -34,23 +34,34 @@ STUB
   echo 29 >"$exp/20260101-000100-bbbb/setup_job_id"
   printf '%s\n' '32|RUNNING|x' '32|PENDING|x' '30|PENDING|x' '31|COMPLETING|p_e' '33|PENDING|p_e_bayes' \
     '29|RUNNING|p_e_setup_venv' '40|PENDING|p_e' '41|RUNNING|p_e_bayes' '42|RUNNING|p_f' 'garbage' >"$BATS_TEST_TMPDIR/squeue.out"
-  run experiment_jobs "$exp" p_e
+  run experiment_jobs "$exp" p_e <"$BATS_TEST_TMPDIR/squeue.out"
   assert_success
   assert_output "29
 30
 32
 33
 40"
-  run cat "$BATS_TEST_TMPDIR/squeue.argv"
-  assert_output "-h -u $(id -un) -o %F|%T|%j"
 }
 
-@test "experiment_jobs: nothing listed prints nothing; no answer from squeue fails" {
-  : >"$BATS_TEST_TMPDIR/squeue.out"
-  run experiment_jobs "$exp" p_e
+@test "experiment_jobs: nothing listed prints nothing" {
+  run experiment_jobs "$exp" p_e </dev/null
   assert_success
   assert_output ""
-  rm "$BATS_TEST_TMPDIR/squeue.out"
-  run experiment_jobs "$exp" p_e
-  assert_failure 1
+}
+
+@test "ask_queue: the user's jobs from squeue in the background; await_answer fails, the answer empty, when squeue gives none" {
+  printf '%s\n' '30|PENDING|p_e' >"$BATS_TEST_TMPDIR/squeue.out"
+  USER=someone
+  ask_queue
+  await_answer queue
+  assert_equal "$(<"$work_dir/answer.queue")" "30|PENDING|p_e"
+  run cat "$BATS_TEST_TMPDIR/squeue.argv"
+  assert_output "-h -u someone -o %F|%T|%j"
+  printf 'partial\n' >"$BATS_TEST_TMPDIR/squeue.out"
+  sed -i 's/^cat .*/&; exit 1/' "$BATS_TEST_TMPDIR/bin/squeue"
+  ask_queue
+  run await_answer queue
+  assert_failure
+  assert_equal "$(<"$work_dir/answer.queue")" ""
+  run_cleanup
 }
