@@ -134,13 +134,22 @@ SUITE_MAKE := $(SUB_MAKE) -o cluster-up -o cluster-up-reliability
 NICE := nice -n 10
 suites: cluster-up cluster-up-reliability
 	@$(call beside,$(SUITE_MAKE) cluster-suites,$(NICE) $(SUITE_MAKE) cpu-suites)
-# The reliability suite ends minutes before the integration suite: the
-# benchmarks' smoke run follows it on its cluster (a smoke run on the
-# integration suite's cluster would add jobs to the ones its tests count).
+# The reliability suite and the benchmarks' smoke run (on the reliability
+# cluster: a smoke run on the other would add jobs to the ones its tests
+# count) end well before the integration suite would: the integration
+# suite's files go to both clusters from one queue (tools/bats_queue.sh),
+# the reliability cluster taking the files left once its own work is done.
+# Each file runs whole on one cluster; they share no job, file or port.
+INTEGRATION_QUEUE := build/integration.queue
 cluster-suites: cluster-up cluster-up-reliability
+	@mkdir -p build; tools/bats_queue.sh init $(INTEGRATION_QUEUE) tests/bats/integration/slow_first \
+	  tests/bats/integration/*.bats
 	@$(call beside,{ echo "reliability:"; rc=0; $(SUITE_MAKE) bats-reliability || rc=$$?; \
-	  SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf $(SUITE_MAKE) bench-smoke || rc=$$?; exit "$$rc"; },\
-	  { echo "integration:"; $(SUITE_MAKE) bats-integration; })
+	  SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf $(SUITE_MAKE) bench-smoke || rc=$$?; \
+	  echo "integration (on the reliability cluster):"; \
+	  ($(call timed,integration-second,SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
+	    tools/bats_queue.sh run $(INTEGRATION_QUEUE) second)) || rc=$$?; exit "$$rc"; },\
+	  (echo "integration:"; $(call timed,integration,tools/bats_queue.sh run $(INTEGRATION_QUEUE) first)))
 cpu-suites: deps
 	@$(call beside,$(SUITE_MAKE) pytest,$(SUB_MAKE) bats-unit-both)
 
