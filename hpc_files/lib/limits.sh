@@ -100,33 +100,44 @@ check_partition_memory() {
 # sacctmgr's in a tenth of its time (sacctmgr asks slurmdbd); with no
 # association at all, the cluster keeps no accounting.
 check_account() {
-  local user=$1 state=$2 accounts default
+  local user=$1 state=$2 both default accounts
   [[ "$state" == *$'\n'ClusterName=* ]] || return 0
-  accounts=$(assoc_field "$state" "$user" ClusterName Account | sort -u | tr '\n' ' ')
-  accounts=${accounts% }
+  both=$(user_accounts "$state" "$user")
+  default=${both%%$'\n'*}
+  accounts=${both#*$'\n'}
   [[ -n "$accounts" ]] || usage_error "user $user has no SLURM account on this cluster (sacctmgr show assoc); ask the admins for one"
   if [[ -n "$plan_account" ]]; then
     [[ " $accounts " == *" $plan_account "* ]] ||
       usage_error "--account '$plan_account' is not one of user $user's accounts: ${accounts// /, }"
     return 0
   fi
-  default=$(assoc_field "$state" "$user" UserName DefAccount)
   [[ -n "$default" ]] ||
     usage_error "user $user has no default SLURM account; give one with -a/--account: ${accounts// /, }"
 }
 
-# assoc_field STATE USER FIRST FIELD: FIELD's value in each record of
-# 'scontrol show assoc_mgr' STATE that starts with FIRST= and belongs to USER
-# (UserName=USER(uid)), one a line; empty values are left out.
-assoc_field() {
-  awk -v user="$2" -v first="$3=" -v field="$4=" '
-    index($1, first) == 1 {
-      name = ""; value = ""
-      for (i = 1; i <= NF; i++) {
-        if (index($i, "UserName=") == 1) name = substr($i, 10)
-        if (index($i, field) == 1) value = substr($i, length(field) + 1)
+# user_accounts STATE USER: from 'scontrol show assoc_mgr' STATE, two lines:
+# USER's default account (its UserName=USER(uid) record's DefAccount), then
+# the accounts of USER's associations (ClusterName= records), sorted, once
+# each, space-separated. Empty values are left out.
+user_accounts() {
+  awk -v user="$2" '
+    function field(name,   i) {
+      for (i = 1; i <= NF; i++) if (index($i, name "=") == 1) return substr($i, length(name) + 2)
+      return ""
+    }
+    function owner(   name) { name = field("UserName"); sub(/\(.*/, "", name); return name }
+    index($1, "UserName=") == 1 && owner() == user && field("DefAccount") != "" { def_account = field("DefAccount") }
+    index($1, "ClusterName=") == 1 && owner() == user && field("Account") != "" { seen[field("Account")] = 1 }
+    END {
+      n = 0
+      for (account in seen) {
+        # Insertion sort: a user has a handful of accounts.
+        for (i = n++; i > 0 && list[i - 1] > account; i--) list[i] = list[i - 1]
+        list[i] = account
       }
-      sub(/\(.*/, "", name)
-      if (name == user && value != "") print value
+      joined = ""
+      for (i = 0; i < n; i++) joined = joined (i ? " " : "") list[i]
+      print def_account
+      print joined
     }' <<<"$1"
 }

@@ -146,6 +146,13 @@ RUNNING 0:0'
   assert_line "source: $source_dir"
   assert_line " M train.py"
   assert_line "+two"
+  # Clean: an empty status and no diff.
+  git -C "$source_dir" checkout -q train.py
+  record_git_state "$BATS_TEST_TMPDIR/git.txt"
+  assert_equal "$(cat "$BATS_TEST_TMPDIR/git.txt")" "commit: $(git -C "$source_dir" rev-parse HEAD)
+source: $source_dir
+status:
+diff:"
 }
 
 @test "snapshot_code: git's files (tracked and not ignored) into one archive; over the cap: exit 2" {
