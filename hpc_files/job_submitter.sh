@@ -66,6 +66,7 @@ main() {
   fi
   prepare_trials
   ask_slurm
+  start_git_state
   validate_data_paths
   validate_experiment_folder
   validate_allocation

@@ -50,7 +50,6 @@ make_submission_dir() {
 # submission folder is ours to remove; a setup job already queued for it
 # would find nothing, so it goes too.
 remove_unsubmitted_dir() {
-  wait # for record_git_state, which may still be writing into the folder
   if [[ -n "${setup_job_id:-}" && -z "${job_id:-}" ]]; then
     scancel "$setup_job_id" 2>/dev/null || warn "could not cancel the venv setup job $setup_job_id; scancel it"
   fi
@@ -80,12 +79,7 @@ preview_submission() {
 
 # fill_submission_dir ARGV...: everything the queued job will read.
 fill_submission_dir() {
-  local dir=$submission_dir git_state_pid
-  # git's three processes run beside the snapshot's tar, on another core:
-  # 11 ms less per submission than one after the other (bench/submit_latency.sh,
-  # paired, 21 and 41 reps).
-  record_git_state "$dir/git.txt" &
-  git_state_pid=$!
+  local dir=$submission_dir
   [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$dir/code.tar"
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   # The node scripts and both runtime layers (node/lib.sh load_runtime picks one).
@@ -97,10 +91,20 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  cp "$trials_dir"/* "$dir/" || die "cannot write the trials into $dir"
+  await git_state || die "cannot record the project's git state"
+  cp "$trials_dir"/* "$work_dir/git.txt" "$dir/" || die "cannot write the trials and git.txt into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
-  wait "$git_state_pid" || die "cannot write $dir/git.txt"
+}
+
+# start_git_state: record_git_state into work_dir, in the background
+# (start_background) from the checks on, for fill_submission_dir: git's
+# processes then run while the checks wait on SLURM, not beside the
+# snapshot's tar after them. --dry-run writes no folder.
+start_git_state() {
+  [[ -z "${opt_dry_run:-}" ]] || return 0
+  make_work_dir
+  start_background git_state record_git_state "$work_dir/git.txt"
 }
 
 # record_git_state FILE: what the snapshot is: the project's commit, the
