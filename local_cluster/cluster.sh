@@ -232,6 +232,16 @@ choose_ports() {
   NODE_PORT=${HPC_CLUSTER_NODE_PORT:-$NODE_PORT}
 }
 
+# first_job_id: the cluster's first job id, from its block of ports, which no
+# other cluster up on this machine holds (two folders' hashes may name the
+# same block; the second 'up' takes the next): two clusters' job ids, and
+# the MASTER_PORT each job derives from its id, then do not pair up.
+first_job_id() {
+  local slot=$(((CTLD_PORT - PORT_FIRST) / PORT_BLOCK))
+  ((slot >= 0)) || slot=$((-slot))
+  printf '%s' $((1 + slot % PORT_BLOCKS * 600))
+}
+
 check_prerequisites() {
   local cmd
   [[ "$(id -u)" == 0 ]] || die "the local cluster runs its daemons as root (SlurmUser=root); run as root or with sudo"
@@ -350,7 +360,7 @@ write_slurm_conf() {
 ClusterName=hpclocal
 SlurmctldHost=localhost
 SlurmctldPort=$CTLD_PORT
-FirstJobId=$((1 + FOLDER_HASH % PORT_BLOCKS * 600))
+FirstJobId=$(first_job_id)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -838,6 +848,7 @@ main() {
       echo "slurmd $NODE_PORT-$(node_port "$NODE_COUNT")"
       echo "slurmdbd $(dbd_port)"
       echo "mariadbd $(db_port)"
+      echo "first job id $(first_job_id)"
       ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
     *)
