@@ -24,7 +24,7 @@ BATS_JOBS ?= 1
 
 .PHONY: help deps demo test lint shellcheck ruff cluster-suites \
 	check-bash42 bats-unit bats-unit-bash42 bats-unit-both cpu-suites bats-integration bats-reliability suites test-portability pytest test-reliability cluster-up cluster-up-reliability cluster-down cluster-status golden \
-	bench bench-smoke gpu-check mutation
+	bench bench-smoke bench-smoke-cluster bench-smoke-cpu gpu-check mutation
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -145,13 +145,16 @@ cluster-suites: cluster-up cluster-up-reliability
 	@mkdir -p build; tools/bats_queue.sh init $(INTEGRATION_QUEUE) tests/bats/integration/slow_first \
 	  tests/bats/integration/*.bats
 	@$(call beside,{ echo "reliability:"; rc=0; $(SUITE_MAKE) bats-reliability || rc=$$?; \
-	  SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf $(SUITE_MAKE) bench-smoke || rc=$$?; \
+	  SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf $(SUITE_MAKE) bench-smoke-cluster || rc=$$?; \
 	  echo "integration (on the reliability cluster):"; \
 	  ($(call timed,integration-second,SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
 	    tools/bats_queue.sh run $(INTEGRATION_QUEUE) second)) || rc=$$?; exit "$$rc"; },\
 	  (echo "integration:"; $(call timed,integration,tools/bats_queue.sh run $(INTEGRATION_QUEUE) first)))
+# The benchmarks that need no cluster follow the unit runs, which end
+# minutes before pytest.
 cpu-suites: deps
-	@$(call beside,$(SUITE_MAKE) pytest,$(SUB_MAKE) bats-unit-both)
+	@$(call beside,$(SUITE_MAKE) pytest,(rc=0; $(SUB_MAKE) bats-unit-both || rc=$$?; \
+	  $(SUB_MAKE) bench-smoke-cpu || rc=$$?; exit "$$rc"))
 
 # The benchmarks' smoke run (1 rep, tiny sizes), which checks that they
 # still work, is part of suites (cluster-suites).
@@ -173,9 +176,17 @@ bench: cluster-up
 
 # About 2 minutes: checks that every benchmark script still runs; its report (not real
 # numbers) replaces build/BENCHMARKS.smoke.md, so runs leave no files behind.
+# make test runs it in two parts: those that submit to a cluster on one
+# (bench-smoke-cluster), the others beside the CPU-bound suites.
 bench-smoke: cluster-up
 	@mkdir -p build && bench/run_all.sh --smoke --out build/BENCHMARKS.smoke.md
-	@$(PY) bench/gpu_loop_overhead.py --smoke --out build/BENCHMARKS_GPU.smoke.md >/dev/null \
+	@$(GPU_LOOP_SMOKE)
+bench-smoke-cluster: cluster-up
+	@mkdir -p build && bench/run_all.sh --smoke --cluster yes --out build/BENCHMARKS.smoke-cluster.md
+bench-smoke-cpu: deps
+	@mkdir -p build && bench/run_all.sh --smoke --cluster no --out build/BENCHMARKS.smoke-cpu.md
+	@$(GPU_LOOP_SMOKE)
+GPU_LOOP_SMOKE = $(PY) bench/gpu_loop_overhead.py --smoke --out build/BENCHMARKS_GPU.smoke.md >/dev/null \
 	  && echo "bench: gpu_loop_overhead smoke ok (CPU here; build/BENCHMARKS_GPU.smoke.md)"
 
 # The checks that need a CUDA GPU (CI has none; tools/gpu_check.sh says what they are).

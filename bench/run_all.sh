@@ -10,6 +10,8 @@
 #   --only          a subset: harness_overhead, submit_latency, staging,
 #                   requeue_cost, startup, search_tpe, loop_overhead,
 #                   early_terminate
+#   --cluster yes   only the benchmarks that submit to the local cluster
+#                   (CLUSTER_BENCHES); --cluster no: only the others
 #   --no-load-wait  skip waiting for the 1-minute load to fall below 1.0
 # Needs root (page cache) and the local cluster (local_cluster/cluster.sh up).
 set -euo pipefail
@@ -19,6 +21,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 smoke=""
 only=""
+cluster=""
 load_wait=1
 out="$BENCH_ROOT/docs/reports/BENCHMARKS.md"
 while (($# > 0)); do
@@ -26,6 +29,7 @@ while (($# > 0)); do
     --smoke) smoke=1 ;;
     --only) only=${2:?--only expects names} && shift ;;
     --only=*) only=${1#*=} ;;
+    --cluster) cluster=${2:-} && shift ;;
     --no-load-wait) load_wait="" ;;
     --out) out=${2:?--out expects a file} && shift ;;
     -h | --help) bench_usage && exit 0 ;;
@@ -33,11 +37,15 @@ while (($# > 0)); do
   esac
   shift
 done
+[[ "$cluster" =~ ^(|yes|no)$ ]] || bench_die "--cluster expects yes or no, got '$cluster'"
 if [[ -n "$smoke" && "$out" == "$BENCH_ROOT/docs/reports/BENCHMARKS.md" ]]; then
   out=$(mktemp "${TMPDIR:-/tmp}/BENCHMARKS.smoke.XXXXXX.md")
 fi
 
 BENCHES=(harness_overhead submit_latency staging requeue_cost startup search_tpe loop_overhead early_terminate)
+# Those that submit jobs to the local cluster (need_cluster); make test runs
+# them on a cluster and the others beside its CPU-bound suites.
+CLUSTER_BENCHES=(submit_latency requeue_cost startup)
 bench_command() {
   case "$1" in
     harness_overhead) echo "$BENCH_PY $BENCH_ROOT/bench/harness_overhead.py" ;;
@@ -87,6 +95,9 @@ for name in "${BENCHES[@]}"; do
   if [[ -n "$only" && ",$only," != *",$name,"* ]]; then
     continue
   fi
+  needs_cluster=no
+  [[ " ${CLUSTER_BENCHES[*]} " != *" $name "* ]] || needs_cluster=yes
+  [[ -z "$cluster" || "$cluster" == "$needs_cluster" ]] || continue
   bench_note "running $name${smoke:+ (smoke)}"
   bench_started=$SECONDS
   # shellcheck disable=SC2046 # bench_command's words are the command
