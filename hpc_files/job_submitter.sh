@@ -57,7 +57,9 @@ main() {
     return 0
   fi
   ask_sweep_count
+  start_git_state
   load_site
+  ask_slurm
   validate_settings
   plan_settings
   if [[ -n "${opt_list_trials:-}" ]]; then
@@ -65,8 +67,6 @@ main() {
     return 0
   fi
   prepare_trials
-  ask_slurm
-  start_git_state
   validate_data_paths
   validate_experiment_folder
   validate_allocation

@@ -8,14 +8,17 @@
 # Sourced; functions only.
 
 # ask_slurm: the questions the submission's checks put to SLURM, sent at
-# once and in the background (start_background) as soon as the plan names
-# the partition and the experiment: each SLURM command costs about 12 ms,
-# most of it its own start, and trials.py and the checks that ask nothing
-# run meanwhile. squeue lists the user's jobs (queue_after_running); unless
-# --dry-run, one scontrol answers the partitions and the user's accounts, and
-# sinfo the nodes' memory (validate_allocation). The answers wait in
-# work_dir, each in answer.NAME (await_answer).
+# once and in the background (start_background) as soon as the site profile
+# has named the cluster (its slurm_conf): no question depends on the plan
+# (they ask for every partition and all of the user's jobs), each SLURM
+# command costs about 12 ms, most of it its own start, and the validation
+# and planning run meanwhile. squeue lists
+# the user's jobs (queue_after_running); unless --dry-run, one scontrol
+# answers the partitions and the user's accounts, and sinfo the nodes'
+# memory (validate_allocation). The answers wait in work_dir, each in
+# answer.NAME (await_answer). --list-trials asks nothing.
 ask_slurm() {
+  [[ -z "${opt_list_trials:-}" ]] || return 0
   ask_queue
   [[ -z "${opt_dry_run:-}" ]] || return 0
   start_background controller ask_controller "$slurm_user" >"$work_dir/answer.controller"

@@ -98,11 +98,11 @@ fill_submission_dir() {
 }
 
 # start_git_state: record_git_state into work_dir, in the background
-# (start_background) from the checks on, for fill_submission_dir: git's
-# processes then run while the checks wait on SLURM, not beside the
-# snapshot's tar after them. --dry-run writes no folder.
+# (start_background) from the validation on, for fill_submission_dir: git's
+# processes then run beside the validation and the checks, not beside the
+# snapshot's tar after them. --dry-run and --list-trials write no folder.
 start_git_state() {
-  [[ -z "${opt_dry_run:-}" ]] || return 0
+  [[ -z "${opt_dry_run:-}${opt_list_trials:-}" ]] || return 0
   make_work_dir
   start_background git_state record_git_state "$work_dir/git.txt"
 }
