@@ -81,8 +81,10 @@ make_work_dir() {
 }
 
 # Processes a submission runs in the background while it goes on (trials.py,
-# the questions to SLURM), by name: their pids.
-declare -gA HPC_BACKGROUND=()
+# the questions to SLURM, the git state), by name; each one's pid is in
+# background_pid_NAME. (No associative array: bash 4.2 loses the elements
+# of one declared -gA in a function, as a sourced file in a test is.)
+HPC_BACKGROUND=()
 
 # start_background NAME COMMAND...: COMMAND in the background as NAME (its
 # redirections are the caller's: 'start_background NAME cmd >file' sends
@@ -91,15 +93,17 @@ start_background() {
   local name=$1
   shift
   "$@" &
-  HPC_BACKGROUND[$name]=$!
+  printf -v "background_pid_$name" '%s' "$!"
+  HPC_BACKGROUND+=("$name")
 }
 
 # await NAME: waits for the background process NAME; returns its status
-# (127 when none of that name was started).
+# (127 when none of that name is running).
 await() {
-  local pid=${HPC_BACKGROUND[$1]:-}
+  local var="background_pid_$1" pid
+  pid=${!var:-}
   [[ -n "$pid" ]] || return 127
-  unset "HPC_BACKGROUND[$1]"
+  unset "$var"
   wait "$pid"
 }
 
@@ -116,12 +120,15 @@ await_answer() {
 # refused the submission meanwhile) end before the cleanup removes the
 # folders they write into. One that has ended already is only waited for.
 stop_background() {
-  local name
+  local name var
   # bash 4.2 calls an empty array unbound under set -u.
   ((${#HPC_BACKGROUND[@]} > 0)) || return 0
-  for name in "${!HPC_BACKGROUND[@]}"; do
-    kill "${HPC_BACKGROUND[$name]}" 2>/dev/null || :
-    wait "${HPC_BACKGROUND[$name]}" 2>/dev/null || :
+  for name in "${HPC_BACKGROUND[@]}"; do
+    var="background_pid_$name"
+    [[ -n "${!var:-}" ]] || continue
+    kill "${!var}" 2>/dev/null || :
+    wait "${!var}" 2>/dev/null || :
+    unset "$var"
   done
   HPC_BACKGROUND=()
 }

@@ -182,17 +182,17 @@ PY
   opt_command=(python train.py)
   start_trials "$OUT"
   stop_background
-  assert_equal "${#HPC_BACKGROUND[@]}" 0
+  assert_equal "${background_pid_trials:-}" ""
   assert_file_not_exists "$late"
   # One that has ended already (bash reaped it): nothing to stop, no failure
   # (the EXIT trap runs under set -e, and the cleanup comes after it).
   printf '#!/usr/bin/env bash\n[[ $1 == -V ]] && echo "Python 3.11.0" && exit 0\nexit 0\n' >"$stub"
   start_trials "$OUT"
-  pid=${HPC_BACKGROUND[trials]}
+  pid=$background_pid_trials
   while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
   stop_background
   printf '#!/usr/bin/env bash\n[[ $1 == -V ]] && echo "Python 3.11.0" && exit 0\necho "job_submitter.sh: error: refused" >&2\nexit 2\n' >"$stub"
-  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_trials_python hpc_tools_path register_cleanup make_work_dir start_background await die); declare -A HPC_BACKGROUND=(); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
+  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_trials_python hpc_tools_path register_cleanup make_work_dir start_background await die); HPC_BACKGROUND=(); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
   assert_failure 2
   assert_equal "$stderr" $'job_submitter.sh: --after-running: queued\njob_submitter.sh: error: refused'
   assert_output ''
