@@ -98,13 +98,14 @@ bats-integration: cluster-up
 # Clusters in two folders share no daemon, port, node-local folder or cgroup
 # (local_cluster/cluster.sh), so it runs beside the integration suite.
 RELIABILITY_CLUSTER := $(CURDIR)/.cluster-reliability
+RELIABILITY_CONF := $(RELIABILITY_CLUSTER)/etc/slurm.conf
 cluster-up-reliability: deps
 	@HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) $(CLUSTER) up
 # Its output, durations included, is kept in build/reliability.tap:
 # tools/reliability_report.sh --from build/reliability.tap writes the report.
 bats-reliability: cluster-up-reliability
 	@mkdir -p build; start=$$SECONDS; \
-	  HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
+	  HPC_CLUSTER_DIR=$(RELIABILITY_CLUSTER) SLURM_CONF=$(RELIABILITY_CONF) \
 	  bats --timing -r tests/bats/reliability | tee build/reliability.tap; \
 	  echo "# suite: $$((SECONDS - start)) s" >>build/reliability.tap
 
@@ -145,9 +146,9 @@ cluster-suites: cluster-up cluster-up-reliability
 	@mkdir -p build; tools/bats_queue.sh init $(INTEGRATION_QUEUE) tests/bats/integration/slow_first \
 	  tests/bats/integration/*.bats
 	@$(call beside,{ echo "reliability:"; rc=0; $(SUITE_MAKE) bats-reliability || rc=$$?; \
-	  SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf $(SUITE_MAKE) bench-smoke-cluster || rc=$$?; \
+	  SLURM_CONF=$(RELIABILITY_CONF) $(SUITE_MAKE) bench-smoke-cluster || rc=$$?; \
 	  echo "integration (on the reliability cluster):"; \
-	  ($(call timed,integration-second,SLURM_CONF=$(RELIABILITY_CLUSTER)/etc/slurm.conf \
+	  ($(call timed,integration-second,SLURM_CONF=$(RELIABILITY_CONF) \
 	    tools/bats_queue.sh run $(INTEGRATION_QUEUE) second)) || rc=$$?; exit "$$rc"; },\
 	  (echo "integration:"; $(call timed,integration,tools/bats_queue.sh run $(INTEGRATION_QUEUE) first)))
 # The benchmarks that need no cluster follow the unit runs, which end

@@ -4,7 +4,7 @@
 # load, one section per measure). Each benchmark runs under a 10-minute limit;
 # a broken one is reported in its section and makes this script exit 1.
 #
-# Usage: bench/run_all.sh [--smoke] [--only NAME[,NAME...]] [--no-load-wait] [--out FILE]
+# Usage: bench/run_all.sh [--smoke] [--only NAME[,NAME...]] [--cluster yes|no] [--no-load-wait] [--out FILE]
 #   --smoke         tiny sizes, 1 repetition: checks that the scripts still
 #                   work; writes a temporary file (printed), not docs/reports/BENCHMARKS.md
 #   --only          a subset: harness_overhead, submit_latency, staging,
@@ -29,7 +29,7 @@ while (($# > 0)); do
     --smoke) smoke=1 ;;
     --only) only=${2:?--only expects names} && shift ;;
     --only=*) only=${1#*=} ;;
-    --cluster) cluster=${2:-} && shift ;;
+    --cluster) cluster=${2:?--cluster expects yes or no} && shift ;;
     --no-load-wait) load_wait="" ;;
     --out) out=${2:?--out expects a file} && shift ;;
     -h | --help) bench_usage && exit 0 ;;

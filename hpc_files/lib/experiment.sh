@@ -97,7 +97,7 @@ HELP
 
 # stop_main ARG...: stop.sh.
 stop_main() {
-  local target="" exp exp_dir queue listing pass id cancelled=""
+  local target="" exp exp_dir user queue listing pass id cancelled=""
   local -a ids
   local -A seen=()
   while (($# > 0)); do
@@ -131,8 +131,9 @@ stop_main() {
     mv -f -- "$exp_dir/$STOP_RECORD.tmp" "$exp_dir/$STOP_RECORD"; } || die "cannot write $exp_dir/$STOP_RECORD"
   # A controller that was submitting a round as the record appeared queues
   # it and records its job id: the next pass cancels it.
+  user=${USER:-$(id -un)}
   for pass in 1 2 3 4 5 6 7 8 9 10; do
-    queue=$(user_queue "${USER:-$(id -un)}") ||
+    queue=$(user_queue "$user") ||
       die "squeue gave no answer; the stop is recorded ($exp_dir/$STOP_RECORD) but no job was cancelled"
     listing=$(experiment_jobs "$exp_dir" "${project_name}_$exp" <<<"$queue")
     [[ -n "$listing" ]] || break

@@ -12,11 +12,11 @@
 # has named the cluster (its slurm_conf): no question depends on the plan
 # (they ask for every partition and all of the user's jobs), each SLURM
 # command costs about 12 ms, most of it its own start, and the validation
-# and planning run meanwhile. squeue lists
-# the user's jobs (queue_after_running); unless --dry-run, one scontrol
-# answers the partitions and the user's accounts, and sinfo the nodes'
-# memory (validate_allocation). The answers wait in work_dir, each in
-# answer.NAME (await_answer). --list-trials asks nothing.
+# and planning run meanwhile. squeue lists the user's jobs
+# (queue_after_running); unless --dry-run, one scontrol answers the
+# partitions and the user's accounts, and sinfo the nodes' memory
+# (validate_allocation). The answers wait in work_dir, each in answer.NAME
+# (await_answer). --list-trials asks nothing.
 ask_slurm() {
   [[ -z "${opt_list_trials:-}" ]] || return 0
   ask_queue
