@@ -159,7 +159,13 @@ cpu-suites: deps
 
 # The benchmarks' smoke run (1 rep, tiny sizes), which checks that they
 # still work, is part of suites (cluster-suites).
-test: lint suites
+# The venv (pip, seconds to minutes) builds while shellcheck, the bash 4.2
+# check and both clusters start, which need none of it; ruff and the suites
+# follow.
+test:
+	@tools/install_deps.sh system
+	@$(call beside,$(SUB_MAKE) shellcheck check-bash42 cluster-up cluster-up-reliability,tools/install_deps.sh venv)
+	@$(SUITE_MAKE) ruff suites
 
 # The integration suite with bash 4.2 first on PATH (against the default
 # cluster), then on SLURM 24.11 (its own cluster, started and stopped here).

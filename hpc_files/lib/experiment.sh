@@ -192,7 +192,7 @@ stop_target_experiment() {
 # gets one such array per part that holds failed trials, with its offset.
 retry_failed() {
   local name python listing retry_dir throttle k first part joined output retry_id queued=""
-  local -a trials args firsts=(0)
+  local -a trials args variables firsts=(0)
   local -A tasks=()
   for name in "${!OPT_GIVEN[@]}"; do
     case "$name" in
@@ -237,16 +237,15 @@ retry_failed() {
     ! grep -q '^#SBATCH --array=' "$retry_dir/job.sbatch" || args+=("--array=${tasks[$first]}$throttle")
     [[ -z "$plan_dependency" ]] || args+=("--dependency=$plan_dependency")
     mapfile -t -O "${#args[@]}" args < <(sed -n 's/^#SBATCH \(--\(open-mode\|signal\|requeue\|time\)\b.*\)$/\1/p' "$retry_dir/job.sbatch")
-    if ((${#firsts[@]} > 1)); then
-      args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=$first")
-    else
-      args+=("--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1")
-    fi
+    args+=(--export=ALL)
+    variables=(HPC_CONTRACT_ON_COMMAND_LINE=1)
+    ((${#firsts[@]} == 1)) || variables+=("HPC_TRIAL_OFFSET=$first")
     if [[ -n "${opt_dry_run:-}" ]]; then
-      printf 'Would rerun trial(s) %s of %s: sbatch %s job.sbatch\n' "$joined" "$retry_dir" "$(shell_quote "${args[@]}")"
+      printf 'Would rerun trial(s) %s of %s: %s sbatch %s job.sbatch\n' "$joined" "$retry_dir" \
+        "$(shell_quote "${variables[@]}")" "$(shell_quote "${args[@]}")"
       continue
     fi
-    output=$(sbatch_in_folder "$retry_dir" "${args[@]}" job.sbatch) || die "sbatch refused the retry: ${output//$'\n'/ }"
+    output=$(sbatch_in_folder "$retry_dir" "${variables[@]}" "${args[@]}" job.sbatch) || die "sbatch refused the retry: ${output//$'\n'/ }"
     retry_id=${output%%;*}
     retry_id=${retry_id##*$'\n'}
     [[ "$retry_id" =~ ^[0-9]+$ ]] || die "sbatch printed no job id: ${output//$'\n'/ }"

@@ -267,13 +267,24 @@ sbatch_from_submission() {
   sbatch_in_folder "$submission_dir" "$@"
 }
 
-# sbatch_in_folder DIR ARG...: sbatch_from_submission's call, in folder DIR.
+# sbatch_in_folder DIR [NAME=VALUE]... ARG...: sbatch_from_submission's call,
+# in folder DIR, with each leading NAME=VALUE in sbatch's environment. They
+# travel there, not in an --export list: any list (even ALL,NAME=VALUE) makes
+# sbatch set SLURM_GET_USER_ENV, and slurmd then runs the user's login shell
+# (su -) before every job and array task, its variables under the job's.
 sbatch_in_folder() {
   local dir=$1
   local -a names
   shift
   mapfile -t names < <(leaked_names)
-  (cd "$dir" && unset "${names[@]}" && sbatch "$@" 2>&1)
+  (
+    cd "$dir" && unset "${names[@]}" || exit 1
+    while [[ "${1:-}" =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+      export "${1?}"
+      shift
+    done
+    sbatch "$@" 2>&1
+  )
 }
 
 # run_interactive: --interactive. The batch script, run now by salloc in an
@@ -350,15 +361,15 @@ submit_job() {
   # what sbatch_from_submission leaves out.
   sbatch_args+=("${plan_requeue_args[@]}" --time="$plan_time")
   if [[ -z "${plan_array_chunk:-}" ]]; then
-    job_id=$(sbatch_for_id "${sbatch_args[@]}" "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1") || exit 1
+    job_id=$(sbatch_for_id HPC_CONTRACT_ON_COMMAND_LINE=1 "${sbatch_args[@]}" --export=ALL) || exit 1
     printf '%s\n' "$job_id" >"$submission_dir/job_id"
     return 0
   fi
   while ((first < plan_trial_count)); do
     count=$((plan_trial_count - first))
     ((count <= plan_array_chunk)) || count=$plan_array_chunk
-    id=$(sbatch_for_id "${sbatch_args[@]}" "--array=0-$((count - 1))${plan_array_throttle:+%$plan_array_throttle}" \
-      "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=$first") ||
+    id=$(sbatch_for_id HPC_CONTRACT_ON_COMMAND_LINE=1 "HPC_TRIAL_OFFSET=$first" "${sbatch_args[@]}" \
+      "--array=0-$((count - 1))${plan_array_throttle:+%$plan_array_throttle}" --export=ALL) ||
       { [[ -z "${job_id:-}" ]] || die "trials from $first were not queued; those before are (job(s) $(paste -sd, - <"$submission_dir/array_jobs" | sed 's/ [0-9]*//g')): hpc_files/stop.sh $opt_exp_name cancels them"; exit 1; }
     if ((first == 0)); then
       job_id=$id
@@ -371,7 +382,8 @@ submit_job() {
   done
 }
 
-# sbatch_for_id ARG...: sbatch ARG... job.sbatch from the submission folder;
+# sbatch_for_id [NAME=VALUE]... ARG...: sbatch ARG... job.sbatch from the
+# submission folder, NAME=VALUE in its environment (sbatch_in_folder);
 # prints the job id it printed, or fails with one line naming sbatch's answer.
 sbatch_for_id() {
   local output id

@@ -17,7 +17,7 @@
 set -uo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 signal_seen=""
 step_pid=""
@@ -366,7 +366,7 @@ requeue_or_stop() {
 }
 
 main() {
-  local run marker
+  local run marker now
   run=$(run_dir)
   mkdir -p "$run"
   # results.sh tells this task's rows from another job's by it (run.json's slurm_job_id).
@@ -394,7 +394,8 @@ main() {
   trap on_exit EXIT
   # Steps inherit this shell's environment, even from an sbatch --export=NONE.
   export SLURM_EXPORT_ENV=ALL
-  hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $(date '+%F %T')"
+  printf -v now '%(%F %T)T' -1
+  hpc_log "job $(job_key) (trial $(trial_index)) on ${SLURM_JOB_NODELIST:-?}, restart ${SLURM_RESTART_COUNT:-0}, started $now"
   check_job_contract
   record_job_id
   claim_first_run
@@ -437,7 +438,8 @@ main() {
     hpc_error "the program did not checkpoint at the wall-time signal (no marker, exit $step_status); not requeueing"
   fi
   ((step_status == 0)) || report_first_failure
-  hpc_log "training step ended with exit code $step_status at $(date '+%F %T')"
+  printf -v now '%(%F %T)T' -1
+  hpc_log "training step ended with exit code $step_status at $now"
   exit "$step_status"
 }
 

@@ -20,7 +20,7 @@
 set -euo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 node=${SLURMD_NODENAME:-$(hostname -s)}
 status_dir=$(stage_dir)

@@ -21,7 +21,7 @@
 set -euo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 # torchrun_program_args ARGV...: the command each torchrun worker runs (under
 # torchrun_worker.sh) for ARGV, into torchrun_program: ARGV itself, with

@@ -149,6 +149,11 @@ shared_base_ok() {
 # first_node: MASTER_ADDR for rendezvous, the first host of the allocation.
 first_node() {
   local nodes
+  # One host needs no expanding (a one-node job: most of them).
+  if [[ -n "${SLURM_JOB_NODELIST:-}" && "$SLURM_JOB_NODELIST" != *[,[]* ]]; then
+    printf '%s' "$SLURM_JOB_NODELIST"
+    return 0
+  fi
   nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null) || nodes=""
   if [[ -z "$nodes" ]]; then
     printf '%s' "${SLURMD_NODENAME:-$(hostname -s)}"

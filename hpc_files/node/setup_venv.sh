@@ -10,7 +10,7 @@
 set -euo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 venv=${HPC_VENV:?}
 requirements=${HPC_REQUIREMENTS:?}

@@ -22,7 +22,7 @@
 set -euo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 child=""
 pending=""
@@ -46,37 +46,40 @@ forward() {
 # (no process is started), never in 'wait': bash 5 can lose a child's exit
 # status for good when a trapped signal cuts a 'wait' short just as the child
 # ends (wait then answers -1), and at a requeue the signals come just then.
-# Bash reaps the child itself meanwhile; 'wait' then only reads the status it
-# kept, and is asked again when a signal cut that short too. Its stderr is
-# dropped: bash's own 'Killed' line would name this script, not the program.
+# Bash reaps the child itself meanwhile, at whatever command runs then, and
+# prints 'Killed' for one a signal ended: this script's stderr is closed to
+# bash from the child's start on (the line would name this script, not the
+# program; the exit code says it), and the program writes to a saved copy.
 run_worker() {
-  local tick seen
-  # The program gets this script's stdin (bash would give a background command
-  # /dev/null) and INT and QUIT as they came (bash would ignore them).
-  (
-    trap - INT QUIT
-    exec "$@"
-  ) <&0 &
-  child=$!
-  [[ -z "$pending" ]] || forward "$pending"
-  # A pipe this script holds both ends of: a read on it only times out.
-  exec {tick}<> <(:) || tick=""
-  # bash may reap the child during this loop and then print "Killed" (a
-  # program killed by a signal) to the loop's stderr: the exit code says it.
-  while kill -0 "$child"; do
-    if [[ -n "$tick" ]]; then
-      read -r -t 0.2 -u "$tick" _ || true
-    else
-      sleep 0.2 || true
-    fi
-  done 2>/dev/null
-  [[ -z "$tick" ]] || exec {tick}>&-
-  while :; do
-    seen=$signals
-    worker_status=0
-    wait "$child" 2>/dev/null || worker_status=$?
-    ((worker_status > 128 && seen != signals)) || break
-  done
+  local tick seen err
+  exec {err}>&2
+  {
+    # The program gets this script's stdin (bash would give a background
+    # command /dev/null) and INT and QUIT as they came (bash would ignore them).
+    (
+      trap - INT QUIT
+      exec "$@" 2>&"$err" {err}>&-
+    ) <&0 &
+    child=$!
+    [[ -z "$pending" ]] || forward "$pending"
+    # A pipe this script holds both ends of: a read on it only times out.
+    exec {tick}<> <(:) || tick=""
+    while kill -0 "$child"; do
+      if [[ -n "$tick" ]]; then
+        read -r -t 0.2 -u "$tick" _ || true
+      else
+        sleep 0.2 || true
+      fi
+    done
+    [[ -z "$tick" ]] || exec {tick}>&-
+    while :; do
+      seen=$signals
+      worker_status=0
+      wait "$child" || worker_status=$?
+      ((worker_status > 128 && seen != signals)) || break
+    done
+  } 2>/dev/null
+  exec {err}>&-
 }
 
 main() {

@@ -34,7 +34,7 @@
 set -euo pipefail
 
 # shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "${BASH_SOURCE[0]%/*}/lib.sh"
 
 signal_seen=""
 agent_pid=""

@@ -15,13 +15,17 @@ setup() {
   stub_sbatch_recording
 }
 
+# A guard against a hang, not a bound on what a test checks: a submission
+# imports Optuna, seconds under make test's load.
+HANG=300
+
 # sbatch_call N: the argv of the Nth sbatch call (1-based), one word per line.
 sbatch_call() {
   awk -v n="$1" '$0 == "--" { k++; next } k == n - 1' "$STUB_SBATCH_LOG"
 }
 
 @test "--sweep bayes.yml --rounds 2 --trials 3: round 1 (3 tasks from Optuna) and a controller job after it" {
-  run --separate-stderr timeout 60 "$SUBMITTER" --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 3 </dev/null
+  run --separate-stderr timeout "$HANG" "$SUBMITTER" --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 3 </dev/null
   ((status == 0)) || fail "exit $status: $stderr"
   assert_output --partial "Submitted job 4242 (3 trial(s)"
   [[ "$stderr" == *"bayes: round 1 of 2; controller job 4242 runs after job 4242"* ]] || fail "stderr: $stderr"
@@ -80,7 +84,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
 }
 
 @test "a second method-bayes search in an experiment whose trials/K folders an earlier search used is refused: its trials would number from 0 again and resume them" {
-  run --separate-stderr timeout 60 "$SUBMITTER" --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 </dev/null
+  run --separate-stderr timeout "$HANG" "$SUBMITTER" --site local -g 0 -W none -e bo2 --sweep "$BAYES" --rounds 1 --trials 2 </dev/null
   ((status == 0)) || fail "exit $status: $stderr"
   # The first search's tasks ran: their folders hold checkpoints.
   mkdir -p "$SCRATCH/$PROJECT/bo2/trials/0/checkpoints" "$SCRATCH/$PROJECT/bo2/trials/1"
@@ -97,12 +101,12 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
 }
 
 @test "a controller submits the next round, but not in an experiment stop.sh stopped (it records the best instead)" {
-  run --separate-stderr timeout 60 "$SUBMITTER" --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 2 </dev/null
+  run --separate-stderr timeout "$HANG" "$SUBMITTER" --site local -g 0 -W none -e bo --sweep "$BAYES" --rounds 2 --trials 2 </dev/null
   ((status == 0)) || fail "exit $status: $stderr"
   local sub
   sub=$(find "$SCRATCH/$PROJECT/bo" -mindepth 1 -maxdepth 1 -name '20*' -type d)
   echo "stopped by a test" >"$SCRATCH/$PROJECT/bo/stopped"
-  run --separate-stderr timeout 60 env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
+  run --separate-stderr timeout "$HANG" env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
   ((status == 0)) || fail "exit $status: $stderr"
   assert_output --partial "stopped exists (stop.sh); round 2 is not submitted"
   assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 2
@@ -110,7 +114,7 @@ print(info["round"], info["rounds"], info["metric"], info["goal"], len(s.get_tri
   assert_not_exist "$sub/next_round"
   # Not stopped: the same controller submits round 2 (its array job and its controller).
   rm "$SCRATCH/$PROJECT/bo/stopped"
-  run --separate-stderr timeout 60 env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
+  run --separate-stderr timeout "$HANG" env PYTHONPATH="$REPO_ROOT/hpc_files" "$HPC_PYTHON" -m hpc_tools.bayes controller --submission "$sub" --project "$PROJECT"
   ((status == 0)) || fail "exit $status: $stderr"
   assert_equal "$(grep -cx -- -- "$STUB_SBATCH_LOG")" 4
 }

@@ -32,18 +32,18 @@ scratch_listing() {
 }
 
 # refuse EXPECTED -- ARG...: job_submitter.sh ARG... (stdin /dev/null) is
-# refused as a usage error: it ends within 20 s with exit 2, prints nothing on
-# stdout and exactly one stderr line 'job_submitter.sh: error: ...' that
-# contains EXPECTED; sbatch was not called and nothing appeared under the
-# scratch folder.
+# refused as a usage error: it ends with exit 2, prints nothing on stdout and
+# exactly one stderr line 'job_submitter.sh: error: ...' that contains
+# EXPECTED; sbatch was not called and nothing appeared under the scratch
+# folder. The 120 s bound is a hang guard (a parsing loop), not a measure.
 refuse() {
   local expected=$1 before after
   [[ "${2:-}" == -- ]] || fail "usage: refuse EXPECTED -- ARG..."
   shift 2
   before=$(scratch_listing)
-  run --separate-stderr timeout 20 "$SUBMITTER" "$@" </dev/null
+  run --separate-stderr timeout 120 "$SUBMITTER" "$@" </dev/null
   after=$(scratch_listing)
-  ((status != 124)) || fail "job_submitter.sh did not finish within 20 s (a parsing loop?)"
+  ((status != 124)) || fail "job_submitter.sh did not finish within 120 s (a parsing loop?)"
   ((status == 2)) || fail "expected exit 2, got $status; stderr: $stderr; stdout: $(head -c 300 <<<"$output")"
   [[ -z "$output" ]] || fail "expected nothing on stdout, got: $(head -c 300 <<<"$output")"
   [[ -n "$stderr" && "$stderr" != *$'\n'* ]] || fail "expected exactly one line on stderr, got: $stderr"

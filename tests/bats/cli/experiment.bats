@@ -100,9 +100,10 @@ ended_log() {
 --open-mode=append
 --signal=B:USR1@90
 --requeue
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1
+--export=ALL
 job.sbatch
 --"
+  grep -qx 'HPC_CONTRACT_ON_COMMAND_LINE=1' "$STUB_SBATCH_LOG.env"
   assert_equal "$(head -n 1 "$STUB_SBATCH_LOG.where")" "$sub"
   assert_equal "$(cat "$sub/job_ids")" 4242
   # Nothing else was written: one submission folder still.
@@ -122,7 +123,7 @@ job.sbatch
   ended_log retry 4242 2 9
   run --separate-stderr "$SUBMITTER" --retry-failed=retry --dry-run </dev/null
   assert_success
-  assert_output --regexp "^Would rerun trial\(s\) 2 of .*/retry/20[0-9-]+-[A-Za-z0-9]+: sbatch --parsable --array=2 "
+  assert_output --regexp "^Would rerun trial\(s\) 2 of .*/retry/20[0-9-]+-[A-Za-z0-9]+: HPC_CONTRACT_ON_COMMAND_LINE=1 sbatch --parsable --array=2 .* --export=ALL job.sbatch$"
   assert_not_exist "$STUB_SBATCH_LOG"
   refuse "--retry-failed reruns the last submission as it was written; it takes no option but --after-running and --dry-run, got --gpus" -- --retry-failed retry -g 2
   refuse "--retry-failed: no experiment 'nothing' in" -- --retry-failed nothing
@@ -155,6 +156,7 @@ job.sbatch
 #!/usr/bin/env bash
 for arg in "$@"; do printf '%s\n' "$arg" >>"$STUB_SBATCH_LOG"; done
 echo "--" >>"$STUB_SBATCH_LOG"
+env | grep '^HPC_' >>"$STUB_SBATCH_LOG.env"
 n=$(($(cat "$STUB_SBATCH_LOG.n" 2>/dev/null || echo 100) + 1))
 echo "$n" >"$STUB_SBATCH_LOG.n"
 echo "$n"
@@ -176,14 +178,18 @@ STUB
   ended_log split 102 2 1
   ended_log split 103 0 0
   : >"$STUB_SBATCH_LOG"
+  : >"$STUB_SBATCH_LOG.env"
   PATH="$bin:$PATH" run --separate-stderr "$SUBMITTER" --retry-failed split </dev/null
   assert_success
   assert_output "Resubmitted trial(s) 1,4,5 of $sub as job 104,105 (the same code snapshot and data; each in its own trial folder)"
   run grep -E -- '^--(array|export)=' "$STUB_SBATCH_LOG"
   assert_output -- "--array=1
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=0
+--export=ALL
 --array=1,2
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=3"
+--export=ALL"
+  run grep '^HPC_TRIAL_OFFSET=' "$STUB_SBATCH_LOG.env"
+  assert_output "HPC_TRIAL_OFFSET=0
+HPC_TRIAL_OFFSET=3"
   assert_equal "$(cat "$sub/retry_jobs")" "104 0
 105 3"
   # results.sh maps the retried tasks back to their trials: 105_1 is trial 4.

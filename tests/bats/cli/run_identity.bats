@@ -172,7 +172,8 @@ one_submission() {
   grep -qx -- '--signal=B:USR1@20' "$STUB_SBATCH_LOG"
   grep -qx -- '--open-mode=append' "$STUB_SBATCH_LOG"
   grep -qx -- '--time=30' "$STUB_SBATCH_LOG"
-  grep -qx -- '--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1' "$STUB_SBATCH_LOG"
+  grep -qx -- '--export=ALL' "$STUB_SBATCH_LOG"
+  grep -qx -- 'HPC_CONTRACT_ON_COMMAND_LINE=1' "$STUB_SBATCH_LOG.env"
   ! grep -qF -- "$key" "$STUB_SBATCH_LOG.env" || fail "WANDB_API_KEY reached sbatch's environment (and so the job's)"
 }
 

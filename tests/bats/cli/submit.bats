@@ -59,10 +59,13 @@ the_submission() {
 --signal=B:USR1@90
 --requeue
 --time=00-01:00:00
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1
+--export=ALL
 job.sbatch
 --"
   assert_equal "$(sed -n 1p "$STUB_SBATCH_LOG.where")" "$sub"
+  # The contract's variable travels in sbatch's environment: an --export list
+  # would make slurmd run a login shell before the job (SLURM_GET_USER_ENV).
+  grep -qx 'HPC_CONTRACT_ON_COMMAND_LINE=1' "$STUB_SBATCH_LOG.env"
 }
 
 @test "the submitted script is the --dry-run script" {

@@ -780,9 +780,14 @@ setup() {
   assert_equal "$(grep -c -- '^--array=0-2%2$' "$STUB_SBATCH_LOG")" 2
   assert_equal "$(grep -c -- '^--array=0-0%2$' "$STUB_SBATCH_LOG")" 1
   run grep -- '^--export=' "$STUB_SBATCH_LOG"
-  assert_output "--export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=0
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=3
---export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1,HPC_TRIAL_OFFSET=6"
+  assert_output "--export=ALL
+--export=ALL
+--export=ALL"
+  run grep -- '^HPC_TRIAL_OFFSET=' "$STUB_SBATCH_LOG.env"
+  assert_output "HPC_TRIAL_OFFSET=0
+HPC_TRIAL_OFFSET=3
+HPC_TRIAL_OFFSET=6"
+  assert_equal "$(grep -c '^HPC_CONTRACT_ON_COMMAND_LINE=1$' "$STUB_SBATCH_LOG.env")" 3
   assert_equal "$(cat "$sub/array_jobs")" "4242 0
 4242 3
 4242 6"

@@ -103,3 +103,12 @@ submit_and_wait() {
   assert_line 'trial-two 1'
   assert_line 'trial-three 2'
 }
+
+@test "a job runs without the user's login shell (no SLURM_GET_USER_ENV); the contract's variable reaches it" {
+  # Any --export list makes sbatch set SLURM_GET_USER_ENV=1, and slurmd then
+  # runs 'su - USER' before the job and puts that shell's variables under it.
+  submit_and_wait -g 0 -e env -- bash -c 'echo "get_user_env=${SLURM_GET_USER_ENV:-} contract=${HPC_CONTRACT_ON_COMMAND_LINE:-}"'
+  assert_equal "$status" 0
+  run job_log "$job_id"
+  assert_line "get_user_env= contract=1"
+}

@@ -187,7 +187,8 @@ diff:"
   submit_job
   assert_equal "$job_id" 4242
   assert_equal "$(cat "$submission_dir/job_id")" 4242
-  assert_equal "$(tr '\n' ' ' <"$STUB_SBATCH_LOG")" "--parsable --requeue --signal=B:USR1@90 --time=01:00:00 --export=ALL,HPC_CONTRACT_ON_COMMAND_LINE=1 job.sbatch -- "
+  assert_equal "$(tr '\n' ' ' <"$STUB_SBATCH_LOG")" "--parsable --requeue --signal=B:USR1@90 --time=01:00:00 --export=ALL job.sbatch -- "
+  assert_equal "$(tr '\n' ' ' <"$STUB_SBATCH_LOG.env")" "HPC_CONTRACT_ON_COMMAND_LINE=1 -- "
 }
 
 @test "wait_for_job: exits with the largest exit code over the tasks (a signal as 128+N)" {

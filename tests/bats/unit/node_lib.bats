@@ -180,6 +180,11 @@ $base/alice/77/nodeB"
   assert_output node3
   PATH="$bin:$PATH" SLURM_JOB_NODELIST='other[1-2]' SLURMD_NODENAME=here in_lib 'first_node'
   assert_output here
+  # One plain host is the first without asking scontrol (this one fails).
+  PATH="$bin:$PATH" SLURM_JOB_NODELIST='gpu-a7' SLURMD_NODENAME=here in_lib 'first_node'
+  assert_output gpu-a7
+  PATH="$bin:$PATH" SLURM_JOB_NODELIST='a1,b2' SLURMD_NODENAME=here in_lib 'first_node'
+  assert_output here
 }
 
 @test "trial_command_line: line K+1 of commands.txt for array task K; a missing line fails, naming the trial" {

@@ -43,6 +43,17 @@ in_lib() {
   assert_equal "$(cat "$exits/rank1")" "137 node7"
 }
 
+@test "a program killed the instant it starts: never a 'Killed' line of bash's (a race: 60 tries)" {
+  # bash prints the line when it reaps the child at whatever command runs
+  # then: the worker's stderr must be closed to it from the child's start on.
+  local try
+  for try in $(seq 60); do
+    RANK=1 run --separate-stderr bash "$worker" sh -c 'kill -KILL $$'
+    assert_failure 137
+    [[ -z "$stderr" ]] || fail "try $try: stderr '$stderr'"
+  done
+}
+
 @test "USR1 and TERM to the worker reach the program; the worker outlives them and exits with the program's code (the requeue's 42)" {
   local ready="$BATS_TEST_TMPDIR/ready" out="$BATS_TEST_TMPDIR/out"
   # The program counts the signals it gets and exits 42 once it has had
@@ -218,7 +229,7 @@ STUB
   assert_line "worker argv:bash $sub/node/torchrun_worker.sh /usr/bin/env python3 -u -c import sys; print(sys.argv[1:]) a"
   export HPC_PASS_LOCAL_RANK=underscore
   launch_torchrun "bash -c 'echo \"\$*\"; exit \$((RANK * 5))' _ x"
-  assert_failure 5
+  ((status == 5)) || fail "launch.sh exited $status, not 5; stderr: $stderr; records: $(grep -r . "$exits")"
   assert_line "worker argv:bash $sub/node/torchrun_worker.sh bash $sub/node/local_rank_shim.sh --no-python bash -c echo \"\$*\"; exit \$((RANK * 5)) _ x"
   assert_line "x --local_rank=0"
   assert_line "x --local_rank=1"
