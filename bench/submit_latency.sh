@@ -191,12 +191,12 @@ describe_phase() {
     check_wandb_credentials) echo "credentials file mode" ;;
     prepare_trials) echo "trials: python -m hpc_tools.trials started in the background (trials.jsonl + commands.txt into a temporary folder)" ;;
     ask_slurm) echo "squeue, scontrol (partitions, accounts) and sinfo started in the background" ;;
-    start_git_state) echo "git state (git status, rev-parse; diff for a changed tree) started in the background" ;;
+    start_code_record) echo "git state (git status, rev-parse; diff for a changed tree), then the code snapshot (git ls-files + tar of the project's 500 files), started in the background" ;;
     validate_allocation) echo "wait for scontrol's and sinfo's answers; partition, node memory and account checks" ;;
     queue_after_running) echo "wait for squeue's answer; the experiment's queued or running jobs" ;;
     finish_trials) echo "wait for trials.py, what it did not do beside the checks above" ;;
     make_submission_dir) echo "mkdir the submission folder (a random name, as mktemp -d)" ;;
-    fill_submission_dir) echo "code snapshot (git ls-files + tar of the project's 500 files), one cp of the node scripts and runtime layers, one of the trials and git state" ;;
+    fill_submission_dir) echo "one cp of the node scripts and runtime layers; wait for the code record; one cp of the trials, git state and code snapshot" ;;
     plan_array) echo "array spec" ;;
     render_script) echo "render the batch script" ;;
     stage_data_tarball) echo "data: manifest (find + sort) + cache check (cmp)" ;;

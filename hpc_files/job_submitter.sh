@@ -57,7 +57,7 @@ main() {
     return 0
   fi
   ask_sweep_count
-  start_git_state
+  start_code_record
   load_site
   ask_slurm
   validate_settings
@@ -68,6 +68,7 @@ main() {
   fi
   prepare_trials
   validate_data_paths
+  start_data_digest
   validate_experiment_folder
   validate_allocation
   queue_after_running

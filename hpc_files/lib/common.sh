@@ -107,6 +107,16 @@ await() {
   wait "$pid"
 }
 
+# await_or_exit NAME: waits for the background process NAME, whose stderr
+# went to $work_dir/NAME.stderr, and prints that; exits as NAME did when it
+# failed (its own message says why).
+await_or_exit() {
+  local status=0
+  await "$1" || status=$?
+  [[ ! -s "$work_dir/$1.stderr" ]] || cat -- "$work_dir/$1.stderr" >&2
+  ((status == 0)) || exit "$status"
+}
+
 # await_answer NAME: waits for the background question NAME (ask_slurm,
 # ask_queue), whose answer is then in the file $work_dir/answer.NAME. Fails,
 # the file emptied, when it gave no answer.

@@ -11,8 +11,8 @@
 # the nodes check before extracting; read with meta_value, node/shared.sh).
 # Sourced; functions only.
 
-# validate_data_paths: every -d path is relative, has no '..' and exists, its
-# symbolic links resolved; the first path (in order) with a problem is named.
+# validate_data_paths: every -d path is relative, has no '..' and exists (the
+# -e test follows symbolic links), with no broken link inside; the first path (in order) with a problem is named.
 # A link may lead outside the project's scratch folder: clusters keep shared,
 # read-only datasets elsewhere (datasets/imagenet -> /datashare/imagenet), and
 # the tarball holds what links lead to; nothing behind them is written.
@@ -24,7 +24,6 @@ validate_data_paths() {
   for path in "${opt_data[@]}"; do
     problem=$(data_path_problem "$path")
     [[ -z "$problem" ]] || usage_error "$problem"
-    realpath -e -- "$plan_scratch_dir/$path" >/dev/null 2>&1 || usage_error "--data path '$path' cannot be resolved"
     problem=$(data_links_problem "$path")
     [[ -z "$problem" ]] || usage_error "$problem"
   done
@@ -100,13 +99,29 @@ data_manifest_digest() {
   printf '%s' "${sum%% *}"
 }
 
+# start_data_digest: data_manifest_digest into $work_dir/data.digest, in the
+# background (start_background) from the checks on: find, sort and sha256sum
+# then run beside the questions to SLURM. name_data_tarball reads it.
+start_data_digest() {
+  ((${#plan_data_paths[@]} > 0)) || return 0
+  make_work_dir
+  start_background data_digest write_data_digest "$work_dir/data.digest"
+}
+
+# write_data_digest FILE: data_manifest_digest into FILE.
+write_data_digest() {
+  data_manifest_digest >"$1"
+}
+
 # name_data_tarball: plan_data_tarball, the cached tarball of the -d paths as
-# they are now: data-<paths digest>-<manifest digest>.tar[.zst|.gz].
+# they are now: data-<paths digest>-<manifest digest>.tar[.zst|.gz]. The
+# digest is start_data_digest's, or taken now where none was started.
 name_data_tarball() {
-  local digest name
+  local digest="" name
   plan_data_tarball=""
   ((${#plan_data_paths[@]} > 0)) || return 0
-  digest=$(data_manifest_digest) || die "cannot list the --data paths in $plan_scratch_dir"
+  ! await data_digest || read -r digest <"$work_dir/data.digest" || digest=""
+  [[ -n "$digest" ]] || digest=$(data_manifest_digest) || die "cannot list the --data paths in $plan_scratch_dir"
   name=$(data_tarball_name "$plan_data_paths_digest-${digest:0:16}" "$plan_compress")
   plan_data_tarball="$plan_data_cache/$name"
 }

@@ -80,7 +80,8 @@ preview_submission() {
 # fill_submission_dir ARGV...: everything the queued job will read.
 fill_submission_dir() {
   local dir=$submission_dir
-  [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$dir/code.tar"
+  local -a recorded=("$work_dir/git.txt")
+  [[ -n "${opt_no_snapshot:-}" ]] || recorded+=("$work_dir/code.tar")
   mkdir -p "$dir/node" "$dir/runs" || die "cannot write in $dir"
   # The node scripts and both runtime layers (node/lib.sh load_runtime picks one).
   cp -p "$HPC_FILES_DIR"/node/*.sh "$source_dir/virtual_env_hpc_files/runtime_venv.sh" \
@@ -91,20 +92,28 @@ fill_submission_dir() {
   elif [[ -z "${opt_wandb_sweep:-}" && ${#opt_command[@]} -eq 0 ]]; then
     cp -p "$opt_configs" "$dir/experiment_configurations.txt" || die "cannot copy $opt_configs"
   fi
-  await git_state || die "cannot record the project's git state"
-  cp "$trials_dir"/* "$work_dir/git.txt" "$dir/" || die "cannot write the trials and git.txt into $dir"
+  await_or_exit code_record
+  cp "$trials_dir"/* "${recorded[@]}" "$dir/" || die "cannot write the trials, git.txt and code.tar into $dir"
   shell_quote "$HPC_FILES_DIR/job_submitter.sh" "$@" >"$dir/command.txt"
   printf '\n' >>"$dir/command.txt"
 }
 
-# start_git_state: record_git_state into work_dir, in the background
-# (start_background) from the validation on, for fill_submission_dir: git's
-# processes then run beside the validation and the checks, not beside the
-# snapshot's tar after them. --dry-run and --list-trials write no folder.
-start_git_state() {
+# start_code_record: record_code into work_dir, in the background
+# (start_background) from the validation on, for fill_submission_dir: git
+# and tar run beside the validation and the questions to SLURM, which mostly
+# wait. --dry-run and --list-trials write no folder.
+start_code_record() {
   [[ -z "${opt_dry_run:-}${opt_list_trials:-}" ]] || return 0
   make_work_dir
-  start_background git_state record_git_state "$work_dir/git.txt"
+  start_background code_record record_code 2>"$work_dir/code_record.stderr"
+}
+
+# record_code: the git state (git.txt), then the code snapshot (code.tar)
+# unless --no-snapshot, into work_dir. One after the other: git status may
+# refresh nothing while ls-files reads the index.
+record_code() {
+  record_git_state "$work_dir/git.txt"
+  [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$work_dir/code.tar"
 }
 
 # record_git_state FILE: what the snapshot is: the project's commit, the

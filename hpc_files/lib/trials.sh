@@ -93,10 +93,7 @@ run_trials_py() {
 # after the messages of the checks that ran meanwhile; sets trials_count.
 # Exits as trials.py did when it refuses the experiments.
 finish_trials() {
-  local status=0
-  await trials || status=$?
-  cat -- "$work_dir/trials.stderr" >&2
-  ((status == 0)) || exit "$status"
+  await_or_exit trials
   # method bayes prints 'COUNT FIRST': FIRST is this round's first trial.
   read -r trials_count bayes_first <"$work_dir/trials.stdout"
 }
