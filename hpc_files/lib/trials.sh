@@ -5,20 +5,33 @@
 # results.sh reads) and commands.txt (line K+1: trial K's command as shell
 # words, the one file the node reads). Sourced.
 
-# require_trials_python PYTHON: stop with one line unless PYTHON runs and is
-# 3.9+ (an old login node's python3 would die on trials.py with a traceback).
-# 'python -V' answers before python imports anything (a venv's site packages
-# can take 20 ms); python 2 answers on stderr.
-require_trials_python() {
-  local version
-  version=$("$1" -V 2>&1) || version=""
-  if [[ "$version" =~ ^Python\ ([0-9]+)\.([0-9]+)(\.[0-9]+)? ]]; then
-    ((BASH_REMATCH[1] > 3 || (BASH_REMATCH[1] == 3 && BASH_REMATCH[2] >= 9))) && return 0
-    version="$1 is ${BASH_REMATCH[1]}.${BASH_REMATCH[2]}${BASH_REMATCH[3]}"
-  else
-    version="cannot run '$1'"
-  fi
-  die "expanding trials needs python 3.9 or newer; $version (set HPC_PYTHON to a newer python, or pass --venv)"
+# The first lines of the program that runs trials.py (trials_py_command): they
+# parse under python 2 too, and refuse a python older than 3.9 with one line
+# (an old login node's python3 would die on trials.py with a traceback)
+# before anything is imported. argv: PYTHON (its name in the line), the line
+# with {} for the version, trials.py's options. One process: no 'python -V'
+# before it, no runpy.
+readonly TRIALS_PY_MAIN='import sys
+if sys.version_info < (3, 9):
+    version = "%s is %d.%d.%d" % ((sys.argv[1],) + tuple(sys.version_info[:3]))
+    sys.stderr.write(sys.argv[2].replace("{}", version) + "\n")
+    sys.exit(1)
+from hpc_tools.trials import main
+sys.exit(main(sys.argv[3:]))'
+
+# trials_python_refusal WHY: the line that refuses the login python, WHY
+# ('{}' where TRIALS_PY_MAIN puts the version) in it.
+trials_python_refusal() {
+  printf '%s: error: expanding trials needs python 3.9 or newer; %s (set HPC_PYTHON to a newer python, or pass --venv)' \
+    "$HPC_PROG" "$1"
+}
+
+# require_runnable PYTHON: stop with trials_python_refusal's line unless
+# PYTHON is a command that can run (no process is started).
+require_runnable() {
+  command -v -- "$1" >/dev/null && return 0
+  printf '%s\n' "$(trials_python_refusal "cannot run '$1'")" >&2
+  exit 1
 }
 
 # trials_args: the experiment source as trials.py options (into trials_argv).
@@ -50,8 +63,8 @@ trials_args() {
 }
 
 # trials_py_command: trials.py on the experiment source, as an argv (into
-# trials_command; its python in trials_python); --list or --out-dir DIR goes
-# after it, once require_trials_python has passed.
+# trials_command; its python in trials_python), run with PYTHONPATH set to
+# hpc_tools_path; --list or --out-dir DIR goes after it.
 # A configs file, a command and --seeds need only the standard library:
 # python -S then skips site-packages, whose .pth files cost a venv's python
 # about half of its start (25 ms here, more from an NFS home), the largest
@@ -62,14 +75,15 @@ trials_py_command() {
   trials_args
   trials_python=$(login_python)
   [[ -n "${opt_wandb_sweep:-}${opt_sweep:-}" ]] || site=(-S)
-  trials_command=(env "PYTHONPATH=$(hpc_tools_path)" "$trials_python" ${site[@]+"${site[@]}"} -m hpc_tools.trials "${trials_argv[@]}")
+  trials_command=("$trials_python" ${site[@]+"${site[@]}"} -c "$TRIALS_PY_MAIN"
+    "$trials_python" "$(trials_python_refusal '{}')" "${trials_argv[@]}")
 }
 
 # list_trials: print the manifest to stdout; writes nothing.
 list_trials() {
   trials_py_command
-  require_trials_python "$trials_python"
-  "${trials_command[@]}" --list
+  require_runnable "$trials_python"
+  PYTHONPATH=$(hpc_tools_path) "${trials_command[@]}" --list
 }
 
 # start_trials DIR: trials.py writes DIR/trials.jsonl and DIR/commands.txt,
@@ -83,10 +97,10 @@ start_trials() {
   start_background trials run_trials_py "$1" >"$work_dir/trials.stdout" 2>"$work_dir/trials.stderr"
 }
 
-# run_trials_py DIR: the python check, then trials.py writing into DIR.
+# run_trials_py DIR: trials.py writing into DIR.
 run_trials_py() {
-  require_trials_python "$trials_python"
-  exec "${trials_command[@]}" --out-dir "$1"
+  require_runnable "$trials_python"
+  PYTHONPATH=$(hpc_tools_path) exec "${trials_command[@]}" --out-dir "$1"
 }
 
 # finish_trials: waits for start_trials' trials.py and prints what it said,

@@ -10,18 +10,22 @@ setup() {
   cli_setup
   old="$BATS_TEST_TMPDIR/old python/python3.6"
   mkdir -p "${old%/*}"
-  # Answers a version question (-V) as python 3.6.8 would; anything else
-  # gets the SyntaxError 3.6 gives trials.py.
-  cat >"$old" <<'STUB'
+  fake_python_version "$old" 3 6 8
+}
+
+# fake_python_version FILE MAJOR MINOR MICRO: a python at FILE whose
+# sys.version_info says MAJOR.MINOR.MICRO; it runs the submitter's
+# 'python [-S] -c PROGRAM ARG...' with the usual python, so the version
+# check runs as it would on that python.
+fake_python_version() {
+  cat >"$1" <<STUB
 #!/usr/bin/env bash
-if [[ "${1:-}" == -V ]]; then
-  echo 'Python 3.6.8'
-  exit 0
-fi
-printf '  File "trials.py", line 54\n    from __future__ import annotations\nSyntaxError: future feature annotations is not defined\n' >&2
-exit 1
+[[ "\$1" != -S ]] || shift
+[[ "\$1" == -c ]] || { echo "fake python: expected -c PROGRAM" >&2; exit 2; }
+shift
+exec $(printf %q "${HPC_PYTHON:-python3}") -c 'import sys; sys.version_info = ($2, $3, $4, "final", 0); program = sys.argv.pop(1); exec(program)' "\$@"
 STUB
-  chmod +x "$old"
+  chmod +x "$1"
 }
 
 @test "an old python is refused with one line naming it and its version" {
@@ -48,10 +52,7 @@ STUB
 @test "a python whose minor version has two digits (3.10) counts as newer than 3.9" {
   local newer="$BATS_TEST_TMPDIR/newer python/python3.10"
   mkdir -p "${newer%/*}"
-  # Says it is 3.10.1; runs everything else with the usual python.
-  printf '#!/usr/bin/env bash\n[[ "${1:-}" != -V ]] || { echo "Python 3.10.1"; exit 0; }\nexec %q "$@"\n' \
-    "${HPC_PYTHON:-python3}" >"$newer"
-  chmod +x "$newer"
+  fake_python_version "$newer" 3 10 1
   HPC_PYTHON=$newer run --separate-stderr "$SUBMITTER" --list-trials --sweep "$FIXTURES/sweeps/grid_probe.yml"
   assert_success
   [[ -n "$output" ]] || fail "no trials listed"

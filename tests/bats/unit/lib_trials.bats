@@ -156,16 +156,16 @@ PY
 @test "python -S for the sources that need only the standard library; site-packages for a sweep (PyYAML) and a wandb sweep" {
   opt_command=(python train.py)
   trials_py_command
-  assert_equal "${trials_command[*]:2:3}" "$PYTHON -S -m"
+  assert_equal "${trials_command[*]:0:3}" "$PYTHON -S -c"
   opt_command=() opt_configs="$BATS_TEST_TMPDIR/configs.txt" opt_seeds=2
   trials_py_command
-  assert_equal "${trials_command[*]:2:3}" "$PYTHON -S -m"
+  assert_equal "${trials_command[*]:0:3}" "$PYTHON -S -c"
   opt_seeds="" opt_sweep="$REPO_ROOT/sweeper.yml" opt_sweep_seed=0
   trials_py_command
-  assert_equal "${trials_command[*]:2:3}" "$PYTHON -m hpc_tools.trials"
+  assert_equal "${trials_command[*]:0:2}" "$PYTHON -c"
   opt_sweep="" opt_wandb_sweep=abc plan_sweep_count=2
   trials_py_command
-  assert_equal "${trials_command[*]:2:3}" "$PYTHON -m hpc_tools.trials"
+  assert_equal "${trials_command[*]:0:2}" "$PYTHON -c"
   # What -S leaves out is not needed: a command's trials are written.
   opt_wandb_sweep="" opt_command=(python train.py)
   rm -rf -- "$OUT" && mkdir -p "$OUT"
@@ -176,7 +176,7 @@ PY
 @test "a check refuses while trials.py runs: stop_background ends it before the cleanup; finish_trials prints its stderr after the checks' and exits with its status" {
   local stub="$BATS_TEST_TMPDIR/python" late="$BATS_TEST_TMPDIR/late" pid
   # A trials.py that would write a file 5 s on: ended, it writes nothing.
-  printf '#!/usr/bin/env bash\n[[ $1 == -V ]] && echo "Python 3.11.0" && exit 0\nsleep 5\ntouch %q\n' "$late" >"$stub"
+  printf '#!/usr/bin/env bash\nsleep 5\ntouch %q\n' "$late" >"$stub"
   chmod +x "$stub"
   HPC_PYTHON=$stub
   opt_command=(python train.py)
@@ -186,13 +186,13 @@ PY
   assert_file_not_exists "$late"
   # One that has ended already (bash reaped it): nothing to stop, no failure
   # (the EXIT trap runs under set -e, and the cleanup comes after it).
-  printf '#!/usr/bin/env bash\n[[ $1 == -V ]] && echo "Python 3.11.0" && exit 0\nexit 0\n' >"$stub"
+  printf '#!/usr/bin/env bash\nexit 0\n' >"$stub"
   start_trials "$OUT"
   pid=$background_pid_trials
   while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
   stop_background
-  printf '#!/usr/bin/env bash\n[[ $1 == -V ]] && echo "Python 3.11.0" && exit 0\necho "job_submitter.sh: error: refused" >&2\nexit 2\n' >"$stub"
-  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_trials_python hpc_tools_path register_cleanup make_work_dir start_background await die); HPC_BACKGROUND=(); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
+  printf '#!/usr/bin/env bash\necho "job_submitter.sh: error: refused" >&2\nexit 2\n' >"$stub"
+  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_runnable trials_python_refusal hpc_tools_path register_cleanup make_work_dir start_background await await_or_exit die); TRIALS_PY_MAIN=x; HPC_BACKGROUND=(); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
   assert_failure 2
   assert_equal "$stderr" $'job_submitter.sh: --after-running: queued\njob_submitter.sh: error: refused'
   assert_output ''
