@@ -56,6 +56,9 @@ sizes=(1000 20000 100000)
 
 need_cluster
 bench_workdir submit "${TMPDIR:-/tmp}"
+# A login shell has USER; a container's or CI's shell may not, and each
+# submission would then ask 'id -un' where a user's does not.
+export USER=${USER:-$(id -un)}
 
 project=project
 project_dir="$work/$project"
@@ -185,11 +188,12 @@ describe_phase() {
     validate_settings) echo "validation (numbers, time, memory, names, files)" ;;
     scratch_paths) echo "scratch folders" ;;
     plan_layout) echo "resource layout" ;;
-    validate_data_paths) echo "validate -d paths (resolved inside the scratch folder)" ;;
+    validate_data_paths) echo "validate -d paths (inside the scratch folder, links followed)" ;;
+    start_data_digest) echo "-d manifest digest (find + sort + sha256sum) started in the background" ;;
     plan_data) echo "tarball name: sha256 of the path list" ;;
     plan_runtime_settings) echo "venv / container" ;;
     check_wandb_credentials) echo "credentials file mode" ;;
-    prepare_trials) echo "trials: python -m hpc_tools.trials started in the background (trials.jsonl + commands.txt into a temporary folder)" ;;
+    prepare_trials) echo "trials: hpc_tools.trials (one python -c process) started in the background (trials.jsonl + commands.txt into a temporary folder)" ;;
     ask_slurm) echo "squeue, scontrol (partitions, accounts) and sinfo started in the background" ;;
     start_code_record) echo "git state (git status, rev-parse; diff for a changed tree), then the code snapshot (git ls-files + tar of the project's 500 files), started in the background" ;;
     validate_allocation) echo "wait for scontrol's and sinfo's answers; partition, node memory and account checks" ;;
@@ -199,7 +203,7 @@ describe_phase() {
     fill_submission_dir) echo "one cp of the node scripts and runtime layers; wait for the code record; one cp of the trials, git state and code snapshot" ;;
     plan_array) echo "array spec" ;;
     render_script) echo "render the batch script" ;;
-    stage_data_tarball) echo "data: manifest (find + sort) + cache check (cmp)" ;;
+    stage_data_tarball) echo "data: wait for the manifest digest; cache check (cmp)" ;;
     submit_setup_job) echo "--setup-venv (not used)" ;;
     submit_job) echo "sbatch call" ;;
     report_submission) echo "print the summary" ;;
@@ -290,7 +294,7 @@ section=$(
   if ((${#sizes[@]} > 0)); then
     printf '\n**Cache-hit submission vs number of files under `-d`** (%s reps, interleaved):\n\n' "$growth_reps"
     md_table "$growth_samples" "$growth_commands" "files_${sizes[0]}" "$(printf 'files_%s,' "${sizes[@]}")"
-    printf '\nData steps per size (medians, ms):\n\n| files | validate_data_paths | stage_data_tarball (find + sort + cmp) |\n| --- | --- | --- |\n'
+    printf '\nData steps per size (medians, ms):\n\n| files | validate_data_paths | stage_data_tarball (the digest begun in the background, then cmp) |\n| --- | --- | --- |\n'
     for n in "${sizes[@]}"; do
       # shellcheck disable=SC2086 # the list of files is space separated on purpose
       phase_table ${growth_phase_files[$n]} | awk -F '\t' -v n="$n" '

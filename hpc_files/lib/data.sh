@@ -12,7 +12,8 @@
 # Sourced; functions only.
 
 # validate_data_paths: every -d path is relative, has no '..' and exists (the
-# -e test follows symbolic links), with no broken link inside; the first path (in order) with a problem is named.
+# -e test follows symbolic links), with no broken link inside; the first path
+# (in order) with a problem is named.
 # A link may lead outside the project's scratch folder: clusters keep shared,
 # read-only datasets elsewhere (datasets/imagenet -> /datashare/imagenet), and
 # the tarball holds what links lead to; nothing behind them is written.

@@ -109,8 +109,8 @@ start_code_record() {
 }
 
 # record_code: the git state (git.txt), then the code snapshot (code.tar)
-# unless --no-snapshot, into work_dir. One after the other: git status may
-# refresh nothing while ls-files reads the index.
+# unless --no-snapshot, into work_dir, one after the other: git status and
+# ls-files both read the project's index.
 record_code() {
   record_git_state "$work_dir/git.txt"
   [[ -n "${opt_no_snapshot:-}" ]] || snapshot_code "$work_dir/code.tar"
