@@ -8,8 +8,11 @@
 # Works from any directory: the project root is the folder holding hpc_files/.
 set -euo pipefail
 
-# This script's folder (the toolkit's hpc_files/), absolute.
-HPC_FILES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# This script's folder (the toolkit's hpc_files/), absolute, from its path
+# (no dirname process); '.' when run by its name.
+HPC_FILES_DIR=${BASH_SOURCE[0]%/*}
+[[ "$HPC_FILES_DIR" != "${BASH_SOURCE[0]}" ]] || HPC_FILES_DIR=.
+HPC_FILES_DIR=$(cd "$HPC_FILES_DIR" && pwd)
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 # shellcheck source=lib/options.sh

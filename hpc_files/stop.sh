@@ -9,7 +9,10 @@
 # The work is stop_main in hpc_files/lib/experiment.sh.
 set -euo pipefail
 
-HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Its folder from its path (no dirname process); '.' when run by its name.
+HPC_FILES_DIR=${BASH_SOURCE[0]%/*}
+[[ "$HPC_FILES_DIR" != "${BASH_SOURCE[0]}" ]] || HPC_FILES_DIR=.
+HPC_FILES_DIR=$(cd "$HPC_FILES_DIR" && pwd)
 HPC_PROG=stop.sh
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"

@@ -12,7 +12,10 @@
 # the python login_python (lib/common.sh) chooses: it needs wandb-osh.
 set -euo pipefail
 
-HPC_FILES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Its folder from its path (no dirname process); '.' when run by its name.
+HPC_FILES_DIR=${BASH_SOURCE[0]%/*}
+[[ "$HPC_FILES_DIR" != "${BASH_SOURCE[0]}" ]] || HPC_FILES_DIR=.
+HPC_FILES_DIR=$(cd "$HPC_FILES_DIR" && pwd)
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 

@@ -121,7 +121,8 @@ name_data_tarball() {
   local digest="" name
   plan_data_tarball=""
   ((${#plan_data_paths[@]} > 0)) || return 0
-  ! await data_digest || read -r digest <"$work_dir/data.digest" || digest=""
+  # The file ends without a newline: read fails at its end, digest read whole.
+  ! await data_digest || read -r digest <"$work_dir/data.digest" || true
   [[ -n "$digest" ]] || digest=$(data_manifest_digest) || die "cannot list the --data paths in $plan_scratch_dir"
   name=$(data_tarball_name "$plan_data_paths_digest-${digest:0:16}" "$plan_compress")
   plan_data_tarball="$plan_data_cache/$name"

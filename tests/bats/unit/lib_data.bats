@@ -147,6 +147,22 @@ validate_data_paths_for() {
   assert_equal "$plan_data_tarball" "$built"
 }
 
+@test "name_data_tarball: takes the digest start_data_digest wrote in the background; takes its own where none was started" {
+  planned 'ds one' labels
+  name_data_tarball
+  local own=$plan_data_tarball
+  start_data_digest
+  local pid=$background_pid_data_digest
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # What the background step wrote is what names the tarball.
+  printf 'feedfacefeedface0000' >"$work_dir/data.digest"
+  name_data_tarball
+  assert_equal "${plan_data_tarball##*/}" "data-$plan_data_paths_digest-feedfacefeedface.tar"
+  # Awaited once; the next naming takes the digest itself.
+  name_data_tarball
+  assert_equal "$plan_data_tarball" "$own"
+}
+
 @test "data_tarball_complete: only a tarball whose .meta exists and gives its size" {
   planned 'ds one' labels
   stage_data_tarball 2>/dev/null
