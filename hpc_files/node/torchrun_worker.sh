@@ -43,7 +43,7 @@ forward() {
 # run_worker COMMAND...: runs it as a child, into worker_status.
 # While the program runs, this script checks five times a second whether it
 # still does, sleeping in between in 'read -t' on a pipe that never has data
-# (no process is started), never in 'wait': bash 5 can lose a child's exit
+# (no process is started; 'sleep' under bash 4.2), never in 'wait': bash 5 can lose a child's exit
 # status for good when a trapped signal cuts a 'wait' short just as the child
 # ends (wait then answers -1), and at a requeue the signals come just then.
 # Bash reaps the child itself meanwhile, at whatever command runs then, and
@@ -63,7 +63,12 @@ run_worker() {
     child=$!
     [[ -z "$pending" ]] || forward "$pending"
     # A pipe this script holds both ends of: a read on it only times out.
-    exec {tick}<> <(:) || tick=""
+    # Bash 4.2 loses the trap of a signal that comes during 'read -t' when
+    # short of CPU (or aborts on a double free): it sleeps in 'sleep' there.
+    tick=""
+    if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 403)); then
+      exec {tick}<> <(:) || tick=""
+    fi
     while kill -0 "$child"; do
       if [[ -n "$tick" ]]; then
         read -r -t 0.2 -u "$tick" _ || true

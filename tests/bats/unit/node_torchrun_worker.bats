@@ -127,6 +127,38 @@ in_lib() {
   done
 }
 
+@test "20 signals at random instants, the worker short of CPU: each one reaches the program (bash 4.2's read -t loses traps)" {
+  local ack="$BATS_TEST_TMPDIR/ack" hog pid i waited
+  local -a hogs=()
+  # Busy loops take the CPU from the worker (nice 5), so that signals come
+  # while it is runnable, not asleep: bash 4.2 then loses the trap of a
+  # signal that comes during 'read -t' (or aborts: a double free).
+  for hog in 1 2; do
+    timeout 60 sh -c 'while :; do :; done' 3>&- &
+    hogs+=("$!")
+  done
+  # shellcheck disable=SC2016 # the program's own text
+  RANK=0 nice -n 5 bash "$worker" bash -c 'trap ": >\"\$1\"" USR1; : >"$1"; while :; do sleep 0.05; done' _ "$ack" 3>&- &
+  pid=$!
+  until [[ -e "$ack" ]]; do sleep 0.05; done
+  for ((i = 1; i <= 20; i++)); do
+    rm -f "$ack"
+    sleep "0.0$((RANDOM % 10))"
+    kill -s USR1 "$pid"
+    waited=0
+    until [[ -e "$ack" ]]; do
+      sleep 0.05
+      ((++waited < 200)) && continue
+      kill -KILL "${hogs[@]}" "$pid" 2>/dev/null || true
+      pkill -KILL -f "trap \": >" || true
+      fail "signal $i of 20 did not reach the program within 10 s"
+    done
+  done
+  kill -KILL "${hogs[@]}" 2>/dev/null || true
+  kill -TERM "$pid"
+  wait "$pid" || true
+}
+
 @test "the program gets INT and QUIT as they came (bash 4.3+; bash 4.2 ignores them in a background command)" {
   local came
   # shellcheck disable=SC2016 # the program's own text
