@@ -128,12 +128,12 @@ in_lib() {
 }
 
 @test "20 signals at random instants, the worker short of CPU: each one reaches the program (bash 4.2's read -t loses traps)" {
-  local ack="$BATS_TEST_TMPDIR/ack" hog pid i waited
+  local ack="$BATS_TEST_TMPDIR/ack" pid i waited
   local -a hogs=()
   # Busy loops take the CPU from the worker (nice 5), so that signals come
   # while it is runnable, not asleep: bash 4.2 then loses the trap of a
   # signal that comes during 'read -t' (or aborts: a double free).
-  for hog in 1 2; do
+  for _ in 1 2; do
     timeout 60 sh -c 'while :; do :; done' 3>&- &
     hogs+=("$!")
   done
