@@ -9,6 +9,7 @@
 load '../test_helper'
 
 setup() {
+  busy_loops=() started=()
   sub="$BATS_TEST_TMPDIR/sub mission"
   mkdir -p "$sub/node"
   cp "$REPO_ROOT"/hpc_files/node/*.sh "$sub/node/"
@@ -16,6 +17,17 @@ setup() {
   export HPC_SUBMISSION_DIR="$sub" SLURM_JOB_ID=55 SLURMD_NODENAME=node7
   unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID SLURM_PROCID HPC_SIGNAL HPC_PASS_LOCAL_RANK
   exits="$sub/runs/55/exit"
+}
+
+# What a test left running: its busy loops, and a worker (with its program,
+# which never got the signal) that would keep bats' output open.
+teardown() {
+  local pid
+  kill -KILL ${busy_loops[@]+"${busy_loops[@]}"} 2>/dev/null || true
+  for pid in ${started[@]+"${started[@]}"}; do
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+  done
 }
 
 # in_lib CODE: run CODE in a shell that sourced the submission's lib.sh.
@@ -129,17 +141,18 @@ in_lib() {
 
 @test "20 signals at random instants, the worker short of CPU: each one reaches the program (bash 4.2's read -t loses traps)" {
   local ack="$BATS_TEST_TMPDIR/ack" pid i waited
-  local -a hogs=()
   # Busy loops take the CPU from the worker (nice 5), so that signals come
   # while it is runnable, not asleep: bash 4.2 then loses the trap of a
-  # signal that comes during 'read -t' (or aborts: a double free).
+  # signal that comes during 'read -t' (or aborts: a double free). teardown
+  # kills them, whatever the test's end.
   for _ in 1 2; do
-    timeout 60 sh -c 'while :; do :; done' 3>&- &
-    hogs+=("$!")
+    sh -c 'while :; do :; done' 3>&- &
+    busy_loops+=("$!")
   done
   # shellcheck disable=SC2016 # the program's own text
   RANK=0 nice -n 5 bash "$worker" bash -c 'trap ": >\"\$1\"" USR1; : >"$1"; while :; do sleep 0.05; done' _ "$ack" 3>&- &
   pid=$!
+  started+=("$pid")
   until [[ -e "$ack" ]]; do sleep 0.05; done
   for ((i = 1; i <= 20; i++)); do
     rm -f "$ack"
@@ -148,13 +161,9 @@ in_lib() {
     waited=0
     until [[ -e "$ack" ]]; do
       sleep 0.05
-      ((++waited < 200)) && continue
-      kill -KILL "${hogs[@]}" "$pid" 2>/dev/null || true
-      pkill -KILL -f "trap \": >" || true
-      fail "signal $i of 20 did not reach the program within 10 s"
+      ((++waited < 200)) || fail "signal $i of 20 did not reach the program within 10 s"
     done
   done
-  kill -KILL "${hogs[@]}" 2>/dev/null || true
   kill -TERM "$pid"
   wait "$pid" || true
 }
