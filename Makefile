@@ -75,12 +75,12 @@ timed = start=$$SECONDS; rc=0; $(2) || rc=$$?; \
 
 # Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
 bats-unit: deps
-	@$(call timed,bats-unit,bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
+	@$(call timed,bats-unit,bats --timing --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
 
 # The same suites with GNU bash 4.2 first on PATH (EL7-era nodes): bats itself
 # and every script under test run under 4.2 (bash_version.bats checks it).
 bats-unit-bash42: deps
-	@$(call timed,bats-unit-bash42,BASH42_OPTIONAL=1 tools/with_bash42.sh bats --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
+	@$(call timed,bats-unit-bash42,BASH42_OPTIONAL=1 tools/with_bash42.sh bats --timing --jobs $(BATS_JOBS) -r tests/bats/unit tests/bats/cli)
 
 # Both unit runs at once: each keeps one core busy and they share nothing
 # (saves about 2 minutes of make test on 2 cores); the 4.2 run's output is
@@ -111,7 +111,7 @@ bats-reliability: cluster-up-reliability
 
 PYTEST := $(PY) -m pytest -q
 pytest: cluster-up
-	@$(call timed,pytest,$(PYTEST) --durations=20)
+	@$(call timed,pytest,$(PYTEST) --durations=60)
 
 # Every suite at once, in two lines. The cluster line (the integration and
 # reliability suites side by side, each on its own cluster) mostly waits on

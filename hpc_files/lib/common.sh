@@ -20,15 +20,20 @@ one_line() {
   printf '%s' "$text"
 }
 
+# error_line MESSAGE...: the line usage_error and die print, on stdout.
+error_line() {
+  printf '%s: error: %s\n' "$HPC_PROG" "$(one_line "$*")"
+}
+
 # usage_error MESSAGE: bad input from the user; nothing was submitted. Exit 2.
 usage_error() {
-  printf '%s: error: %s\n' "$HPC_PROG" "$(one_line "$*")" >&2
+  error_line "$@" >&2
   exit 2
 }
 
 # die MESSAGE: a runtime failure (a command failed, a file could not be written). Exit 1.
 die() {
-  printf '%s: error: %s\n' "$HPC_PROG" "$(one_line "$*")" >&2
+  error_line "$@" >&2
   exit 1
 }
 

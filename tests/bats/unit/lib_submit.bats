@@ -54,7 +54,7 @@ RUNNING 0:0'
   plan_log_dir=$BATS_TEST_TMPDIR
   plan_log_name=%x_%j.out
   plan_job_name=x
-  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
+  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die error_line one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
   assert_failure 1
   [[ "$stderr" == *"job 9 is held after a requeue; it runs again only after: scontrol release 9"* ]] || fail "stderr: $stderr"
 }
@@ -196,7 +196,7 @@ diff:"
     'JobId=6 ArrayTaskId=1 JobState=FAILED ExitCode=3:0' \
     'JobId=7 ArrayTaskId=2 JobState=CANCELLED ExitCode=0:9'
   job_id=5 plan_array_spec=0-2 plan_log_dir=$BATS_TEST_TMPDIR plan_log_name=%x_%A_%a.out plan_job_name=x
-  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
+  run --separate-stderr timeout 10 bash -c "$(declare -f wait_for_job job_states job_records record_field is_final_state log_path info warn die error_line one_line); HPC_PROG=job_submitter.sh; $(declare -p job_id plan_array_spec plan_log_dir plan_log_name plan_job_name); wait_for_job"
   assert_failure 137
   assert_regex "$stderr" "job 5: CANCELLED x1, COMPLETED x1, FAILED x1"
 }
