@@ -70,21 +70,19 @@ partition_record() {
 
 # check_partition_time PARTITION RECORD: --time within its MaxTime.
 check_partition_time() {
-  local max max_seconds seconds
+  local max max_seconds
   max=$(record_field "$2" MaxTime) || return 0
   max_seconds=$(parse_slurm_time "$max")
   [[ -n "$max_seconds" ]] || return 0
-  seconds=$(parse_slurm_time "$plan_time")
-  ((seconds <= max_seconds)) ||
-    usage_error "--time $plan_time ($seconds s) is over the MaxTime of partition '$1', $max ($max_seconds s); lower -t or pick another partition with -p"
+  ((plan_time_seconds <= max_seconds)) ||
+    usage_error "--time $plan_time ($plan_time_seconds s) is over the MaxTime of partition '$1', $max ($max_seconds s); lower -t or pick another partition with -p"
 }
 
 # check_partition_memory PARTITION RECORD NODES: the job's memory per node
 # (--mem) within the partition's MaxMemPerNode and its largest node's
 # RealMemory (NODES: sinfo's 'PARTITION MEMORY' lines).
 check_partition_memory() {
-  local need limit="" largest=0 name mb
-  need=$(parse_memory_mb "$plan_mem")
+  local need=$plan_mem_mb limit="" largest=0 name mb
   [[ -n "$need" ]] && ((need > 0)) || return 0
   limit=$(record_field "$2" MaxMemPerNode) || true
   if [[ "$limit" =~ ^[0-9]+$ ]] && ((need > limit)); then

@@ -52,7 +52,7 @@ plan_settings() {
 }
 
 plan_layout() {
-  local gpus=$((10#$opt_gpus)) cpus=$((10#$opt_cpus)) tasks=$((10#$opt_tasks_per_node)) mem_mb procs
+  local gpus=$((10#$opt_gpus)) cpus=$((10#$opt_cpus)) tasks=$((10#$opt_tasks_per_node)) procs
   plan_kind=$(plan_kind_of)
   plan_nodes=$((10#$opt_nodes))
   plan_gpus_per_node=$gpus
@@ -74,9 +74,10 @@ plan_layout() {
   fi
   plan_gres=""
   ((gpus == 0)) || plan_gres="gpu:${opt_gpu_type:+$opt_gpu_type:}$gpus"
-  mem_mb=$(parse_memory_mb "$opt_mem_per_gpu")
-  plan_mem=$(format_memory $((mem_mb * procs)))
+  plan_mem_mb=$((valid_mem_per_gpu_mb * procs))
+  plan_mem=$(format_memory "$plan_mem_mb")
   plan_time=$opt_time
+  plan_time_seconds=$valid_time_seconds
   plan_job_name="${project_name}_${opt_exp_name}"
   plan_max_requeues=$((10#$opt_max_requeues))
   # The requeue protocol's sbatch options: the script's #SBATCH lines, and
@@ -101,7 +102,10 @@ plan_resource_lines() {
     value=${arg#--*[= ]}
     case "${arg%%[= ]*}" in
       --gres) plan_gres+="${plan_gres:+,}$value" ;;
-      --mem) plan_mem=$value ;;
+      --mem)
+        plan_mem=$value
+        plan_mem_mb=$(parse_memory_mb "$value")
+        ;;
       *) rest+=("$arg") ;;
     esac
   done

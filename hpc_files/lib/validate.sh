@@ -103,7 +103,8 @@ validate_scratch() {
 }
 
 # validate_settings: every option, as given or defaulted, and the site's
-# limits; exit 2 at the first problem. Sets nothing.
+# limits; exit 2 at the first problem. Sets valid_time_seconds and
+# valid_mem_per_gpu_mb, --time and --mem-per-gpu as numbers, for the plan.
 validate_settings() {
   local seconds mb lead
   validate_scratch
@@ -126,6 +127,8 @@ validate_settings() {
   [[ -n "$mb" ]] ||
     usage_error "--mem-per-gpu expects a size such as 10G, 512M, 2048 (MiB) or 1T, got '$opt_mem_per_gpu'"
   ((mb > 0)) || usage_error "--mem-per-gpu must be more than zero, got '$opt_mem_per_gpu'"
+  valid_time_seconds=$seconds
+  valid_mem_per_gpu_mb=$mb
   validate_signal
   [[ -z "${opt_wandb_sync:-}" ]] || require_one_of --wandb-sync "$opt_wandb_sync" login none
   require_uint --signal-lead "$opt_signal_lead" 1 65535

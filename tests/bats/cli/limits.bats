@@ -76,7 +76,11 @@ submit_ok() {
     -C "$ONE_LINE" -p gpu -g 2 -m 30G -t 1:00:00
   refuse "this job asks for 81920 MiB per node (--mem 80G: -m/--mem-per-gpu x GPUs or processes) but the largest node of partition 'cpu' has 64000 MiB; lower -m" -- \
     -C "$ONE_LINE" -g 2 -m 40G
+  # --sbatch-arg's --mem is the job's memory per node: checked as it is.
+  refuse "this job asks for 51200 MiB per node (--mem 50G: -m/--mem-per-gpu x GPUs or processes) but partition 'gpu' allows 40960 MiB (MaxMemPerNode); lower -m" -- \
+    -C "$ONE_LINE" -p gpu -g 1 -m 10G -t 1:00:00 --sbatch-arg=--mem=50G
   submit_ok -C "$ONE_LINE" -g 2 -m 30G
+  submit_ok -C "$ONE_LINE" -p gpu -g 1 -m 30G -t 1:00:00 --sbatch-arg=--mem=0
 }
 
 @test "an account that is not the user's, or none without a default: refused naming the user's accounts" {

@@ -19,8 +19,9 @@ setup() {
   printf 'max_cpus_per_node = 8\n' >"$SITE_FILE"
 }
 
-# planned CODE ARG...: plan_settings for the submitter's options ARG...
-# (project 'proj', SCRATCH '/s p'), then CODE; with run's status and output.
+# planned CODE ARG...: validate_settings and plan_settings for the
+# submitter's options ARG... (project 'proj', SCRATCH '/s p'), then CODE;
+# with run's status and output.
 planned() {
   run --separate-stderr bash -c 'set -euo pipefail
     HPC_FILES_DIR=$1 code=$2
@@ -34,6 +35,7 @@ planned() {
     parse_options "$@"
     apply_defaults
     load_site
+    validate_settings
     plan_settings
     eval "$code"' _ "$HPC_FILES_DIR" "$@"
 }
