@@ -62,13 +62,14 @@ one_command() {
 }
 
 @test "a command after '--': random ASCII words are the words trials.py reads back" {
-  # Each command's commands.txt line into one configs file;
-  # one trials.py run reads them all, and python checks argv against the words.
+  # Each command's configs line (trials_args) into one configs file, which
+  # one submission's trials.py turns into commands.txt; python checks the
+  # argv of both manifests (that one, and commands.txt's) against the words.
   local pool chars=() i n w word words
   pool=$' \t\r\b\f\v\x01\x7f\'"$`\\#;&|<>()*?[]{}~!%^=+@:,./-_aZ09'
   for ((i = 0; i < ${#pool}; i++)); do chars+=("${pool:i:1}"); done
   mkdir -p "$OUT"
-  : >"$BATS_TEST_TMPDIR/all.txt"
+  : >"$BATS_TEST_TMPDIR/lines.txt"
   : >"$BATS_TEST_TMPDIR/words"
   RANDOM=42
   for ((n = 0; n < 120; n++)); do
@@ -80,22 +81,26 @@ one_command() {
       words+=("$word")
     done
     opt_command=("${words[@]}")
-    write_trials "$OUT"
-    cat "$OUT/commands.txt" >>"$BATS_TEST_TMPDIR/all.txt"
+    trials_args
+    cat "$inline_configs" >>"$BATS_TEST_TMPDIR/lines.txt"
     printf '%d\0' "${#words[@]}" >>"$BATS_TEST_TMPDIR/words"
     printf '%s\0' "${words[@]}" >>"$BATS_TEST_TMPDIR/words"
   done
-  PYTHONPATH=$HPC_FILES_DIR "$PYTHON" -m hpc_tools.trials --configs "$BATS_TEST_TMPDIR/all.txt" --list >"$BATS_TEST_TMPDIR/all.jsonl"
-  run "$PYTHON" - "$BATS_TEST_TMPDIR/words" "$BATS_TEST_TMPDIR/all.jsonl" <<'PY'
+  opt_command=() opt_configs=$BATS_TEST_TMPDIR/lines.txt
+  write_trials "$OUT"
+  assert_equal "$trials_count" 120
+  PYTHONPATH=$HPC_FILES_DIR "$PYTHON" -m hpc_tools.trials --configs "$OUT/commands.txt" --list >"$BATS_TEST_TMPDIR/again.jsonl"
+  run "$PYTHON" - "$BATS_TEST_TMPDIR/words" "$OUT/trials.jsonl" "$BATS_TEST_TMPDIR/again.jsonl" <<'PY'
 import json, sys
 fields = open(sys.argv[1], "rb").read().decode().split("\0")[:-1]
-trials = [json.loads(line) for line in open(sys.argv[2])]
-i = 0
-for k, trial in enumerate(trials):
-    n = int(fields[i])
-    words, i = fields[i + 1 : i + 1 + n], i + 1 + n
-    assert trial["argv"] == words, (k, trial["argv"], words)
-assert i == len(fields) and len(trials) == 120, (i, len(fields), len(trials))
+for manifest in sys.argv[2:]:
+    trials = [json.loads(line) for line in open(manifest)]
+    i = 0
+    for k, trial in enumerate(trials):
+        n = int(fields[i])
+        words, i = fields[i + 1 : i + 1 + n], i + 1 + n
+        assert trial["argv"] == words, (manifest, k, trial["argv"], words)
+    assert i == len(fields) and len(trials) == 120, (manifest, i, len(fields), len(trials))
 PY
   assert_success
 }

@@ -61,7 +61,14 @@ setup() {
 @test "master_port stays below Linux's ephemeral range and off ports services use" {
   # Linux picks outgoing ports in 32768-60999: a rendezvous port there can be
   # taken by any connection on the node. 29500 is torch's default port.
-  in_lib 'for id in $(seq 1 37 200000) 12768 14000 14001 18768 27999; do
+  # Job ids over two turns of the port range (every 53rd), and every id whose
+  # port lands beside a port stepped over.
+  in_lib 'turn=$((14000 - ${#MASTER_PORT_AVOID[@]}))
+    ids=$(seq 0 53 $((2 * turn)))
+    for avoid in "${MASTER_PORT_AVOID[@]}"; do
+      ids+=" $(seq $((avoid - 15000 - 16)) $((avoid - 15000 + 1)))"
+    done
+    for id in $ids 12768 14000 14001 18768 27999 $((turn - 1)) $turn; do
       SLURM_JOB_ID=$id master_port; echo
     done | sort -un'
   assert_success
