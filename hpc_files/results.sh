@@ -16,10 +16,7 @@
 # the python login_python (lib/common.sh) chooses.
 set -euo pipefail
 
-# Its folder from its path (no dirname process); '.' when run by its name.
-HPC_FILES_DIR=${BASH_SOURCE[0]%/*}
-[[ "$HPC_FILES_DIR" != "${BASH_SOURCE[0]}" ]] || HPC_FILES_DIR=.
-HPC_FILES_DIR=$(cd "$HPC_FILES_DIR" && pwd)
+HPC_FILES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/common.sh
 source "$HPC_FILES_DIR/lib/common.sh"
 
