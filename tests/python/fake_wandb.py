@@ -3,28 +3,8 @@
 Loopback only (127.0.0.1, an ephemeral port), standard library only, with a bounded
 lifetime (it shuts itself down after ``lifetime`` seconds). The grid points come from
 ``python -m hpc_tools.trials --sweep FILE --list``, so an agent gets the same trials, in the
-same order, as the array job built from the same file. Seen with wandb 0.31.0:
-
-* ``POST /graphql``: ``Viewer`` (login), ``SweepWithRuns`` (the agent reads the sweep's
-  ``config`` YAML for ``command``), ``CreateAgent``, then ``Heartbeat`` every ~5 s with
-  ``runState`` = JSON ``{run_id: true}`` for runs still alive. A heartbeat reply's
-  ``commands`` is a JSON string: ``[{"type": "run", "run_id", "program", "args":
-  {k: {"value": v}}}]``, ``[]`` (keep going) or ``[{"type": "exit"}]``.
-* ``POST /sdk/otel/v1/metrics`` (telemetry): a 200 is enough.
-* Requests carry ``Authorization: Basic base64("api:" + WANDB_API_KEY)``; a wrong key
-  gets a 401.
-
-Preemption, as W&B's sweeps do it (``wandb.mark_preempting()``; see the ``wandb_preempt``
-package): a run tells the server it is *preempting*, then exits non-zero; the server marks it
-*preempted* and hands the same run (same id, same parameters) to the next agent that asks for
-work, before any new grid point. The agent treats that command (``"type": "resume"``) like a
-``run``: it sets ``WANDB_RUN_ID`` to the old id and starts the program again. The fake models
-the server's side: when an agent's heartbeat no longer lists a run as alive, the fake "syncs"
-that run's records, i.e. reads what the real server would have received from the run's own
-record file (``run-<id>.wandb``, searched under ``offline_root``: the children run with
-``WANDB_MODE=offline``), and sets the run's state from them: a ``preempting`` record and a
-non-zero exit code -> ``preempted`` (queued for re-issue), exit 0 -> ``finished``, another
-exit code -> ``failed``; no record file -> ``finished`` (a program without wandb).
+same order, as the array job built from the same file. The protocol (seen with wandb 0.31.0)
+is described beside ``graphql``, preemption beside ``_run_ended``.
 
 Run the agent against it (a 40-character dummy key; children inherit the agent's
 environment, so WANDB_MODE=offline keeps their own wandb.init() off the network)::
@@ -164,6 +144,13 @@ class FakeWandb:
         }
 
     # -- GraphQL -----------------------------------------------------------------
+    # ``POST /graphql``: ``Viewer`` (login), ``SweepWithRuns`` (the agent reads the sweep's
+    # ``config`` YAML for ``command``), ``CreateAgent``, then ``Heartbeat`` every ~5 s with
+    # ``runState`` = JSON ``{run_id: true}`` for runs still alive. A heartbeat reply's
+    # ``commands`` is a JSON string: ``[{"type": "run", "run_id", "program", "args":
+    # {k: {"value": v}}}]``, ``[]`` (keep going) or ``[{"type": "exit"}]``.
+    # ``POST /sdk/otel/v1/metrics`` (telemetry): a 200 is enough. Requests carry
+    # ``Authorization: Basic base64("api:" + WANDB_API_KEY)``; a wrong key gets a 401.
     def graphql(self, operation: str, variables: dict) -> dict:
         with self.lock:
             self.requests.append(operation)
@@ -294,8 +281,19 @@ class FakeWandb:
             "args": {k: {"value": v} for k, v in params.items()},
         }
 
+    # Preemption, as W&B's sweeps do it (``wandb.mark_preempting()``; see the ``wandb_preempt``
+    # package): a run tells the server it is *preempting*, then exits non-zero; the server marks
+    # it *preempted* and hands the same run (same id, same parameters) to the next agent that
+    # asks for work, before any new grid point. The agent treats that command (``"type":
+    # "resume"``) like a ``run``: it sets ``WANDB_RUN_ID`` to the old id and starts the program
+    # again. When an agent's heartbeat no longer lists a run as alive, the fake "syncs" that
+    # run's records: it reads what the real server would have received from the run's own
+    # record file (``run-<id>.wandb``, under ``offline_root``: the children run with
+    # ``WANDB_MODE=offline``), and sets the run's state from them: a ``preempting`` record and a
+    # non-zero exit code -> ``preempted`` (queued for re-issue), exit 0 -> ``finished``, another
+    # exit code -> ``failed``; no record file -> ``finished`` (a program without wandb).
     def _run_ended(self, run_id: str, records: dict[str, Any] | None = None) -> None:
-        """The run's process is gone: set its state from what it recorded (see the docstring)."""
+        """The run's process is gone: set its state from what it recorded (see above)."""
         run = self.runs[run_id]
         run["alive"] = False
         records = records or self._synced_records(run_id)

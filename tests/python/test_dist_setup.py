@@ -539,7 +539,7 @@ def test_tasks_whose_variables_read_alike_but_whose_gpus_differ_take_their_own(
 
 
 def test_every_job_id_in_a_cycle_of_the_port_range_has_a_port_of_its_own() -> None:
-    """A port stepped over used to land on the next job's (672 and 673: both 15673)."""
+    """A port stepped over must not land on the next job's (672 and 673: 15672 is stepped over)."""
     free = 14000 - len(dist.MASTER_PORT_AVOID)
     ports = {dist.srun_port(job, 0) for job in range(free)}
     assert len(ports) == free

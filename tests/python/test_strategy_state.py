@@ -288,9 +288,9 @@ def test_fsdp_shards_each_policy_module_then_the_root(monkeypatch) -> None:
 @pytest.mark.parametrize("fake_group", [(0, 6)], indirect=True)
 def test_fsdp_keeps_a_cpu_run_on_the_cpu_where_cuda_is_available(fake_group, monkeypatch) -> None:
     """A run on the CPU (``--gpus 0``, gloo) on a GPU node: fully_shard's default mesh is CUDA's
-    whenever CUDA is available, and moved every rank's model to cuda:0 (seen on a lent H200:
+    whenever CUDA is available, which moves every rank's model to cuda:0 (seen on a lent H200:
     "target is on cpu, different from other tensors on cuda:0"). CUDA is faked available here
-    (no GPU): the old code asked for a CUDA mesh and failed; the model must stay on the CPU."""
+    (no GPU): asking for a CUDA mesh fails, and the model must stay on the CPU."""
     from torch.distributed.tensor import DTensor
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -89,7 +89,7 @@ setup() {
 }
 
 @test "master_port gives neighbouring jobs distinct ports, also beside the ports stepped over" {
-  # a port stepped over used to land on the next job's: 672 and 673 both had 15673
+  # a port stepped over must not land on the next job's (15672 is stepped over)
   in_lib 'for id in 672 673 1992 1993 1994 1995 1996 1997 13014 13015 13016 13017; do
       SLURM_JOB_ID=$id master_port; echo
     done | sort -u | wc -l'
