@@ -68,10 +68,13 @@ beside = log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
   rc=0; $(2) || rc=$$?; \
   wait "$$background" || rc=$$?; cat "$$log"; exit "$$rc"
 
-# $(call timed,NAME,COMMAND): COMMAND, then a line with its wall time, so
+# $(call timed,NAME,COMMAND): COMMAND, then a line with its wall time and
+# the CPU its processes used (times: user and system of the children this
+# shell waited for; jobs on the local cluster are slurmd's, not counted), so
 # that make test's log says where its time goes.
 timed = start=$$SECONDS; rc=0; $(2) || rc=$$?; \
-  echo "time: $(1) $$((SECONDS - start)) s"; exit "$$rc"
+  cpu=$$(mktemp); times >"$$cpu"; \
+  echo "time: $(1) $$((SECONDS - start)) s, CPU $$(tail -n 1 "$$cpu")"; rm -f "$$cpu"; exit "$$rc"
 
 # Unit and CLI tests: no cluster needed (sbatch is stubbed where it must be).
 bats-unit: deps
