@@ -19,16 +19,15 @@ if sys.version_info < (3, 9):
 from hpc_tools.trials import main
 sys.exit(main(sys.argv[3:]))'
 
-# trials_python_refusal WHY: the message that refuses the login python, WHY
-# ('{}' where TRIALS_PY_MAIN puts the version) in it.
-trials_python_refusal() {
-  printf 'expanding trials needs python 3.9 or newer; %s (set HPC_PYTHON to a newer python, or pass --venv)' "$1"
-}
+# The message that refuses the login python: TRIALS_PY_MAIN puts the python
+# and its version where '{}' is, require_runnable why it cannot run.
+TRIALS_PYTHON_REFUSAL='expanding trials needs python 3.9 or newer; {} (set HPC_PYTHON to a newer python, or pass --venv)'
 
-# require_runnable PYTHON: die with trials_python_refusal's message unless
-# PYTHON is a command that can run (no process is started).
+# require_runnable PYTHON: die with that message unless PYTHON is a command
+# that can run (no process is started).
 require_runnable() {
-  command -v -- "$1" >/dev/null || die "$(trials_python_refusal "cannot run '$1'")"
+  local mark='{}' why="cannot run '$1'"
+  command -v -- "$1" >/dev/null || die "${TRIALS_PYTHON_REFUSAL/$mark/$why}"
 }
 
 # trials_args: the experiment source as trials.py options (into trials_argv).
@@ -73,7 +72,7 @@ trials_py_command() {
   trials_python=$(login_python)
   [[ -n "${opt_wandb_sweep:-}${opt_sweep:-}" ]] || site=(-S)
   trials_command=("$trials_python" ${site[@]+"${site[@]}"} -c "$TRIALS_PY_MAIN"
-    "$trials_python" "$(error_line "$(trials_python_refusal '{}')")" "${trials_argv[@]}")
+    "$trials_python" "$(error_line "$TRIALS_PYTHON_REFUSAL")" "${trials_argv[@]}")
 }
 
 # list_trials: print the manifest to stdout; writes nothing.

@@ -197,7 +197,7 @@ PY
   while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
   stop_background
   printf '#!/usr/bin/env bash\necho "job_submitter.sh: error: refused" >&2\nexit 2\n' >"$stub"
-  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_runnable trials_python_refusal error_line one_line hpc_tools_path register_cleanup make_work_dir start_background await await_or_exit die); TRIALS_PY_MAIN=x; HPC_BACKGROUND=(); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
+  run --separate-stderr bash -c "$(declare -f start_trials run_trials_py finish_trials trials_py_command trials_args shell_quote login_python require_runnable error_line one_line hpc_tools_path register_cleanup make_work_dir start_background await await_or_exit die); TRIALS_PY_MAIN=x; HPC_BACKGROUND=(); $(declare -p TRIALS_PYTHON_REFUSAL); $(declare -p HPC_PYTHON OUT); HPC_FILES_DIR=x HPC_PROG=job_submitter.sh opt_command=(python train.py); start_trials \"\$OUT\"; echo 'job_submitter.sh: --after-running: queued' >&2; finish_trials; echo unreached"
   assert_failure 2
   assert_equal "$stderr" $'job_submitter.sh: --after-running: queued\njob_submitter.sh: error: refused'
   assert_output ''
