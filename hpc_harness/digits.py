@@ -27,10 +27,11 @@ TEST_FRACTION = 0.2
 
 def write_digits(data_dir: str) -> None:
     """Write the digits dataset under ``data_dir`` atomically (temp folder + rename)."""
-    from sklearn.datasets import load_digits
-
     if os.path.exists(os.path.join(data_dir, INDEX_NAME)):
         return
+    # Imported only here: sklearn costs a process about a second.
+    from sklearn.datasets import load_digits
+
     parent = os.path.dirname(os.path.abspath(data_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from conftest import PY, clean_env, run_command
 
 from hpc_harness.examples.faults import FLAGS as TESTING_FLAGS
 from hpc_harness.strategy import StrategyError, check_strategy
@@ -350,3 +351,16 @@ def test_fsdp_on_a_torch_without_fully_shard_is_one_clear_error(monkeypatch) -> 
     monkeypatch.delattr(fsdp, "fully_shard")  # as on torch < 2.6
     with pytest.raises(StrategyError, match=r"fsdp needs torch.distributed.fsdp.fully_shard"):
         Strategy("fsdp", hdist.setup(verbose=False))
+
+
+def test_digits_already_written_start_without_sklearn(digits_dir) -> None:
+    """Each node's local rank 0 calls write_digits: where the files are (staged, or written by
+    an earlier run), it reads nothing of sklearn, whose import costs every job about a second."""
+    check = (
+        "import sys\n"
+        "from hpc_harness.digits import ensure_digits\n"
+        f"ensure_digits({digits_dir!r}, local_rank=0)\n"
+        "assert 'sklearn' not in sys.modules, 'sklearn imported'\n"
+    )
+    r = run_command([PY, "-c", check], clean_env())
+    assert r.returncode == 0, r.stderr
