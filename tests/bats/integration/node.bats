@@ -183,7 +183,9 @@ setup() {
   # before the grace time, and the job ended FAILED, never to run again.
   submit -p notmpdir -n 2 -g 4 -c 2 -W lightning -t 10 -e preempt -- \
     python -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(1)); print("READY", flush=True); time.sleep(600)'
-  wait_log "$job_id" READY 60
+  # All 8 tasks, not the first: a task still starting Python when the TERM
+  # comes dies of it (143) before its handler exists.
+  wait_log "$job_id" '^READY$' 120 8
   local urgent
   urgent=$(sbatch --parsable -p urgent -N 2 --ntasks-per-node=1 -c 8 -o /dev/null --wrap 'sleep 1')
   release_requeued "$job_id" 1 120
