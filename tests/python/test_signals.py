@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 from conftest import clean_env, job_log, module_command, run_example, run_interrupted
+from test_stop_agreement_details import FakeClock
 
 from hpc_harness import signals
 from hpc_harness.examples import faults
@@ -84,7 +85,6 @@ def test_sigterm_to_the_example_saves_marks_and_exits_42(tmp_path, digits_dir: s
         clean_env(HPC_REQUEUE_MARKER=str(marker)),
         "hpc_harness: step 3/",
         signum=signal.SIGTERM,
-        timeout=240,  # a hang guard: torch imports slowly under make test's load
     )
     assert interrupted.returncode == 42, interrupted.stdout
     info = json.loads(marker.read_text())
@@ -125,15 +125,28 @@ def _tiny_trainer(tmp_path, step_sleep: float = 0.0, **config) -> Trainer:
     )
 
 
-def test_adaptive_check_interval_follows_the_step_time(tmp_path) -> None:
-    # 20 ms steps and a check every 0.1 s: about 5 steps between checks, whatever
-    # the step count (a fixed count would react in 10 x the step time).
-    trainer = _tiny_trainer(tmp_path, 0.02, signal_check_s=0.1)
+class _StepClock(FakeClock):
+    """A fake clock that a step's sleep moves: steps take exactly what they sleep, however
+    loaded the machine is."""
+
+    def sleep(self, seconds: float) -> None:
+        self.perf += seconds
+        self.mono += seconds
+
+
+def test_adaptive_check_interval_follows_the_step_time(tmp_path, monkeypatch) -> None:
+    # A check every 1/8 s: 1/64 s steps give 8 steps between checks, 1/256 s steps 32, whatever
+    # the step count (a fixed count would react in 10 x the step time). Binary fractions keep
+    # the clock's sums exact.
+    clock = _StepClock()
+    monkeypatch.setattr(signals, "time", clock)
+    monkeypatch.setattr(faults, "time", clock)
+    trainer = _tiny_trainer(tmp_path, 1 / 64, signal_check_s=1 / 8)
     assert trainer.train() == "finished"
-    assert 2 <= trainer.agreement._interval <= 6, trainer.agreement._interval
-    fast = _tiny_trainer(tmp_path / "fast", signal_check_s=0.1)
+    assert trainer.agreement._interval == 8
+    fast = _tiny_trainer(tmp_path / "fast", 1 / 256, signal_check_s=1 / 8)
     assert fast.train() == "finished"
-    assert fast.agreement._interval > trainer.agreement._interval
+    assert fast.agreement._interval == 32
 
 
 def test_a_fixed_check_interval_is_kept(tmp_path) -> None:
