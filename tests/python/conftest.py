@@ -35,6 +35,12 @@ except ImportError:  # pragma: no cover
     pass
 PY = sys.executable
 
+# How long a test waits on a subprocess, a rank or a file before it calls it hung. It only ends
+# a hang, so it is far above any run's time: under load (two pytest workers beside the cluster's
+# jobs, on two cores) a run takes several times what it takes on an idle machine. A bound that
+# is the point of a test (a process must still be alive after 1 s) is that test's own.
+HANG_GUARD_S = 600.0
+
 # Launcher variables that would make the harness think it is inside a job.
 _LAUNCH_VARS = (
     "RANK",
@@ -123,7 +129,7 @@ def module_command(module: str, args: list[str], nproc: int = 1) -> list[str]:
 
 
 def run_command(
-    command: list[str], env: dict[str, str], timeout: float = 120, cwd: str | None = None
+    command: list[str], env: dict[str, str], timeout: float = HANG_GUARD_S, cwd: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to its end, its stdout and stderr captured as text."""
     return subprocess.run(
@@ -131,7 +137,7 @@ def run_command(
     )
 
 
-def run_example(args: list[str], cwd: str, timeout: float = 120, **env: str):
+def run_example(args: list[str], cwd: str, timeout: float = HANG_GUARD_S, **env: str):
     """Run ``python -m hpc_harness.train ARGS`` to completion; returns CompletedProcess."""
     return run_command(module_command("hpc_harness.train", args), clean_env(**env), timeout, cwd)
 
@@ -171,7 +177,7 @@ def run_interrupted(
     *,
     signum: int = signal.SIGUSR1,
     torchrun_rank: int | None = None,
-    timeout: float = 120,
+    timeout: float = HANG_GUARD_S,
 ) -> subprocess.CompletedProcess[str]:
     """Start ``command``, send it ``signum`` once a line of its output starts with ``at_line``,
     and read its output to the end. With ``torchrun_rank`` the signal goes to torchrun's worker
@@ -328,8 +334,8 @@ def _gloo_context():  # noqa: ANN202
 def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined by a gloo group
     on CPU (collectives time out after ``timeout_s``: torch's default when None); returns what
-    each rank returned, in rank order (a failing rank fails the call). Return small values:
-    a rank writing much into the queue waits for a reader, and the join comes first."""
+    each rank returned, in rank order. Results are read as they come: the first rank that
+    fails, or exits without a result, fails the call at once and the others are ended."""
     import shutil
     import tempfile
 
@@ -337,29 +343,55 @@ def spawn_gloo(fn, world_size: int, *args, timeout_s: float | None = None) -> li
     # listens on it (EADDRINUSE on this shared machine)
     store = os.path.join(tempfile.mkdtemp(prefix="gloo"), "store")
     ctx = _gloo_context()
-    queue = ctx.SimpleQueue()
+    results_queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_gloo_worker, args=(fn, rank, world_size, store, queue, args, timeout_s))
+        ctx.Process(
+            target=_gloo_worker, args=(fn, rank, world_size, store, results_queue, args, timeout_s)
+        )
         for rank in range(world_size)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    shutil.rmtree(os.path.dirname(store), ignore_errors=True)
-    # a rank still waiting on a failed one is ended now: left alive, it would hold pytest's
-    # exit (multiprocessing joins its children) until its collective timed out
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    deadline = time.monotonic() + HANG_GUARD_S
     results: dict[int, object] = {}
-    while not queue.empty():
-        rank, ok, value = queue.get()
-        if not ok:
-            raise AssertionError(f"rank {rank} failed:\n{value}")
-        results[rank] = value
-    assert sorted(results) == list(range(world_size)), f"ranks returned: {sorted(results)}"
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < world_size:
+            rank, ok, value = _next_result(results_queue, procs, results, deadline)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+        # ranks that returned end on their own, their DataLoader workers with them
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        # a rank still waiting on a failed one is ended now: left alive, it would hold pytest's
+        # exit (multiprocessing joins its children) until its collective timed out
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        shutil.rmtree(os.path.dirname(store), ignore_errors=True)
     return [results[r] for r in range(world_size)]
+
+
+def _next_result(results_queue, procs: list, results: dict, deadline: float) -> tuple:
+    """The next (rank, ok, value) a rank sent; fails the test where a rank exited without one,
+    or where none came by ``deadline``."""
+    import queue
+
+    while True:
+        try:
+            return results_queue.get(timeout=0.5)
+        except queue.Empty:
+            pass
+        # a rank's result is in the pipe before the rank exits: one that has exited while the
+        # queue is empty sent none
+        exited = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in results]
+        if exited and results_queue.empty():
+            code = procs[exited[0]].exitcode
+            raise AssertionError(f"rank {exited[0]} exited ({code}) without a result")
+        if time.monotonic() > deadline:
+            waiting = sorted(set(range(len(procs))) - set(results))
+            raise AssertionError(f"ranks {waiting} sent nothing within {HANG_GUARD_S:.0f} s")
 
 
 def threaded_ranks(fn, world_size: int, *args) -> list:
@@ -398,8 +430,8 @@ def threaded_ranks(fn, world_size: int, *args) -> list:
         for t in threads:
             t.start()
         for t in threads:
-            t.join(60)
-        assert not any(t.is_alive() for t in threads), "a rank did not finish within 60 s"
+            t.join(HANG_GUARD_S)
+        assert not any(t.is_alive() for t in threads), f"a rank hung ({HANG_GUARD_S:.0f} s)"
     finally:
         threaded._uninstall_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
@@ -447,17 +479,19 @@ def _gloo_worker(fn, rank: int, world_size: int, store: str, queue, args, timeou
     for k in list(os.environ):
         if k in _LAUNCH_VARS or k.startswith(("SLURM_", "TORCHELASTIC_")):
             del os.environ[k]
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
+    # a failure is sent before the group is destroyed: the other ranks' errors at the broken
+    # connection come after it, and the call names the rank that failed first
     try:
-        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
         dist.init_process_group(
             "gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=timeout
         )
-        try:
-            queue.put((rank, True, fn(rank, world_size, *args)))
-        finally:
-            dist.destroy_process_group()
+        queue.put((rank, True, fn(rank, world_size, *args)))
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class NodeStore:

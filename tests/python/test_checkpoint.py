@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import PY, clean_env, wait_for
+from conftest import HANG_GUARD_S, PY, clean_env, wait_for
 
 from hpc_harness import checkpoint as ckpt
 
@@ -75,7 +75,7 @@ def test_kill_9_mid_save_leaves_previous_checkpoint_usable(tmp_path) -> None:
                 bool(ckpt.list_checkpoints(str(d)))
                 and any(".ckpt_step00000001." not in t for t in ckpt.stale_temp_files(str(d)))
             ),
-            60,
+            HANG_GUARD_S,
             "a complete checkpoint, then a .tmp file of a later save mid-write",
         )
         proc.send_signal(signal.SIGKILL)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.state_dict  # noqa: F401  (its first import takes a second)
 import torch.distributed.fsdp as fsdp
-from conftest import PY, clean_env, job_log
+from conftest import HANG_GUARD_S, PY, clean_env, job_log
 from test_strategy_state import _ctx, _same_optimizer_state, _trained, fake_group  # noqa: F401
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -471,7 +471,11 @@ def test_the_first_spawned_or_forkserver_workers_are_born_with_the_stop_signals_
     script = tmp_path / "birth_masks.py"
     script.write_text(BIRTH_MASKS)
     run = subprocess.run(
-        [PY, str(script), context], env=clean_env(), capture_output=True, text=True, timeout=120
+        [PY, str(script), context],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert run.returncode == 0, run.stderr
     births = run.stdout.splitlines()

@@ -74,12 +74,11 @@ def command(world_size: int, args: list[str]) -> list[str]:
 
 # Four runs of up to 300 s each: pyproject's 300 s per test would cut a slow
 # machine's run short; this is a hang guard, not a bound on the test.
-@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: int) -> None:
     env = clean_env(**fit_processes(world_size))
     straight = tmp_path / "straight"
-    r = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(straight)]), env, timeout=300)
+    r = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(straight)]), env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "epoch 3 test_loss" in r.stdout, r.stdout  # evaluated every eval_interval steps
     ck, marker = tmp_path / "ck", tmp_path / "requeue.json"
@@ -88,7 +87,6 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
         {**env, "HPC_REQUEUE_MARKER": str(marker)},
         "hpc_harness: epoch 0 test_loss",  # step 10
         torchrun_rank=None if world_size == 1 else 1,  # one rank only: the ranks must agree
-        timeout=300,
     )
     out = interrupted.stdout
     if world_size == 1:
@@ -96,7 +94,7 @@ def test_a_signal_mid_run_then_resume_ends_bitwise_equal(tmp_path, world_size: i
     info = json.loads(marker.read_text())
     assert 10 <= info["step"] < 40, out
     assert not (ck / "last.pt").exists()
-    resumed = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(ck)]), env, timeout=300)
+    resumed = run_command(command(world_size, [*ARGS, "--ckpt-dir", str(ck)]), env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {info['checkpoint']}" in resumed.stdout
     assert bitwise_equal(load_model(f"{ck}/last.pt"), load_model(f"{straight}/last.pt"))

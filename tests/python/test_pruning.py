@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import HANG_GUARD_S
 
 from hpc_tools import prune
 
@@ -152,7 +153,7 @@ def test_the_file_protocol_under_watch(tmp_path, monkeypatch) -> None:
             text=True,
             env=env,
             cwd=ROOT,
-            timeout=120,
+            timeout=HANG_GUARD_S,
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.splitlines()[-1] == want

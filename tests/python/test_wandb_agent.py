@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 from fake_wandb import FakeWandb
 
 wandb = pytest.importorskip("wandb")
@@ -108,7 +109,7 @@ def start_agents(
 def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     out = []
     for proc in procs:
-        stdout, _ = proc.communicate(timeout=90)
+        stdout, _ = proc.communicate(timeout=HANG_GUARD_S)
         out.append((proc.returncode, stdout))
     return out
 
@@ -174,7 +175,7 @@ def test_wrong_api_key_is_refused(fake, sweep_dir):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD_S,
         check=False,
     )
     assert not (sweep_dir / "child.log").exists()
@@ -279,7 +280,9 @@ run.mark_preempting()
 run.finish(exit_code=42)
 """
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, check=True, timeout=HANG_GUARD_S
+    )
     [path] = tmp_path.rglob("run-big00001.wandb")
     assert path.stat().st_size > 10 * 32768
     kinds = [r.WhichOneof("record_type") for r in read_records(path)]

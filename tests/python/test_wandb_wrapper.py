@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD_S
 from fake_wandb import FakeWandb
 
 pytest.importorskip("wandb")
@@ -107,7 +108,7 @@ def start_wrapper(fake: FakeWandb, work: Path) -> subprocess.Popen:
     )
 
 
-def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 60) -> None:
+def wait_for(path: Path, proc: subprocess.Popen, seconds: float = HANG_GUARD_S) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
         if proc.poll() is not None:
@@ -132,7 +133,7 @@ def test_a_signal_reaches_the_run_which_checkpoints_and_the_wrapper_exits_42(wor
             for pid in [proc.pid] if to == "wrapper" else descendants(proc.pid):
                 os.kill(pid, sig)
             time.sleep(0.3)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
         fake.refresh()
         [(run_id, run)] = fake.runs.items()
     assert proc.returncode == 42, out
@@ -157,6 +158,6 @@ def test_a_signal_before_the_run_installed_its_handler_is_repeated_until_it_is_t
         assert proc.poll() is None
         for pid in descendants(proc.pid):
             os.kill(pid, signal.SIGUSR1)
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 42, out
     assert "USR1" in saved(work)["signals"]
