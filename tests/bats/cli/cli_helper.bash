@@ -90,16 +90,20 @@ submission_dirs() {
 
 # fabricated_submissions: SCRATCH holding the submission folders, logs and
 # metrics.csv files that fixtures/results/fabricate.py writes for $project,
-# and an scontrol on PATH for which SLURM has forgotten their jobs: it logs
-# each call in $SCONTROL_LOG and fails as SLURM does, unless a test writes
-# what it answers into $SCONTROL_OUT.
+# and an scontrol and an sacct on PATH for which SLURM has forgotten their
+# jobs (the real ones would ask the local cluster, whose job 500 may be
+# another suite's). Each logs its calls, in $SCONTROL_LOG and $SACCT_LOG;
+# scontrol fails as SLURM does, unless a test writes what it answers into
+# $SCONTROL_OUT; sacct answers nothing, as accounting does for a job it
+# does not keep.
 fabricated_submissions() {
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   make_scratch
   project=${REPO_ROOT##*/}
   "$REPO_ROOT/.venv/bin/python" "$FIXTURES/results/fabricate.py" "$SCRATCH" "$project"
   mkdir -p "$bin"
-  export SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" SCONTROL_OUT="$BATS_TEST_TMPDIR/scontrol.out"
+  export SCONTROL_LOG="$BATS_TEST_TMPDIR/scontrol.log" \
+    SCONTROL_OUT="$BATS_TEST_TMPDIR/scontrol.out" SACCT_LOG="$BATS_TEST_TMPDIR/sacct.log"
   cat >"$bin/scontrol" <<'STUB'
 #!/usr/bin/env bash
 printf '%s\n' "$*" >>"$SCONTROL_LOG"
@@ -107,6 +111,10 @@ if [[ -f "$SCONTROL_OUT" ]]; then cat "$SCONTROL_OUT"; exit 0; fi
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
 STUB
-  chmod +x "$bin/scontrol"
+  cat >"$bin/sacct" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$SACCT_LOG"
+STUB
+  chmod +x "$bin/scontrol" "$bin/sacct"
   export PATH="$bin:$PATH"
 }

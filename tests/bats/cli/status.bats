@@ -42,9 +42,11 @@ setup() {
   assert_line --index 5 --regexp '^2 +finished +1 +00:00:42 +- +step 40/47 epoch 0 loss 0\.4000$'
   assert_line --index 8 --regexp '^5 +failed \(exit 3\) +0 +00:00:42 +- +step 20/47 epoch 0 loss 0\.5000$'
   assert_equal "${#lines[@]}" 11
-  # One scontrol call for the whole array.
+  # One scontrol call and one sacct call for the whole array.
   run cat "$SCONTROL_LOG"
   assert_output 'show job -o 500'
+  run cat "$SACCT_LOG"
+  assert_output '-n -P -D -j 500 -o JobID,State,ExitCode,Elapsed,MaxRSS'
 }
 
 @test "while SLURM knows the job: its states and restarts, one scontrol call for every task" {
