@@ -179,13 +179,20 @@ PY
 }
 
 @test "a check refuses while trials.py runs: stop_background ends it before the cleanup; finish_trials prints its stderr after the checks' and exits with its status" {
-  local stub="$BATS_TEST_TMPDIR/python" late="$BATS_TEST_TMPDIR/late" pid
+  local stub="$BATS_TEST_TMPDIR/python" started="$BATS_TEST_TMPDIR/started" late="$BATS_TEST_TMPDIR/late" pid
   # A trials.py that would write a file 5 s on: ended, it writes nothing.
-  printf '#!/usr/bin/env bash\nsleep 5\ntouch %q\n' "$late" >"$stub"
+  printf '#!/usr/bin/env bash\ntouch %q\nsleep 5\ntouch %q\n' "$started" "$late" >"$stub"
   chmod +x "$stub"
   HPC_PYTHON=$stub
   opt_command=(python train.py)
   start_trials "$OUT"
+  # Ended once it runs: a subshell ended before its exec runs the EXIT and
+  # ERR traps it inherited, here bats' own, which report the test failed.
+  local deadline=$((SECONDS + 60))
+  until [[ -f "$started" ]]; do
+    ((SECONDS < deadline)) || fail "the stub trials.py did not start within 60 s"
+    sleep 0.02
+  done
   stop_background
   assert_equal "${background_pid_trials:-}" ""
   assert_file_not_exists "$late"
