@@ -36,7 +36,9 @@ make_scratch() {
 # scontrol (the user's accounts: as a cluster without accounting, so a
 # production-shaped local cluster in SLURM_CONF does not answer for it); and
 # squeue for the experiment's queued jobs: none, unless a test writes
-# squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT. The stubs are fixtures
+# squeue's lines ('%F|%T|%j') into $STUB_SQUEUE_OUT; sacct keeps no job; and
+# sinfo cannot say the nodes' memory. No call reaches the local cluster,
+# whose job ids (4242 say) are other suites' jobs. The stubs are fixtures
 # (fixtures/stub-bin), so a test forks nothing for them; a test replaces one
 # by writing its own into $BATS_TEST_TMPDIR/stub-bin, first on PATH.
 stub_sbatch() {

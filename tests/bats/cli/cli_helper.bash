@@ -94,8 +94,7 @@ submission_dirs() {
 # jobs (the real ones would ask the local cluster, whose job 500 may be
 # another suite's). Each logs its calls, in $SCONTROL_LOG and $SACCT_LOG;
 # scontrol fails as SLURM does, unless a test writes what it answers into
-# $SCONTROL_OUT; sacct answers nothing, as accounting does for a job it
-# does not keep.
+# $SCONTROL_OUT; sacct is stub_sbatch's (it keeps no job).
 fabricated_submissions() {
   local bin="$BATS_TEST_TMPDIR/stub-bin"
   make_scratch
@@ -111,10 +110,7 @@ if [[ -f "$SCONTROL_OUT" ]]; then cat "$SCONTROL_OUT"; exit 0; fi
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
 STUB
-  cat >"$bin/sacct" <<'STUB'
-#!/usr/bin/env bash
-printf '%s\n' "$*" >>"$SACCT_LOG"
-STUB
-  chmod +x "$bin/scontrol" "$bin/sacct"
+  ln -s "$FIXTURES/stub-bin/sacct" "$bin/sacct"
+  chmod +x "$bin/scontrol"
   export PATH="$bin:$PATH"
 }

@@ -116,10 +116,13 @@ job.sbatch
   ended_log retry 4242 0 0
   ended_log retry 4242 1 0
   rm -f "$STUB_SBATCH_LOG"
+  export SACCT_LOG="$BATS_TEST_TMPDIR/sacct.log"
   run --separate-stderr "$SUBMITTER" --retry-failed retry </dev/null
   assert_success
   [[ "$stderr" == *"no failed trial in the last submission of 'retry'"* ]] || fail "stderr: $stderr"
   assert_not_exist "$STUB_SBATCH_LOG"
+  # Accounting was asked of job 4242 once: the stub, not the local cluster's job 4242.
+  assert_equal "$(cat "$SACCT_LOG")" "-n -P -D -j 4242 -o JobID,State,ExitCode,Elapsed,MaxRSS"
   ended_log retry 4242 2 9
   run --separate-stderr "$SUBMITTER" --retry-failed=retry --dry-run </dev/null
   assert_success
