@@ -108,7 +108,9 @@ def start_wrapper(fake: FakeWandb, work: Path) -> subprocess.Popen:
     )
 
 
-def wait_for(path: Path, proc: subprocess.Popen, seconds: float = HANG_GUARD_S) -> None:
+def wait_for_file(path: Path, proc: subprocess.Popen, seconds: float = HANG_GUARD_S) -> None:
+    """Until ``path`` exists; fails at once where the wrapper exits first (conftest's wait_for
+    would wait out its bound)."""
     deadline = time.monotonic() + seconds
     while not path.exists():
         if proc.poll() is not None:
@@ -128,7 +130,7 @@ def saved(work: Path) -> dict:
 def test_a_signal_reaches_the_run_which_checkpoints_and_the_wrapper_exits_42(work, sig, to):
     with FakeWandb(work / "sweep.yml", lifetime=120, offline_root=work) as fake:
         proc = start_wrapper(fake, work)
-        wait_for(work / "ready", proc)
+        wait_for_file(work / "ready", proc)
         for _ in range(2 if to == "tree twice" else 1):
             for pid in [proc.pid] if to == "wrapper" else descendants(proc.pid):
                 os.kill(pid, sig)
